@@ -1,0 +1,1 @@
+"""Building blocks shared by the talker, the code predictor and the codec."""

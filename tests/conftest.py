@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ORACLE_DIR = Path(__file__).resolve().parent / "oracle"
+
+
+def _oracle_python() -> Path | None:
+    explicit = os.environ.get("Q3TTS_ORACLE_PYTHON")
+    candidates = [Path(explicit)] if explicit else [REPO / ".venv-oracle" / "bin" / "python"]
+    return next((p for p in candidates if p.exists()), None)
+
+
+class Oracle:
+    """Runs scripts from tests/oracle/ with the official `qwen-tts` package in its own virtual environment."""
+
+    def __init__(self, python: Path):
+        self.python = python
+
+    def run(self, script: str, *args: str | os.PathLike, timeout: float = 900) -> str:
+        cmd = [str(self.python), str(ORACLE_DIR / script), *map(str, args)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"oracle script {script} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        return proc.stdout
+
+
+@pytest.fixture(scope="session")
+def oracle() -> Oracle:
+    python = _oracle_python()
+    if python is None:
+        message = ("the official implementation is not installed: run `.ci/run` once, or set Q3TTS_ORACLE_PYTHON "
+                   "to the python of a virtual environment holding qwen-tts==0.1.1")
+        if os.environ.get("Q3TTS_REQUIRE_ORACLE") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return Oracle(python)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("Q3TTS_GPU_TESTS") == "1":
+        return
+    skip_gpu = pytest.mark.skip(reason="GPU test: set Q3TTS_GPU_TESTS=1 on a machine with CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+sys.path.insert(0, str(REPO))
