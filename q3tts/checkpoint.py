@@ -80,3 +80,17 @@ def load_tensors(path: Path, expected: dict[str, tuple[int, ...]], ignored: Iter
 def module_shapes(module: torch.nn.Module, prefix: str = "") -> dict[str, tuple[int, ...]]:
     """Names and shapes of a module's persistent parameters and buffers, as its checkpoint stores them."""
     return {prefix + k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+
+def instantiate(build, tensors: dict[str, torch.Tensor], device: torch.device | str) -> torch.nn.Module:
+    """Builds a module without initialising it, then fills it from `tensors` (every parameter and persistent
+    buffer must be there). Non-persistent buffers are recomputed by each module's `init_buffers()`."""
+    with torch.device("meta"):
+        module = build()
+    module = module.to_empty(device=device)
+    module.load_state_dict(tensors, strict=True)
+    for m in module.modules():
+        init = getattr(m, "init_buffers", None)
+        if init is not None:
+            init()
+    return module

@@ -1,0 +1,147 @@
+"""`q3tts` command line: `say` synthesises to a WAV file, `voice create` saves a cloned voice."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+DEFAULT_SPEAKER = "ryan"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    try:
+        return args.run(args)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"q3tts: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="q3tts", description="Fast, faithful Qwen3-TTS inference.")
+    sub = parser.add_subparsers(title="commands")
+
+    say = sub.add_parser("say", help="synthesise text to a WAV file")
+    say.add_argument("text", help="the text to speak (use '-' to read it from standard input)")
+    say.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default: out.wav)")
+    _model_args(say)
+    say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER})")
+    say.add_argument("--instruct", help="style instruction (1.7B CustomVoice) or voice description (VoiceDesign)")
+    say.add_argument("--language", default="auto", help="language name, or 'auto' (default)")
+    say.add_argument("--voice", type=Path, help="a voice file saved by `q3tts voice create` (Base checkpoints)")
+    _reference_args(say)
+    text_feed = say.add_mutually_exclusive_group()
+    text_feed.add_argument("--streaming-text", dest="non_streaming_mode", action="store_false", default=None,
+                           help="feed the text one token per frame (default for voice cloning)")
+    text_feed.add_argument("--non-streaming-text", dest="non_streaming_mode", action="store_true",
+                           help="give the whole text up front (default for CustomVoice and VoiceDesign)")
+    sampling = say.add_argument_group("sampling (defaults: the checkpoint's generation_config.json)")
+    sampling.add_argument("--greedy", action="store_true", help="greedy decoding for both stages")
+    sampling.add_argument("--temperature", type=float)
+    sampling.add_argument("--top-k", type=int)
+    sampling.add_argument("--top-p", type=float)
+    sampling.add_argument("--repetition-penalty", type=float)
+    sampling.add_argument("--subtalker-temperature", type=float)
+    sampling.add_argument("--subtalker-top-k", type=int)
+    sampling.add_argument("--subtalker-top-p", type=float)
+    sampling.add_argument("--max-new-tokens", type=int, help="at most this many codec frames (12.5 per second)")
+    sampling.add_argument("--seed", type=int, help="makes sampled output reproducible")
+    say.set_defaults(run=_say)
+
+    voice = sub.add_parser("voice", help="manage cloned voices").add_subparsers(title="voice commands")
+    create = voice.add_parser("create", help="clone a voice from reference audio and save it")
+    create.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
+    _model_args(create, default="Qwen/Qwen3-TTS-12Hz-0.6B-Base")
+    _reference_args(create, required=True)
+    create.set_defaults(run=_voice_create)
+    return parser
+
+
+def _model_args(p: argparse.ArgumentParser, default: str = DEFAULT_MODEL) -> None:
+    p.add_argument("--model", default=default,
+                   help=f"checkpoint folder, hub id, or 'tiny' / 'tiny-base' / 'tiny-voice-design' (built-in random "
+                        f"models that produce noise, for smoke tests) (default: {default})")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--dtype", help="float32 (default), bfloat16 or float16")
+
+
+def _reference_args(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--ref-audio", required=required, help="reference recording to clone (any format soundfile reads)")
+    p.add_argument("--ref-text", help="transcript of the reference recording (needed unless --x-vector-only)")
+    p.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding alone")
+
+
+def _load(args):
+    from .api import TTS
+
+    print(f"loading {args.model} ...", file=sys.stderr)
+    return TTS.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+
+
+def _say(args) -> int:
+    import soundfile as sf
+
+    from .voice import Voice
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    tts = _load(args)
+    kind = tts.config.tts_model_type
+    voice = Voice.load(args.voice) if args.voice else None
+    if kind == "base" and voice is None:
+        if not args.ref_audio:
+            raise ValueError("this Base checkpoint clones a voice: give --ref-audio (and --ref-text) or --voice")
+        voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
+    speaker = args.speaker or (DEFAULT_SPEAKER if kind == "custom_voice" else None)
+    sampling = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "repetition_penalty",
+                                              "subtalker_temperature", "subtalker_top_k", "subtalker_top_p",
+                                              "max_new_tokens")}
+    if args.greedy:
+        sampling.update(do_sample=False, subtalker_dosample=False)
+    progress = _Progress(tts.speech_tokenizer.config.frame_rate)
+    wav = tts.synthesize(text, speaker=speaker, voice=voice, instruct=args.instruct, language=args.language,
+                         non_streaming_mode=args.non_streaming_mode, seed=args.seed, on_frame=progress, **sampling)
+    progress.close()
+    sf.write(args.output, wav, tts.sample_rate)
+    print(f"wrote {args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
+          + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
+    return 0
+
+
+def _voice_create(args) -> int:
+    tts = _load(args)
+    voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
+    voice.save(args.output)
+    mode = "x-vector only" if voice.x_vector_only_mode else f"in-context, {voice.ref_code.shape[0]} reference frames"
+    print(f"wrote {args.output} ({mode}, {tts.config.tts_model_size})", file=sys.stderr)
+    return 0
+
+
+class _Progress:
+    """A one-line progress display on stderr for long synthesis (frames, audio seconds, speed)."""
+
+    def __init__(self, frame_rate: float):
+        self.frame_rate, self.frames, self.start, self.shown = frame_rate, 0, time.perf_counter(), False
+
+    def __call__(self, num_rows: int) -> None:
+        self.frames += 1
+        elapsed = time.perf_counter() - self.start
+        if self.frames % 10 == 0 and elapsed > 1.0 and sys.stderr.isatty():
+            audio = self.frames / self.frame_rate
+            print(f"\r{self.frames} frames, {audio:.1f} s of audio, {audio / elapsed:.2f}x real time",
+                  end="", file=sys.stderr, flush=True)
+            self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            print(file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

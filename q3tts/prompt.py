@@ -1,0 +1,96 @@
+"""Builds the talker's prefill embeddings and the per-step trailing text for one request (spec section 4.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+from .models.talker import Talker
+
+
+@dataclass
+class PromptSpec:
+    """Everything that shapes one request's prompt, already tokenized and validated."""
+
+    input_ids: list[int]  # "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+    language: str  # lower case; "auto" means no language tag
+    non_streaming_mode: bool
+    instruct_ids: list[int] | None = None  # "<|im_start|>user\n{instruct}<|im_end|>\n"
+    speaker: str | None = None  # a CustomVoice preset speaker
+    speaker_embedding: torch.Tensor | None = None  # [H] x-vector (Base)
+    ref_ids: list[int] | None = None  # "<|im_start|>assistant\n{ref_text}<|im_end|>\n" (ICL)
+    ref_codes: torch.Tensor | None = None  # [T_ref, 16] (ICL)
+
+
+@dataclass
+class Prompt:
+    embeds: torch.Tensor  # [L, H] prefill input
+    trailing: torch.Tensor  # [N, H] added to the frame embedding at decode step s < N, TTS_PAD after that
+    pad: torch.Tensor  # [H] TTS_PAD
+
+
+def language_id(config: ModelConfig, language: str, speaker: str | None) -> int | None:
+    """The codec language tag, with the official dialect rule for CustomVoice speakers."""
+    tc = config.talker_config
+    lid = None if language == "auto" else tc.codec_language_id[language]
+    dialect = tc.spk_is_dialect.get(speaker) if speaker else None
+    if language in ("chinese", "auto") and dialect:
+        lid = tc.codec_language_id[dialect]
+    return lid
+
+
+@torch.no_grad()
+def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Prompt:
+    tc = config.talker_config
+    device = talker.codec_head.weight.device
+    ids = lambda values: torch.tensor(values, dtype=torch.long, device=device)
+    tp, ec = talker.embed_text, talker.embed_codec
+    bos, eos, pad = tp(ids([config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]))
+    input_ids = ids(spec.input_ids)
+
+    lid = language_id(config, spec.language, spec.speaker)
+    ctrl = ([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id] if lid is None
+            else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
+    codec = [ec(ids(ctrl))]
+    if spec.speaker:
+        codec.append(ec(ids([tc.spk_id[spec.speaker]])))
+    if spec.speaker_embedding is not None:
+        codec.append(spec.speaker_embedding.to(device=device, dtype=pad.dtype)[None])
+    codec.append(ec(ids([tc.codec_pad_id, tc.codec_bos_id])))
+    codec = torch.cat(codec)
+    n = codec.shape[0]
+
+    parts = [tp(ids(spec.instruct_ids))] if spec.instruct_ids else []
+    parts.append(tp(input_ids[:3]))  # <|im_start|>assistant\n
+    # The final codec_bos is held back: it goes with the first text position below.
+    parts.append(torch.cat([pad.expand(n - 2, -1), bos[None]]) + codec[:-1])
+    text = input_ids[3:-5]
+    if spec.ref_codes is not None:
+        icl, trailing = _icl_part(talker, tc, ids(spec.ref_ids)[3:-2], text, spec.ref_codes.to(device), eos, pad,
+                                  spec.non_streaming_mode)
+        parts.append(icl)
+    elif spec.non_streaming_mode:
+        parts.append(torch.cat([tp(text), eos[None]]) + ec(ids([tc.codec_pad_id] * (len(text) + 1))))
+        parts.append(pad[None] + ec(ids([tc.codec_bos_id])))
+        trailing = pad[None]
+    else:
+        parts.append(tp(input_ids[3:4]) + codec[-1:])
+        trailing = torch.cat([tp(input_ids[4:-5]), eos[None]])
+    return Prompt(embeds=torch.cat(parts), trailing=trailing, pad=pad)
+
+
+def _icl_part(talker: Talker, tc, ref_text: torch.Tensor, text: torch.Tensor, ref_codes: torch.Tensor,
+              eos: torch.Tensor, pad: torch.Tensor, non_streaming: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Voice-clone ICL block: reference + target text against codec_bos + reference frames."""
+    text_embed = torch.cat([talker.embed_text(torch.cat([ref_text, text])), eos[None]])  # [T1, H]
+    bos = talker.embed_codec(torch.tensor([tc.codec_bos_id], device=ref_codes.device))
+    codec_embed = torch.cat([bos, talker.embed_frame(ref_codes)])  # [T2, H]
+    t1, t2 = text_embed.shape[0], codec_embed.shape[0]
+    if non_streaming:
+        codec_pad = talker.embed_codec(torch.full((t1,), tc.codec_pad_id, device=ref_codes.device))
+        return torch.cat([text_embed + codec_pad, codec_embed + pad]), pad[None]
+    if t1 > t2:
+        return text_embed[:t2] + codec_embed, text_embed[t2:]
+    return torch.cat([text_embed, pad.expand(t2 - t1, -1)]) + codec_embed, pad[None]

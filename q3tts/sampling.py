@@ -1,0 +1,139 @@
+"""Logits processing and sampling, batched with per-row parameters as tensors (no host sync, graph-safe).
+
+The order is the official one (transformers 4.57.3 `generate` as configured by Qwen3-TTS): repetition
+penalty -> min-new-tokens -> suppressed ids -> temperature -> top-k -> top-p -> softmax -> draw. Greedy rows take
+the argmax of the processed logits (the penalty and masks apply to greedy decoding too).
+
+Draws use the exponential-race form of categorical sampling, `argmax(p / E)` with `E = -log(u)`, where `u`
+comes from a counter-based hash of (seed, draw counter, token id). Any path that computes the same logits
+therefore draws the same tokens, on the CPU or inside a CUDA graph, and a request's seed makes it reproducible
+whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass
+class SamplingParams:
+    """Per-request generation parameters; `None` means "take the checkpoint's generation_config value"."""
+
+    do_sample: bool = True
+    top_k: int = 50
+    top_p: float = 1.0
+    temperature: float = 0.9
+    repetition_penalty: float = 1.05
+    subtalker_dosample: bool = True
+    subtalker_top_k: int = 50
+    subtalker_top_p: float = 1.0
+    subtalker_temperature: float = 0.9
+    max_new_tokens: int = 2048
+    seed: int | None = None
+
+    def __post_init__(self):
+        for prefix in ("", "subtalker_"):
+            temperature, top_k, top_p = (getattr(self, prefix + n) for n in ("temperature", "top_k", "top_p"))
+            if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+                raise ValueError(f"{prefix}top_k must be an integer >= 0 (0 disables it), got {top_k!r}")
+            if not 0.0 < float(top_p) <= 1.0:
+                raise ValueError(f"{prefix}top_p must be in (0, 1], got {top_p!r}")
+            if not float(temperature) > 0.0:
+                raise ValueError(f"{prefix}temperature must be > 0, got {temperature!r} (use do_sample=False "
+                                 "for greedy decoding)")
+        if not float(self.repetition_penalty) > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) \
+                or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.seed is None:
+            self.seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        elif not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+
+@dataclass
+class SamplerTensors:
+    """One sampler's parameters for a batch of rows, as device tensors: [B] each."""
+
+    do_sample: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], subtalker: bool, device: torch.device | str) -> SamplerTensors:
+        names = (("subtalker_dosample", "subtalker_temperature", "subtalker_top_k", "subtalker_top_p") if subtalker
+                 else ("do_sample", "temperature", "top_k", "top_p"))
+        values = [[getattr(x, name) for x in params] for name in names]
+        return cls(do_sample=torch.tensor(values[0], dtype=torch.bool, device=device),
+                   temperature=torch.tensor(values[1], dtype=torch.float32, device=device),
+                   top_k=torch.tensor(values[2], dtype=torch.int64, device=device),
+                   top_p=torch.tensor(values[3], dtype=torch.float32, device=device))
+
+    def select(self, rows: torch.Tensor) -> SamplerTensors:
+        return SamplerTensors(self.do_sample[rows], self.temperature[rows], self.top_k[rows], self.top_p[rows])
+
+
+def apply_talker_processors(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor, steps: torch.Tensor,
+                            eos_id: int, min_new_tokens: int, suppress: torch.Tensor) -> torch.Tensor:
+    """logits: [B, V] fp32; seen: [B, V] bool (codebook-0 ids generated so far); penalty, steps: [B];
+    suppress: [V] bool. Returns the processed logits (before temperature)."""
+    p = penalty[:, None]
+    logits = torch.where(seen, torch.where(logits < 0, logits * p, logits / p), logits)
+    too_early = (steps < min_new_tokens)[:, None] & (torch.arange(logits.shape[1], device=logits.device) == eos_id)
+    return logits.masked_fill(too_early | suppress, float("-inf"))
+
+
+def sample(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """logits: [B, V] fp32 processed; seeds, counters: [B] int64. Returns token ids [B] (int64)."""
+    greedy = logits.argmax(-1)
+    scores = logits / params.temperature[:, None]
+    scores = _top_k(scores, params.top_k)
+    scores = _top_p(scores, params.top_p)
+    probs = scores.softmax(-1)
+    exp_noise = -torch.log(uniform_noise(seeds, counters, logits.shape[1]))
+    drawn = (probs / exp_noise).argmax(-1)
+    return torch.where(params.do_sample, drawn, greedy)
+
+
+def _top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Keeps the scores >= the k-th largest (ties kept, as transformers does); k = 0 keeps everything."""
+    k = top_k.clamp(min=1, max=scores.shape[1])
+    kth = scores.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+    kth = torch.where((top_k > 0)[:, None], kth, torch.full_like(kth, float("-inf")))
+    return scores.masked_fill(scores < kth, float("-inf"))
+
+
+def _top_p(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """transformers' TopPLogitsWarper: drop the low tail whose mass is <= 1 - top_p, keep at least one."""
+    sorted_scores, order = scores.sort(dim=-1, descending=False)
+    cumulative = sorted_scores.softmax(-1).cumsum(-1)
+    remove_sorted = cumulative <= (1 - top_p)[:, None]
+    remove_sorted[:, -1] = False
+    remove = remove_sorted.scatter(1, order, remove_sorted)
+    # top_p = 1 is "off" in transformers; skipping it also keeps tokens whose cumulative mass rounds to 0.
+    remove &= (top_p < 1.0)[:, None]
+    return scores.masked_fill(remove, float("-inf"))
+
+
+def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, n: int) -> torch.Tensor:
+    """u in (0, 1): [B, n] float32, a pure function of (seed, counter, column). Integer ops only, so it is the
+    same on every device; 32-bit mixing in int64 keeps every product below 2^63 (no overflow)."""
+    col = torch.arange(n, device=seeds.device, dtype=torch.int64)[None, :]
+    h = _mix32((counters[:, None] & _MASK32) ^ _mix32(col + 0x3C6EF372))
+    h = _mix32(h ^ (seeds[:, None] & _MASK32))
+    h = _mix32(h ^ ((seeds[:, None] >> 32) & _MASK32) ^ 0x1B873593)
+    return ((h >> 8).float() + 0.5) / float(1 << 24)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    x = x & _MASK32
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK32
+    x = ((x ^ (x >> 15)) * 0x5BD1E995) & _MASK32
+    return x ^ (x >> 16)

@@ -1,0 +1,87 @@
+"""Runs the official qwen-tts API on a checkpoint and records what q3tts must reproduce.
+
+usage: python generate.py CHECKPOINT CALLS.json OUT.pt
+
+CALLS.json: a list of {"method": "generate_custom_voice" | ..., "kwargs": {...}}. Reference audio is given as
+{"wav": path} and passed as (array, sr). For each call OUT.pt holds: the returned wavs, the generated codes,
+the raw talker logits (codec_head output of each forward, last position), the raw code-predictor logits
+(lm_head[g] outputs, last position), the prefill inputs the talker received, the prompt token ids, and for
+voice clone the prompt items (speaker embedding, reference codes).
+"""
+
+import json
+import sys
+
+import soundfile as sf
+import torch
+from qwen_tts import Qwen3TTSModel
+
+
+def main(ckpt, calls_path, out_path):
+    torch.manual_seed(0)
+    tts = Qwen3TTSModel.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="sdpa")
+    model, talker = tts.model, tts.model.talker
+    rec = {}
+
+    def on_codec_head(_m, _inp, out):
+        rec["talker_logits"].append(out[:, -1].detach().float().clone())
+
+    def make_cp_hook(g):
+        def hook(_m, _inp, out):
+            rec["cp_logits"].append((g, out[:, -1].detach().float().clone()))
+        return hook
+
+    def on_talker_call(_m, args, kwargs):
+        if kwargs.get("inputs_embeds") is not None and kwargs["inputs_embeds"].shape[1] > 1:
+            rec["prefill"] = {k: kwargs[k].detach().clone() for k in
+                              ("inputs_embeds", "attention_mask", "trailing_text_hidden", "tts_pad_embed")}
+
+    talker.codec_head.register_forward_hook(on_codec_head)
+    for g, head in enumerate(talker.code_predictor.lm_head):
+        head.register_forward_hook(make_cp_hook(g))
+    talker.register_forward_pre_hook(on_talker_call, with_kwargs=True)
+
+    original_generate = model.generate
+
+    def recording_generate(*args, **kwargs):
+        rec["input_ids"] = [t.clone() for t in kwargs["input_ids"]]
+        rec["instruct_ids"] = kwargs.get("instruct_ids")
+        rec["ref_ids"] = kwargs.get("ref_ids")
+        codes, hiddens = original_generate(*args, **kwargs)
+        rec["codes"] = [c.clone() for c in codes]
+        return codes, hiddens
+
+    model.generate = recording_generate
+
+    results = []
+    for call in json.load(open(calls_path)):
+        rec.clear()
+        rec.update(talker_logits=[], cp_logits=[])
+        kwargs = {k: _audio(v) for k, v in call["kwargs"].items()}
+        if call["method"] == "create_voice_clone_prompt":
+            items = tts.create_voice_clone_prompt(**kwargs)
+            results.append({"items": [{"ref_code": it.ref_code, "spk": it.ref_spk_embedding} for it in items]})
+            continue
+        if call["method"] == "generate_voice_clone" and "ref_audio" in kwargs:
+            items = tts.create_voice_clone_prompt(ref_audio=kwargs["ref_audio"], ref_text=kwargs.get("ref_text"),
+                                                  x_vector_only_mode=kwargs.get("x_vector_only_mode", False))
+            rec["items"] = [{"ref_code": it.ref_code, "spk": it.ref_spk_embedding} for it in items]
+        wavs, sr = getattr(tts, call["method"])(**kwargs)
+        rec["wavs"] = [torch.from_numpy(w.copy()) for w in wavs]
+        rec["sr"] = sr
+        results.append(dict(rec))
+    torch.save(results, out_path)
+    print("ok", len(results))
+
+
+def _audio(value):
+    if isinstance(value, dict) and "wav" in value:
+        wav, sr = sf.read(value["wav"], dtype="float32")
+        return (wav, sr)
+    if isinstance(value, list):
+        return [_audio(v) for v in value]
+    return value
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
