@@ -93,7 +93,8 @@ def generate_codes(talker: Talker, prompts: list[Prompt], params: list[SamplingP
         seen=torch.zeros(B, config.vocab_size, dtype=torch.bool, device=device),
         penalty=torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device),
         seeds=torch.tensor([p.seed for p in params], dtype=torch.long, device=device),
-        talker_sampler=SamplerTensors.build(params, False, device), cp_sampler=SamplerTensors.build(params, True, device))
+        talker_sampler=SamplerTensors.build(params, False, device),
+        cp_sampler=SamplerTensors.build(params, True, device))
     suppress = suppressed_ids(talker)
     frames: list[list[torch.Tensor]] = [[] for _ in range(B)]
     active = torch.arange(B, device=device)

@@ -2,11 +2,11 @@
 
 usage: python generate.py CHECKPOINT CALLS.json OUT.pt
 
-CALLS.json: a list of {"method": "generate_custom_voice" | ..., "kwargs": {...}}. Reference audio is given as
-{"wav": path} and passed as (array, sr). For each call OUT.pt holds: the returned wavs, the generated codes,
-the raw talker logits (codec_head output of each forward, last position), the raw code-predictor logits
-(lm_head[g] outputs, last position), the prefill inputs the talker received, the prompt token ids, and for
-voice clone the prompt items (speaker embedding, reference codes).
+CALLS.json: a list of {"method": "generate_custom_voice" | ..., "kwargs": {...}}. Reference audio
+is given as {"wav": path} (passed as the path) or {"array": path} (passed as an (array, sr) tuple). For each call OUT.pt
+holds: the returned wavs, the generated codes, the raw talker logits (codec_head output of each forward, last
+position), the raw code-predictor logits (lm_head[g] outputs, last position), the prefill inputs the talker
+received, the prompt token ids, and for voice clone the prompt items (speaker embedding, reference codes).
 """
 
 import json
@@ -54,7 +54,9 @@ def main(ckpt, calls_path, out_path):
     model.generate = recording_generate
 
     results = []
-    for call in json.load(open(calls_path)):
+    with open(calls_path) as f:
+        calls = json.load(f)
+    for call in calls:
         rec.clear()
         rec.update(talker_logits=[], cp_logits=[])
         kwargs = {k: _audio(v) for k, v in call["kwargs"].items()}
@@ -76,7 +78,9 @@ def main(ckpt, calls_path, out_path):
 
 def _audio(value):
     if isinstance(value, dict) and "wav" in value:
-        wav, sr = sf.read(value["wav"], dtype="float32")
+        return value["wav"]
+    if isinstance(value, dict) and "array" in value:
+        wav, sr = sf.read(value["array"], dtype="float32")
         return (wav, sr)
     if isinstance(value, list):
         return [_audio(v) for v in value]
