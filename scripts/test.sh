@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Sets up everything the test suite needs on a fresh clone, then runs ruff and every test.
+#   .venv         q3tts with its dev extras on CPU torch 2.13.0
+#   .venv-oracle  the official qwen-tts 0.1.1 (transformers 4.57.3), the equivalence oracle, in its own environment
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh -k codec`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then "$PYTHON" -m venv .venv; fi
+.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+.venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+
+if [ ! -f .venv-oracle/.ready ]; then
+  rm -rf .venv-oracle
+  "$PYTHON" -m venv .venv-oracle
+  .venv-oracle/bin/pip install -q --disable-pip-version-check torch==2.13.0
+  .venv-oracle/bin/pip install -q --disable-pip-version-check --no-deps qwen-tts==0.1.1 torchaudio==2.11.0
+  .venv-oracle/bin/pip install -q --disable-pip-version-check transformers==4.57.3 accelerate==1.12.0 \
+    librosa==0.11.0 soundfile==0.14.0 soxr==1.1.0 sox==1.5.0 onnxruntime einops==0.8.2
+  # The index only has a CUDA torchaudio, whose compiled part fails beside CPU torch; qwen_tts imports
+  # torchaudio (for its unused 25 Hz tokenizer) and the pure-Python part is enough.
+  rm -f .venv-oracle/lib/python3*/site-packages/torchaudio/lib/*.so
+  touch .venv-oracle/.ready
+fi
+
+.venv/bin/ruff check q3tts tests bench
+Q3TTS_REQUIRE_ORACLE=1 .venv/bin/python -m pytest -q "$@"
