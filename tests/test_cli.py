@@ -1,0 +1,73 @@
+"""The `q3tts` command line on the built-in tiny models."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import soundfile as sf
+
+from q3tts.cli import main
+from tests.test_equivalence import speech_like
+
+
+@pytest.fixture(autouse=True)
+def tiny_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("Q3TTS_CACHE", str(tmp_path_factory.getbasetemp() / "q3tts-cli-cache"))
+
+
+def test_say_writes_a_wav(tmp_path, capsys):
+    out = tmp_path / "hello.wav"
+    assert main(["say", "Hello from q3tts.", "-o", str(out), "--model", "tiny", "--max-new-tokens", "9",
+                 "--seed", "1"]) == 0
+    wav, sr = sf.read(out)
+    assert sr == 24000 and len(wav) == 8 * 1920
+    assert "speaker ryan" in capsys.readouterr().err
+
+
+def test_voice_create_then_say_with_it(tmp_path):
+    ref = tmp_path / "ref.wav"
+    sf.write(ref, speech_like(1.0, 16000, 9), 16000)
+    voice = tmp_path / "me.voice"
+    assert main(["voice", "create", "--model", "tiny-base", "--ref-audio", str(ref), "--ref-text", "Good morning.",
+                 "-o", str(voice)]) == 0
+    out = tmp_path / "clone.wav"
+    assert main(["say", "Thank you.", "--model", "tiny-base", "--voice", str(voice), "-o", str(out), "--greedy",
+                 "--max-new-tokens", "5"]) == 0
+    assert sf.info(out).frames == 4 * 1920
+
+
+def test_say_modes_and_errors(tmp_path, capsys):
+    out = tmp_path / "d.wav"
+    assert main(["say", "Hello.", "--model", "tiny-voice-design", "--instruct", "A calm old man.", "-o", str(out),
+                 "--max-new-tokens", "4", "--streaming-text"]) == 0
+    assert main(["say", "Hello.", "--model", "tiny", "--speaker", "nobody", "-o", str(out)]) == 1
+    assert "unknown speaker 'nobody'" in capsys.readouterr().err
+    assert main(["say", "Hello.", "--model", "tiny-base", "-o", str(out)]) == 1
+    assert "--ref-audio" in capsys.readouterr().err
+    assert main(["say", "   ", "--model", "tiny", "-o", str(out)]) == 1
+    assert "text is empty" in capsys.readouterr().err
+
+
+def test_no_network_and_no_model_names_the_options(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert main(["say", "Hello.", "-o", str(tmp_path / "x.wav")]) == 1
+    err = capsys.readouterr().err
+    assert "local folder" in err and "tiny" in err
+
+
+def test_console_script_runs(tmp_path):
+    """The installed `q3tts` entry point (what the README's first command runs)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "q3tts")
+    out = tmp_path / "x.wav"
+    proc = subprocess.run([exe, "say", "Hello.", "--model", "tiny", "-o", str(out), "--max-new-tokens", "3"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    assert sf.info(out).frames == 2 * 1920
