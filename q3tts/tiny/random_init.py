@@ -12,17 +12,19 @@ import torch
 
 
 def random_tensor(name: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    """A plausible random value for checkpoint tensor `name`, chosen by what the name says it is."""
+    """A plausible random value for checkpoint tensor `name`, chosen by what the name says it is (fp32, on the
+    generator's device)."""
     leaf = name.rsplit(".", 1)[-1]
+    device = generator.device
 
     def randn(scale: float = 1.0, offset: float = 0.0) -> torch.Tensor:
-        return torch.randn(shape, generator=generator) * scale + offset
+        return torch.randn(shape, generator=generator, device=device) * scale + offset
 
     def uniform(lo: float, hi: float) -> torch.Tensor:
-        return torch.rand(shape, generator=generator) * (hi - lo) + lo
+        return torch.rand(shape, generator=generator, device=device) * (hi - lo) + lo
 
     if leaf == "initialized":
-        return torch.ones(shape)
+        return torch.ones(shape, device=device)
     if leaf == "cluster_usage":
         return uniform(0.5, 2.0)
     if leaf in ("embed_sum", "embedding_sum"):
@@ -43,12 +45,13 @@ def random_tensor(name: str, shape: tuple[int, ...], generator: torch.Generator)
     return randn(fan_in**-0.5)
 
 
-def random_state_dict(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
-    """One fresh random fp32 tensor per name, reproducible from `seed` and independent of dict order."""
+def random_state_dict(shapes: dict[str, tuple[int, ...]], seed: int, device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """One fresh random tensor per name, reproducible from `seed` (per device) and independent of dict order."""
     out = {}
     for name in sorted(shapes):
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + _stable_hash(name))
-        out[name] = random_tensor(name, tuple(shapes[name]), generator).float().contiguous()
+        generator = torch.Generator(device).manual_seed(seed * 1_000_003 + _stable_hash(name))
+        out[name] = random_tensor(name, tuple(shapes[name]), generator).to(dtype).contiguous()
     return out
 
 
