@@ -1,0 +1,246 @@
+"""Fused kernels of the GPU decode path (Triton), each with a plain-PyTorch twin of the same semantics.
+
+The twins run on the CPU (the eager path) and are what the tests compare every kernel against. All kernels
+work on a flat list of tokens; token t belongs to cache row `rows[t]` and sits at position `positions[t]`, so
+one kernel serves prefill (many tokens per row), the talker step (one per row) and the code predictor.
+
+KV caches are paged: k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]; row r's position p
+lives in block `block_table[r, p // block_size]`, slot `p % block_size`.
+
+Numerics: norms, RoPE, softmax and sampling in fp32; the residual stream is fp32; matrix products in the
+weights' dtype (bf16 on the GPU) with fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the torch twins are used
+    triton = None
+
+
+# Tests set this (with TRITON_INTERPRET=1 before triton is imported) to run the kernels on the CPU.
+INTERPRET_ON_CPU = False
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    return triton is not None and (t.is_cuda or INTERPRET_ON_CPU)
+
+
+# ---- RMSNorm with a fused residual add ---------------------------------------------------------------------
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual' = residual + x (fp32; residual None means x starts the stream); y = rmsnorm(residual') * w.
+    x: [N, D] any float dtype; returns (y [N, D] out_dtype, residual' [N, D] fp32)."""
+    N, D = x.shape
+    if not use_triton(x):
+        r = x.float() if residual is None else residual + x.float()
+        return _rmsnorm_ref(r, weight, eps).to(out_dtype), r
+    y = torch.empty(N, D, dtype=out_dtype, device=x.device)
+    r_out = torch.empty(N, D, dtype=torch.float32, device=x.device)
+    _add_rmsnorm_kernel[(N,)](x, residual if residual is not None else x, weight, y, r_out, D, eps,
+                              HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(D), num_warps=4)
+    return y, r_out
+
+
+def _rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+
+
+if triton is not None:
+    @triton.jit
+    def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, r_out_ptr, D, eps, HAS_RESIDUAL: tl.constexpr,
+                            BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            x += tl.load(res_ptr + row * D + cols, mask=mask, other=0.0)
+        tl.store(r_out_ptr + row * D + cols, x, mask=mask)
+        var = tl.sum(x * x, axis=0) / D
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y = x * tl.rsqrt(var + eps) * w
+        tl.store(y_ptr + row * D + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# ---- q/k RMSNorm + RoPE + KV-cache store ---------------------------------------------------------------------
+
+def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+                       inv_freq: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                       block_table: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       num_heads: int) -> torch.Tensor:
+    """qkv: [N, (Hq + 2 Hkv) * D] (q heads, k heads, v heads). Normalises q and k per head, rotates them
+    (rotate-half RoPE at `positions`), stores k and v in the paged cache, returns q: [N, Hq, D] fp32."""
+    N = qkv.shape[0]
+    _, block_size, num_kv, D = k_cache.shape
+    if not use_triton(qkv):
+        return _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache,
+                                       v_cache, num_heads)
+    q = torch.empty(N, num_heads, D, dtype=torch.float32, device=qkv.device)
+    _qk_norm_rope_store_kernel[(N, num_heads + num_kv)](
+        qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, q, eps,
+        block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NUM_HEADS=num_heads, NUM_KV=num_kv, D=D, BLOCK_SIZE=block_size, num_warps=1)
+    return q
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """x: [N, H, D] fp32 -> rotated (rotate-half layout), angles in fp32."""
+    freqs = positions.float()[:, None] * inv_freq.float()[None]  # [N, D/2]
+    cos, sin = freqs.cos()[:, None], freqs.sin()[:, None]
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache, v_cache,
+                            num_heads):
+    N = qkv.shape[0]
+    _, block_size, num_kv, D = k_cache.shape
+    parts = qkv.float().view(N, num_heads + 2 * num_kv, D)
+    q = _rotate(_rmsnorm_ref(parts[:, :num_heads], q_norm, eps), positions, inv_freq)
+    k = _rotate(_rmsnorm_ref(parts[:, num_heads:num_heads + num_kv], k_norm, eps), positions, inv_freq)
+    blocks = block_table[rows.long(), positions.long() // block_size].long()
+    slots = positions.long() % block_size
+    k_cache[blocks, slots] = k.to(k_cache.dtype)
+    v_cache[blocks, slots] = parts[:, num_heads + num_kv:].to(v_cache.dtype)
+    return q
+
+
+if triton is not None:
+    @triton.jit
+    def _qk_norm_rope_store_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, rows_ptr, pos_ptr, table_ptr, k_ptr,
+                                   v_ptr, q_out_ptr, eps, table_stride, cache_s0, cache_s1, cache_s2,
+                                   NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
+                                   BLOCK_SIZE: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        half = tl.arange(0, D // 2)
+        width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV) * D
+        base = qkv_ptr + t * width + h * D
+        x1 = tl.load(base + half).to(tl.float32)
+        x2 = tl.load(base + D // 2 + half).to(tl.float32)
+        is_q = h < NUM_HEADS
+        w_ptr = tl.where(is_q, qn_ptr, kn_ptr)
+        w1 = tl.load(w_ptr + half).to(tl.float32)
+        w2 = tl.load(w_ptr + D // 2 + half).to(tl.float32)
+        inv = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+        x1, x2 = x1 * inv * w1, x2 * inv * w2
+        pos = tl.load(pos_ptr + t)
+        freqs = pos.to(tl.float32) * tl.load(inv_freq_ptr + half)
+        cos, sin = tl.cos(freqs), tl.sin(freqs)
+        y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        if is_q:
+            out = q_out_ptr + (t * NUM_HEADS + h) * D
+            tl.store(out + half, y1)
+            tl.store(out + D // 2 + half, y2)
+        else:
+            kv_head = h - NUM_HEADS
+            row = tl.load(rows_ptr + t).to(tl.int64)
+            block = tl.load(table_ptr + row * table_stride + pos // BLOCK_SIZE).to(tl.int64)
+            offset = block * cache_s0 + (pos % BLOCK_SIZE) * cache_s1 + kv_head * cache_s2
+            tl.store(k_ptr + offset + half, y1.to(k_ptr.dtype.element_ty))
+            tl.store(k_ptr + offset + D // 2 + half, y2.to(k_ptr.dtype.element_ty))
+            v = qkv_ptr + t * width + (NUM_HEADS + NUM_KV + kv_head) * D
+            tl.store(v_ptr + offset + half, tl.load(v + half))
+            tl.store(v_ptr + offset + D // 2 + half, tl.load(v + D // 2 + half))
+
+
+# ---- paged causal attention, one query token per program ----------------------------------------------------
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    rows: torch.Tensor, positions: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """q: [N, Hq, D] fp32; token t attends to positions 0..positions[t] of row rows[t]. Returns [N, Hq * D]."""
+    N, Hq, D = q.shape
+    _, block_size, num_kv, _ = k_cache.shape
+    if not use_triton(q):
+        return _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
+    out = torch.empty(N, Hq * D, dtype=out_dtype, device=q.device)
+    _paged_attention_kernel[(N, num_kv)](
+        q, k_cache, v_cache, block_table, rows, positions, out, D**-0.5, block_table.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        GROUP=Hq // num_kv, D=D, BLOCK_SIZE=block_size, num_warps=4)
+    return out
+
+
+def _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions):
+    N, Hq, D = q.shape
+    _, block_size, num_kv, _ = k_cache.shape
+    out = torch.empty(N, Hq, D, dtype=torch.float32, device=q.device)
+    for t in range(N):
+        n = int(positions[t]) + 1
+        p = torch.arange(n, device=q.device)
+        blocks = block_table[int(rows[t]), p // block_size].long()
+        k = k_cache[blocks, p % block_size].float().repeat_interleave(Hq // num_kv, dim=1)  # [n, Hq, D]
+        v = v_cache[blocks, p % block_size].float().repeat_interleave(Hq // num_kv, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[t], k) * D**-0.5
+        out[t] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
+    return out.view(N, Hq * D)
+
+
+if triton is not None:
+    @triton.jit
+    def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, out_ptr, scale, table_stride,
+                                cache_s0, cache_s1, cache_s2, GROUP: tl.constexpr, D: tl.constexpr,
+                                BLOCK_SIZE: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        kv_head = tl.program_id(1)
+        g = tl.arange(0, GROUP)
+        d = tl.arange(0, D)
+        n = tl.arange(0, BLOCK_SIZE)
+        heads = kv_head * GROUP + g
+        q = tl.load(q_ptr + (t * GROUP * tl.num_programs(1) + heads[:, None]) * D + d[None, :])  # [G, D]
+        row = tl.load(rows_ptr + t).to(tl.int64)
+        pos = tl.load(pos_ptr + t)
+        m = tl.full([GROUP], float("-inf"), tl.float32)
+        denom = tl.zeros([GROUP], tl.float32)
+        acc = tl.zeros([GROUP, D], tl.float32)
+        for start in range(0, pos + 1, BLOCK_SIZE):
+            block = tl.load(table_ptr + row * table_stride + start // BLOCK_SIZE).to(tl.int64)
+            offs = block * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
+            valid = (start + n) <= pos
+            k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)  # [N, D]
+            v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [G, N]
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            denom = denom * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            m = m_new
+        out = acc / denom[:, None]
+        tl.store(out_ptr + (t * GROUP * tl.num_programs(1) + heads[:, None]) * D + d[None, :],
+                 out.to(out_ptr.dtype.element_ty))
+
+
+# ---- SwiGLU activation ---------------------------------------------------------------------------------------
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [N, 2I] (gate then up) -> silu(gate) * up: [N, I] in gate_up's dtype (computed in fp32)."""
+    N, two_i = gate_up.shape
+    inter = two_i // 2
+    if not use_triton(gate_up):
+        g, u = gate_up.float().chunk(2, dim=-1)
+        return (torch.nn.functional.silu(g) * u).to(gate_up.dtype)
+    out = torch.empty(N, inter, dtype=gate_up.dtype, device=gate_up.device)
+    BLOCK = 1024
+    _silu_mul_kernel[(N, triton.cdiv(inter, BLOCK))](gate_up, out, inter, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _silu_mul_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < inter
+        g = tl.load(x_ptr + row * 2 * inter + cols, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0).to(tl.float32)
+        y = g / (1.0 + tl.exp(-g)) * u
+        tl.store(out_ptr + row * inter + cols, y.to(out_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,114 @@
+"""One fused kernel per sampling step: logits processors, temperature, top-k, top-p and the seeded draw.
+
+Its twin is `q3tts.sampling` (the reference path): same processors, same counter-based noise, same draws for
+the same logits. One documented difference: top-p keeps tied probabilities together (transformers breaks ties
+by sort order), which can only matter when two probabilities are exactly equal at the top-p boundary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..sampling import SamplerTensors, apply_talker_processors, sample
+from .kernels import triton, use_triton
+
+if triton is not None:
+    import triton.language as tl
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Tensor, counters: torch.Tensor,
+                  talker: TalkerProcessors | None = None) -> torch.Tensor:
+    """logits: [B, V] fp32 raw. With `talker`, the repetition penalty / min-new-tokens / suppression are
+    applied first and the drawn ids are marked in `talker.seen`. Returns ids [B] int64."""
+    B, V = logits.shape
+    if not use_triton(logits):
+        if talker is not None:
+            logits = apply_talker_processors(logits, talker.seen[:B], talker.penalty, talker.steps, talker.eos_id,
+                                             talker.min_new_tokens, talker.suppress)
+        ids = sample(logits, params, seeds, counters)
+        if talker is not None:
+            talker.seen[torch.arange(B, device=ids.device), ids] = True
+        return ids
+    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    t = talker
+    _sample_kernel[(B,)](
+        logits, V, params.do_sample, params.temperature, params.top_k, params.top_p, seeds, counters, out,
+        t.seen if t else logits, t.penalty if t else logits, t.steps if t else logits,
+        t.suppress if t else logits, t.eos_id if t else 0, t.min_new_tokens if t else 0,
+        HAS_PROCESSORS=t is not None, BLOCK_V=triton.next_power_of_2(V), num_warps=8)
+    return out
+
+
+class TalkerProcessors:
+    """The talker's logits processors for rows 0..B-1: seen [R, V] bool, penalty/steps [B], suppress [V] bool."""
+
+    def __init__(self, seen: torch.Tensor, penalty: torch.Tensor, steps: torch.Tensor, suppress: torch.Tensor,
+                 eos_id: int, min_new_tokens: int):
+        self.seen, self.penalty, self.steps, self.suppress = seen, penalty, steps, suppress
+        self.eos_id, self.min_new_tokens = eos_id, min_new_tokens
+
+
+if triton is not None:
+    @triton.jit
+    def _mix32(x):
+        x = x & 0xFFFFFFFF
+        x = ((x ^ (x >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
+        x = ((x ^ (x >> 15)) * 0x5BD1E995) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    @triton.jit
+    def _ordered(x):
+        """fp32 -> int64 key in [0, 2^32) with the same order as the floats."""
+        bits = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+        return tl.where(bits >= 0x80000000, (~bits) & 0xFFFFFFFF, bits | 0x80000000)
+
+    @triton.jit
+    def _sample_kernel(logits_ptr, V, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr, out_ptr,
+                       seen_ptr, penalty_ptr, steps_ptr, suppress_ptr, eos_id, min_new,
+                       HAS_PROCESSORS: tl.constexpr, BLOCK_V: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK_V)
+        valid = cols < V
+        x = tl.load(logits_ptr + b * V + cols, mask=valid, other=float("-inf"))
+        if HAS_PROCESSORS:
+            seen = tl.load(seen_ptr + b * V + cols, mask=valid, other=0).to(tl.int1)
+            penalty = tl.load(penalty_ptr + b)
+            x = tl.where(seen, tl.where(x < 0, x * penalty, x / penalty), x)
+            too_early = (cols == eos_id) & (tl.load(steps_ptr + b) < min_new)
+            suppressed = tl.load(suppress_ptr + cols, mask=valid, other=0).to(tl.int1)
+            x = tl.where(too_early | suppressed | ~valid, float("-inf"), x)
+        token = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int64)
+        if tl.load(do_sample_ptr + b).to(tl.int1):
+            x = x / tl.load(temp_ptr + b)
+            k = tl.load(top_k_ptr + b)
+            if (k > 0) & (k < V):
+                key = _ordered(x)
+                threshold = tl.zeros([], tl.int64)
+                for bit in tl.static_range(31, -1, -1):
+                    candidate = threshold | (1 << bit)
+                    count = tl.sum(((key >= candidate) & valid).to(tl.int32), axis=0)
+                    threshold = tl.where(count >= k, candidate, threshold)
+                x = tl.where(key >= threshold, x, float("-inf"))
+            probs = tl.exp(x - tl.max(x, axis=0))
+            probs = probs / tl.sum(probs, axis=0)
+            top_p = tl.load(top_p_ptr + b)
+            if top_p < 1.0:
+                # Remove the low tail whose cumulative mass (ascending, ties together) is <= 1 - top_p.
+                key = _ordered(probs)
+                limit = 1.0 - top_p
+                cut = tl.zeros([], tl.int64)
+                for bit in tl.static_range(31, -1, -1):
+                    candidate = cut | (1 << bit)
+                    mass = tl.sum(tl.where(key <= candidate, probs, 0.0), axis=0)
+                    cut = tl.where(mass <= limit, candidate, cut)
+                probs = tl.where(key <= cut, 0.0, probs)
+            seed = tl.load(seed_ptr + b)
+            h = _mix32((tl.load(counter_ptr + b) & 0xFFFFFFFF) ^ _mix32(cols.to(tl.int64) + 0x3C6EF372))
+            h = _mix32(h ^ (seed & 0xFFFFFFFF))
+            h = _mix32(h ^ ((seed >> 32) & 0xFFFFFFFF) ^ 0x1B873593)
+            u = ((h >> 8).to(tl.float32) + 0.5) / 16777216.0
+            race = tl.where(valid, probs / -tl.log(u), -1.0)
+            token = tl.argmax(race, axis=0, tie_break_left=True).to(tl.int64)
+        tl.store(out_ptr + b, token)
+        if HAS_PROCESSORS:
+            tl.store(seen_ptr + b * V + token, 1)

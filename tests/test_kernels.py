@@ -1,0 +1,165 @@
+"""Every Triton kernel of the GPU path against its PyTorch twin.
+
+On the CPU the kernels run in Triton's interpreter (fp32; the interpreter mishandles bf16), on the GPU
+(Q3TTS_GPU_TESTS=1) natively in bf16 and fp32. Inputs are fresh random data, outputs are poisoned first.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from q3tts.engine import kernels  # noqa: E402
+from q3tts.engine.sampler import TalkerProcessors, sample_tokens  # noqa: E402
+from q3tts.sampling import SamplerTensors, SamplingParams  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32] if DEVICE == "cpu" else [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def interpret(monkeypatch):
+    if DEVICE == "cpu":  # conftest set TRITON_INTERPRET=1 before triton was imported
+        monkeypatch.setattr(kernels, "INTERPRET_ON_CPU", True)
+
+
+def _twin(monkeypatch, fn, *args, **kwargs):
+    """Runs `fn` with the Triton path switched off (the PyTorch twin)."""
+    with monkeypatch.context() as m:
+        m.setattr(kernels, "INTERPRET_ON_CPU", False)
+        m.setattr(kernels, "use_triton", lambda t: False)
+        import q3tts.engine.sampler as sampler
+
+        m.setattr(sampler, "use_triton", lambda t: False)
+        return fn(*args, **kwargs)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    err = float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-12))
+    assert err < tol, err
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rmsnorm(monkeypatch, dtype, with_residual):
+    g = torch.Generator(DEVICE).manual_seed(1)
+    x = torch.randn(5, 96, device=DEVICE, generator=g).to(dtype)
+    res = torch.randn(5, 96, device=DEVICE, generator=g) if with_residual else None
+    w = (1 + 0.1 * torch.randn(96, device=DEVICE, generator=g)).to(dtype)
+    y, r = kernels.add_rmsnorm(x, res, w, 1e-6, dtype)
+    y_ref, r_ref = _twin(monkeypatch, kernels.add_rmsnorm, x, res, w, 1e-6, dtype)
+    _close(y, y_ref, dtype)
+    assert torch.equal(r, r_ref)
+
+
+def _paged_setup(dtype, num_tokens_per_row, num_heads=4, num_kv=2, D=32, block_size=4, seed=0):
+    g = torch.Generator(DEVICE).manual_seed(seed)
+    R = len(num_tokens_per_row)
+    max_blocks = 6
+    num_blocks = R * max_blocks + 1
+    # Rows own shuffled, non-contiguous blocks; block 0 is never used.
+    perm = torch.randperm(num_blocks - 1, generator=torch.Generator().manual_seed(seed))[: R * max_blocks] + 1
+    table = perm.view(R, max_blocks).to(torch.int32).to(DEVICE)
+    rows, positions = [], []
+    for r, n in enumerate(num_tokens_per_row):
+        rows += [r] * n
+        positions += list(range(n))
+    rows = torch.tensor(rows, dtype=torch.int32, device=DEVICE)
+    positions = torch.tensor(positions, dtype=torch.int32, device=DEVICE)
+    N = rows.numel()
+    qkv = torch.randn(N, (num_heads + 2 * num_kv) * D, device=DEVICE, generator=g).to(dtype)
+    qn = (1 + 0.1 * torch.randn(D, device=DEVICE, generator=g)).to(dtype)
+    kn = (1 + 0.1 * torch.randn(D, device=DEVICE, generator=g)).to(dtype)
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, D, 2, device=DEVICE).float() / D))
+    cache = lambda: torch.full((num_blocks, block_size, num_kv, D), float("nan"), dtype=dtype, device=DEVICE)
+    return dict(qkv=qkv, q_norm=qn, k_norm=kn, eps=1e-6, inv_freq=inv_freq, rows=rows, positions=positions,
+                block_table=table, k_cache=cache(), v_cache=cache(), num_heads=num_heads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rope_store_and_attention(monkeypatch, dtype):
+    args = _paged_setup(dtype, [7, 1, 13])
+    ref_args = {**args, "k_cache": args["k_cache"].clone(), "v_cache": args["v_cache"].clone()}
+    q = kernels.qk_norm_rope_store(**args)
+    q_ref = _twin(monkeypatch, kernels.qk_norm_rope_store, **ref_args)
+    _close(q, q_ref, dtype)
+    written = ~torch.isnan(ref_args["k_cache"])
+    assert torch.equal(written, ~torch.isnan(args["k_cache"]))  # exactly the same slots written
+    _close(args["k_cache"][written], ref_args["k_cache"][written], dtype)
+    assert torch.equal(args["v_cache"][written], ref_args["v_cache"][written])
+    out = kernels.paged_attention(q, args["k_cache"], args["v_cache"], args["block_table"], args["rows"],
+                                  args["positions"], dtype)
+    out_ref = _twin(monkeypatch, kernels.paged_attention, q_ref, ref_args["k_cache"], ref_args["v_cache"],
+                    args["block_table"], args["rows"], args["positions"], dtype)
+    _close(out, out_ref, dtype)
+
+
+def test_attention_twin_matches_sdpa():
+    """The twin itself against PyTorch's attention on contiguous keys."""
+    args = _paged_setup(torch.float32, [9])
+    q = kernels._qk_norm_rope_store_ref(**args)
+    out = kernels._paged_attention_ref(q, args["k_cache"], args["v_cache"], args["block_table"], args["rows"],
+                                       args["positions"])
+    blocks = args["block_table"][0, torch.arange(9, device=DEVICE) // 4].long()
+    k = args["k_cache"][blocks, torch.arange(9, device=DEVICE) % 4].transpose(0, 1)  # [kv, 9, D]
+    v = args["v_cache"][blocks, torch.arange(9, device=DEVICE) % 4].transpose(0, 1)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None],
+                                                           is_causal=True, enable_gqa=True)
+    _close(out.view(9, 4, 32), ref[0].transpose(0, 1), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(monkeypatch, dtype):
+    x = torch.randn(3, 2 * 1500, device=DEVICE).to(dtype)
+    _close(kernels.silu_mul(x), _twin(monkeypatch, kernels.silu_mul, x), dtype)
+
+
+def _params() -> list[SamplingParams]:
+    rows = [dict(do_sample=False), dict(temperature=0.7, top_k=5), dict(temperature=1.3, top_k=0, top_p=0.8),
+            dict(temperature=0.9, top_k=50, top_p=0.95), dict(temperature=1.0, top_k=1),
+            dict(temperature=0.9, top_k=50), dict(temperature=2.0, top_k=3000, top_p=0.5)]
+    return [SamplingParams(**r, seed=100 + i) for i, r in enumerate(rows * 3)]
+
+
+@pytest.mark.parametrize("with_processors", [False, True])
+def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
+    V = 3072 if with_processors else 2048
+    params = _params()
+    B = len(params)
+    p = SamplerTensors.build(params, False, DEVICE)
+    seeds = torch.tensor([x.seed for x in params], device=DEVICE)
+    for trial in range(3):
+        logits = torch.randn(B, V, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(trial)) * 3
+        counters = torch.full((B,), trial * 16, device=DEVICE)
+        procs = twin_procs = None
+        if with_processors:
+            seen = torch.rand(B, V, device=DEVICE) < 0.01
+            suppress = torch.zeros(V, dtype=torch.bool, device=DEVICE)
+            suppress[V - 1024:] = True
+            suppress[2150] = False
+            steps = torch.arange(B, device=DEVICE) % 4
+            penalty = torch.full((B,), 1.05, device=DEVICE)
+            procs = TalkerProcessors(seen.clone(), penalty, steps, suppress, 2150, 2)
+            twin_procs = TalkerProcessors(seen.clone(), penalty, steps, suppress, 2150, 2)
+        ids = sample_tokens(logits, p, seeds, counters, procs)
+        ref = _twin(monkeypatch, sample_tokens, logits, p, seeds, counters, twin_procs)
+        assert torch.equal(ids, ref), (ids, ref)
+        if with_processors:
+            assert torch.equal(procs.seen, twin_procs.seen)
+
+
+def test_sampling_distribution(monkeypatch):
+    """Drawn frequencies follow the top-k/temperature distribution (on the twin, which the kernel equals)."""
+    B, V = 4000, 64
+    params = [SamplingParams(temperature=0.5, top_k=3, seed=s) for s in range(B)]
+    p = SamplerTensors.build(params, False, DEVICE)
+    logits = torch.linspace(0, 2, V, device=DEVICE).expand(B, V).contiguous()
+    ids = _twin(monkeypatch, sample_tokens, logits, p, torch.arange(B, device=DEVICE),
+                torch.zeros(B, dtype=torch.long, device=DEVICE))
+    expected = (logits[0, -3:] / 0.5).softmax(-1)
+    freq = torch.bincount(ids, minlength=V).float() / B
+    assert freq[:-3].sum() == 0
+    assert torch.allclose(freq[-3:], expected, atol=0.03)
