@@ -29,6 +29,7 @@ class Prompt:
     embeds: torch.Tensor  # [L, H] prefill input
     trailing: torch.Tensor  # [N, H] added to the frame embedding at decode step s < N, TTS_PAD after that
     pad: torch.Tensor  # [H] TTS_PAD
+    trailing_ids: list[int]  # text ids whose projections are `trailing` (the engine projects them per step)
 
 
 def language_id(config: ModelConfig, language: str, speaker: str | None) -> int | None:
@@ -68,29 +69,35 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Promp
     parts.append(torch.cat([pad.expand(n - 2, -1), bos[None]]) + codec[:-1])
     text = input_ids[3:-5]
     if spec.ref_codes is not None:
-        icl, trailing = _icl_part(talker, tc, ids(spec.ref_ids)[3:-2], text, spec.ref_codes.to(device), eos, pad,
-                                  spec.non_streaming_mode)
+        icl, trailing, tail = _icl_part(talker, tc, ids(spec.ref_ids)[3:-2], text, spec.ref_codes.to(device), eos,
+                                        pad, spec.non_streaming_mode)
         parts.append(icl)
+        # Streaming ICL trails whatever text did not fit beside the reference frames.
+        icl_text = spec.ref_ids[3:-2] + spec.input_ids[3:-5] + [config.tts_eos_token_id]
+        trailing_ids = icl_text[tail:] if tail is not None else []
     elif spec.non_streaming_mode:
         parts.append(torch.cat([tp(text), eos[None]]) + ec(ids([tc.codec_pad_id] * (len(text) + 1))))
         parts.append(pad[None] + ec(ids([tc.codec_bos_id])))
-        trailing = pad[None]
+        trailing, trailing_ids = pad[None], []
     else:
         parts.append(tp(input_ids[3:4]) + codec[-1:])
         trailing = torch.cat([tp(input_ids[4:-5]), eos[None]])
-    return Prompt(embeds=torch.cat(parts), trailing=trailing, pad=pad)
+        trailing_ids = spec.input_ids[4:-5] + [config.tts_eos_token_id]
+    return Prompt(embeds=torch.cat(parts), trailing=trailing, pad=pad, trailing_ids=trailing_ids)
 
 
 def _icl_part(talker: Talker, tc, ref_text: torch.Tensor, text: torch.Tensor, ref_codes: torch.Tensor,
-              eos: torch.Tensor, pad: torch.Tensor, non_streaming: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Voice-clone ICL block: reference + target text against codec_bos + reference frames."""
+              eos: torch.Tensor, pad: torch.Tensor,
+              non_streaming: bool) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    """Voice-clone ICL block: reference + target text against codec_bos + reference frames. Returns the block,
+    the trailing embeddings and where the trailing text starts in the ICL text (None: TTS_PAD only)."""
     text_embed = torch.cat([talker.embed_text(torch.cat([ref_text, text])), eos[None]])  # [T1, H]
     bos = talker.embed_codec(torch.tensor([tc.codec_bos_id], device=ref_codes.device))
     codec_embed = torch.cat([bos, talker.embed_frame(ref_codes)])  # [T2, H]
     t1, t2 = text_embed.shape[0], codec_embed.shape[0]
     if non_streaming:
         codec_pad = talker.embed_codec(torch.full((t1,), tc.codec_pad_id, device=ref_codes.device))
-        return torch.cat([text_embed + codec_pad, codec_embed + pad]), pad[None]
+        return torch.cat([text_embed + codec_pad, codec_embed + pad]), pad[None], None
     if t1 > t2:
-        return text_embed[:t2] + codec_embed, text_embed[t2:]
-    return torch.cat([text_embed, pad.expand(t2 - t1, -1)]) + codec_embed, pad[None]
+        return text_embed[:t2] + codec_embed, text_embed[t2:], t2
+    return torch.cat([text_embed, pad.expand(t2 - t1, -1)]) + codec_embed, pad[None], None

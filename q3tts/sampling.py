@@ -76,8 +76,24 @@ class SamplerTensors:
                    top_k=torch.tensor(values[2], dtype=torch.int64, device=device),
                    top_p=torch.tensor(values[3], dtype=torch.float32, device=device))
 
+    @classmethod
+    def empty(cls, num_rows: int, device: torch.device | str) -> SamplerTensors:
+        """Greedy placeholders, for engine rows that hold no request."""
+        return cls(do_sample=torch.zeros(num_rows, dtype=torch.bool, device=device),
+                   temperature=torch.ones(num_rows, device=device),
+                   top_k=torch.zeros(num_rows, dtype=torch.int64, device=device),
+                   top_p=torch.ones(num_rows, device=device))
+
     def select(self, rows: torch.Tensor) -> SamplerTensors:
         return SamplerTensors(self.do_sample[rows], self.temperature[rows], self.top_k[rows], self.top_p[rows])
+
+    def prefix(self, n: int) -> SamplerTensors:
+        """Views of the first n rows (static addresses, for CUDA graphs)."""
+        return SamplerTensors(self.do_sample[:n], self.temperature[:n], self.top_k[:n], self.top_p[:n])
+
+    def assign(self, rows: torch.Tensor, values: SamplerTensors) -> None:
+        for name in ("do_sample", "temperature", "top_k", "top_p"):
+            getattr(self, name)[rows] = getattr(values, name)
 
 
 def apply_talker_processors(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor, steps: torch.Tensor,

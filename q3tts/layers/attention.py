@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -85,3 +87,40 @@ class DecoderLayer(nn.Module):
                 cache: KVCache, layer: int, slots: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, layer, slots)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class FusedLayerWeights:
+    """One decoder layer's weights as the fused GPU path uses them: q/k/v and gate/up concatenated."""
+
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) * D, hidden]
+    o: torch.Tensor
+    gate_up: torch.Tensor  # [2 I, hidden]
+    down: torch.Tensor
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+
+
+def fuse_layer(layer: DecoderLayer) -> FusedLayerWeights:
+    """Concatenates q/k/v and gate/up into single matrices and re-points the original parameters at views of
+    them, so the unfused modules keep working on the same memory (no copy is kept)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if attn.q_proj.bias is not None:
+        raise NotImplementedError("the fused path does not support attention biases")
+    qkv = _concat_into_views([attn.q_proj, attn.k_proj, attn.v_proj])
+    gate_up = _concat_into_views([mlp.gate_proj, mlp.up_proj])
+    return FusedLayerWeights(qkv=qkv, o=attn.o_proj.weight, gate_up=gate_up, down=mlp.down_proj.weight,
+                             input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
+                             q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight)
+
+
+def _concat_into_views(linears: list[nn.Linear]) -> torch.Tensor:
+    fused = torch.cat([lin.weight.data for lin in linears])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(fused[start:start + rows], requires_grad=False)
+        start += rows
+    return fused

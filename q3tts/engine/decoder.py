@@ -1,0 +1,57 @@
+"""A Qwen3 decoder stack over a flat list of tokens, on the fused kernels and a paged KV cache.
+
+Serves the talker (prefill and decode) and the code predictor alike. Per layer: add+RMSNorm, one qkv matrix
+product, q/k norm + RoPE + KV store, paged attention, o projection, add+RMSNorm, one gate/up product, SwiGLU,
+down projection: 9 kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..layers.attention import FusedLayerWeights, fuse_layer
+from .kernels import add_rmsnorm, paged_attention, qk_norm_rope_store, silu_mul
+
+
+@dataclass
+class PagedCache:
+    """k, v: [num_layers, num_blocks, block_size, num_kv_heads, head_dim]; block_table: [rows, blocks per row]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    block_table: torch.Tensor
+
+    @classmethod
+    def allocate(cls, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 num_rows: int, blocks_per_row: int, dtype: torch.dtype, device: torch.device) -> PagedCache:
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        return cls(k=torch.zeros(shape, dtype=dtype, device=device), v=torch.zeros(shape, dtype=dtype, device=device),
+                   block_table=torch.zeros(num_rows, blocks_per_row, dtype=torch.int32, device=device))
+
+
+class FlatDecoder:
+    """Runs `layers` (modules of the reference model, fused in place) over tokens at (rows, positions)."""
+
+    def __init__(self, layers, final_norm: torch.Tensor, eps: float, num_heads: int, head_dim: int,
+                 inv_freq: torch.Tensor):
+        self.layers: list[FusedLayerWeights] = [fuse_layer(layer) for layer in layers]
+        self.final_norm, self.eps = final_norm, eps
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.inv_freq = inv_freq.float()
+
+    def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache) -> torch.Tensor:
+        """x: [N, hidden] (any float dtype; the residual stream is fp32) -> normed hidden [N, hidden] in the
+        weights' dtype. Writes each token's keys and values at its (row, position)."""
+        dtype = self.final_norm.dtype
+        h, residual = x, None
+        for i, w in enumerate(self.layers):
+            y, residual = add_rmsnorm(h, residual, w.input_norm, self.eps, dtype)
+            q = qk_norm_rope_store(F.linear(y, w.qkv), w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
+                                   cache.block_table, cache.k[i], cache.v[i], self.num_heads)
+            h = F.linear(paged_attention(q, cache.k[i], cache.v[i], cache.block_table, rows, positions, dtype), w.o)
+            y, residual = add_rmsnorm(h, residual, w.post_norm, self.eps, dtype)
+            h = F.linear(silu_mul(F.linear(y, w.gate_up)), w.down)
+        return add_rmsnorm(h, residual, self.final_norm, self.eps, dtype)[0]

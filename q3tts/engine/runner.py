@@ -1,0 +1,297 @@
+"""The model runner: owns every device tensor of the fast decode path and runs one frame for all rows.
+
+Rows 0..B-1 of the static state are the running sequences (the scheduler keeps them compact). One frame =
+sample codebook 0 from each row's last talker hidden state, run the whole 15-step code predictor with its
+sampling, and feed the frame back through the talker. On CUDA the frame is captured as one graph per batch
+bucket at start-up (largest first, one memory pool); padding rows of a bucket are finished rows that write
+only to the scratch KV block 0. Nothing in the frame reads back to the host: EOS and length limits set `done`
+on the device, and the host collects codes through pinned buffers and events, one frame behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..generate import MIN_NEW_TOKENS, suppressed_ids
+from ..models.qwen3_tts import Qwen3TTSModel
+from ..prompt import Prompt
+from ..sampling import SamplerTensors, SamplingParams
+from .decoder import FlatDecoder, PagedCache
+from .sampler import TalkerProcessors, sample_tokens
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass
+class EngineConfig:
+    max_rows: int = 256
+    max_context: int = 4096  # talker positions per row (prompt + frames)
+    block_size: int = 64
+    num_blocks: int | None = None  # None: enough for max_rows x max_context
+    max_trailing: int = 4100  # trailing text ids per row
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    use_graphs: bool = True
+
+    def __post_init__(self):
+        self.buckets = tuple(sorted(b for b in self.buckets if b <= self.max_rows))
+        if not self.buckets or self.buckets[-1] != self.max_rows:
+            self.buckets = (*self.buckets, self.max_rows)
+        if self.max_context % self.block_size:
+            raise ValueError("max_context must be a multiple of block_size")
+
+
+class RowState:
+    """Static per-row tensors ([max_rows, ...]) read and written by the frame step."""
+
+    def __init__(self, rows: int, hidden: int, vocab: int, max_trailing: int, dtype: torch.dtype,
+                 device: torch.device):
+        z = lambda *shape, dt=torch.int64: torch.zeros(*shape, dtype=dt, device=device)
+        self.hidden = z(rows, hidden, dt=dtype)  # normed talker hidden that predicts the next frame
+        self.positions = z(rows, dt=torch.int32)  # next talker position
+        self.steps = z(rows)  # codebook-0 tokens sampled so far
+        self.max_new = z(rows)
+        self.done = torch.ones(rows, dtype=torch.bool, device=device)
+        self.emitted = z(rows, dt=torch.bool)  # the last frame step produced a frame for this row
+        self.codes = z(rows, 16)  # the last frame step's codes
+        self.seen = z(rows, vocab, dt=torch.bool)
+        self.penalty = torch.ones(rows, device=device)
+        self.seeds = z(rows)
+        self.trailing_ids = z(rows, max_trailing, dt=torch.int32)
+        self.trailing_len = z(rows)
+        self.talker_sampler = SamplerTensors.empty(rows, device)
+        self.cp_sampler = SamplerTensors.empty(rows, device)
+
+
+class ModelRunner:
+    def __init__(self, model: Qwen3TTSModel, config: EngineConfig | None = None):
+        self.model, self.config = model, config or EngineConfig()
+        cfg = self.config
+        talker = model.talker
+        tc, cc = talker.config, talker.code_predictor.config
+        self.device = talker.codec_head.weight.device
+        self.dtype = talker.codec_head.weight.dtype
+        self.talker = FlatDecoder(talker.model.layers, talker.model.norm.weight, tc.rms_norm_eps,
+                                  tc.num_attention_heads, tc.head_dim, talker.model.inv_freq)
+        cp = talker.code_predictor
+        self.cp = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
+                              cc.head_dim, cp.model.inv_freq)
+        blocks_per_row = cfg.max_context // cfg.block_size
+        num_blocks = cfg.num_blocks or cfg.max_rows * blocks_per_row + 1
+        self.cache = PagedCache.allocate(tc.num_hidden_layers, num_blocks, cfg.block_size, tc.num_key_value_heads,
+                                         tc.head_dim, cfg.max_rows, blocks_per_row, self.dtype, self.device)
+        # The code predictor's 16 positions per frame: one block per row, block r for row r.
+        self.cp_cache = PagedCache.allocate(cc.num_hidden_layers, cfg.max_rows, cc.num_code_groups,
+                                            cc.num_key_value_heads, cc.head_dim, cfg.max_rows, 1, self.dtype,
+                                            self.device)
+        self.cp_cache.block_table.copy_(torch.arange(cfg.max_rows, device=self.device, dtype=torch.int32)[:, None])
+        self.free_blocks = list(range(num_blocks - 1, 0, -1))  # block 0: scratch for finished/padding rows
+        self.row_blocks: list[list[int]] = [[] for _ in range(cfg.max_rows)]
+        self.state = RowState(cfg.max_rows, tc.hidden_size, tc.vocab_size, cfg.max_trailing, self.dtype,
+                              self.device)
+        self.suppress = suppressed_ids(talker)
+        self.row_ids = torch.arange(cfg.max_rows, device=self.device, dtype=torch.int32)
+        self.cp_first = (torch.arange(2 * cfg.max_rows, device=self.device, dtype=torch.int32) // 2,
+                         torch.arange(2 * cfg.max_rows, device=self.device, dtype=torch.int32) % 2)
+        self.cp_positions = torch.arange(cc.num_code_groups, device=self.device, dtype=torch.int32)[:, None].expand(
+            -1, cfg.max_rows).contiguous()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._head_out_dtype = _probe_fp32_head(self.device, self.dtype)
+
+    # ---- admission --------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def add_rows(self, rows: list[int], prompts: list[Prompt], params: list[SamplingParams]) -> None:
+        """Prefills `prompts` into `rows` and arms them. Blocks for prompt + max_new_tokens are reserved."""
+        s, dev = self.state, self.device
+        lengths = [p.embeds.shape[0] for p in prompts]
+        for row, n, p, prm in zip(rows, lengths, prompts, params):
+            if len(p.trailing_ids) > self.config.max_trailing:
+                raise ValueError(f"text too long for this engine ({len(p.trailing_ids)} trailing tokens)")
+            self._reserve(row, n + prm.max_new_tokens)
+        idx = torch.tensor(rows, device=dev)
+        flat_rows = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int32), torch.tensor(lengths)).to(dev)
+        flat_pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in lengths]).to(dev)
+        x = torch.cat([p.embeds for p in prompts]).to(dev)
+        hidden = self.talker(x, flat_rows, flat_pos, self.cache)
+        last = torch.tensor(lengths).cumsum(0).to(dev) - 1
+        s.hidden[idx] = hidden[last]
+        s.positions[idx] = torch.tensor(lengths, dtype=torch.int32, device=dev)
+        s.steps[idx] = 0
+        s.done[idx] = False
+        s.emitted[idx] = False
+        s.seen[idx] = False
+        s.max_new[idx] = torch.tensor([p.max_new_tokens for p in params], device=dev)
+        s.penalty[idx] = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=dev)
+        s.seeds[idx] = torch.tensor([p.seed for p in params], device=dev)
+        s.talker_sampler.assign(idx, SamplerTensors.build(params, False, dev))
+        s.cp_sampler.assign(idx, SamplerTensors.build(params, True, dev))
+        s.trailing_len[idx] = torch.tensor([len(p.trailing_ids) for p in prompts], device=dev)
+        for row, p in zip(rows, prompts):
+            if p.trailing_ids:
+                s.trailing_ids[row, : len(p.trailing_ids)] = torch.tensor(p.trailing_ids, dtype=torch.int32)
+
+    def release_rows(self, rows: list[int]) -> None:
+        """Frees the rows' KV blocks; the rows become padding (finished, scratch block)."""
+        for row in rows:
+            self.free_blocks.extend(self.row_blocks[row])
+            self.row_blocks[row] = []
+        idx = torch.tensor(rows, device=self.device)
+        self.cache.block_table[idx] = 0
+        self.state.done[idx] = True
+        self.state.positions[idx] = 0
+
+    def _reserve(self, row: int, num_positions: int) -> None:
+        bs = self.config.block_size
+        need = -(-num_positions // bs) - len(self.row_blocks[row])
+        if num_positions > self.config.max_context:
+            raise ValueError(f"{num_positions} positions exceed the engine's max_context {self.config.max_context}")
+        if need > len(self.free_blocks):
+            raise MemoryError("KV cache is full")
+        new = [self.free_blocks.pop() for _ in range(max(need, 0))]
+        start = len(self.row_blocks[row])
+        self.row_blocks[row] += new
+        if new:
+            self.cache.block_table[row, start:start + len(new)] = torch.tensor(new, dtype=torch.int32)
+
+    # ---- the frame -------------------------------------------------------------------------------------------
+
+    def bucket(self, num_rows: int) -> int:
+        return next(b for b in self.config.buckets if b >= num_rows)
+
+    @torch.no_grad()
+    def step(self, num_rows: int) -> None:
+        """One frame for rows 0..num_rows-1 (the padding rows of the bucket run too, harmlessly)."""
+        B = self.bucket(num_rows)
+        graph = self.graphs.get(B)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._frame(B)
+
+    @torch.no_grad()
+    def capture_graphs(self) -> None:
+        """Captures every bucket, largest first, into one memory pool. Call before admitting any row."""
+        if self.device.type != "cuda" or not self.config.use_graphs:
+            return
+        pool = torch.cuda.graph_pool_handle()
+        for B in sorted(self.config.buckets, reverse=True):
+            self._frame(B)  # warm-up: compiles kernels, picks GEMM algorithms
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._frame(B)
+            self.graphs[B] = graph
+        torch.cuda.synchronize()
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        cfg, tc = self.config, self.model.talker.config
+        self.state = _copy_into(self.state, RowState(cfg.max_rows, tc.hidden_size, tc.vocab_size, cfg.max_trailing,
+                                                     self.dtype, self.device))
+
+    def _head(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self._head_out_dtype:
+            return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+        return F.linear(hidden, weight).float()
+
+    def _frame(self, B: int) -> None:
+        s, talker = self.state, self.model.talker
+        tc, cp = talker.config, talker.code_predictor
+        rows = self.row_ids[:B]
+        hidden, steps = s.hidden[:B], s.steps[:B]
+        seeds, counters = s.seeds[:B], steps * 16
+        procs = TalkerProcessors(s.seen[:B], s.penalty[:B], steps, self.suppress, tc.codec_eos_token_id,
+                                 MIN_NEW_TOKENS)
+        c0 = sample_tokens(self._head(hidden, talker.codec_head.weight), s.talker_sampler.prefix(B), seeds,
+                           counters, procs)
+        c0_embed = talker.model.codec_embedding(c0)
+        frame = c0_embed.float()
+        # Code predictor: positions 0 and 1 (talker hidden, Ec(c0)) in one pass, then one position per code.
+        cp_rows, cp_pos = self.cp_first[0][: 2 * B], self.cp_first[1][: 2 * B]
+        x = torch.stack([hidden, c0_embed], dim=1).view(2 * B, -1)
+        h = self.cp(cp.small_to_mtp_projection(x), cp_rows, cp_pos, self.cp_cache)[1::2]
+        codes = [c0]
+        cp_sampler = s.cp_sampler.prefix(B)
+        for g in range(cp.config.num_code_groups - 1):
+            code = sample_tokens(self._head(h, cp.lm_head[g].weight), cp_sampler, seeds, counters + g + 1)
+            codes.append(code)
+            embed = cp.model.codec_embedding[g](code)
+            frame = frame + embed.float()
+            if g < cp.config.num_code_groups - 2:
+                h = self.cp(cp.small_to_mtp_projection(embed), rows, self.cp_positions[g + 2, :B], self.cp_cache)
+        # Talker: the frame plus this step's trailing text (TTS_PAD once the text is used up).
+        in_text = steps < s.trailing_len[:B]
+        text_id = s.trailing_ids[:B].gather(1, steps.clamp(max=s.trailing_ids.shape[1] - 1)[:, None])[:, 0]
+        text_id = torch.where(in_text, text_id, self.model.config.tts_pad_token_id)
+        x = frame + talker.embed_text(text_id).float()
+        new_hidden = self.talker(x, rows, s.positions[:B], self.cache)
+        finished = (c0 == tc.codec_eos_token_id) | (steps + 1 >= s.max_new[:B])
+        s.emitted[:B] = ~s.done[:B] & ~finished
+        s.done[:B] |= finished
+        s.codes[:B] = torch.stack(codes, dim=1)
+        s.hidden[:B] = new_hidden
+        s.positions[:B] += (~s.done[:B]).int()
+        s.steps[:B] += 1
+
+
+def _copy_into(old: RowState, new: RowState) -> RowState:
+    """Resets `old` in place to `new`'s values (graphs keep pointing at `old`'s tensors)."""
+    for name, value in vars(new).items():
+        target = getattr(old, name)
+        if isinstance(value, SamplerTensors):
+            for field in ("do_sample", "temperature", "top_k", "top_p"):
+                getattr(target, field).copy_(getattr(value, field))
+        else:
+            target.copy_(value)
+    return old
+
+
+def _probe_fp32_head(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this build can produce fp32 logits straight from bf16/fp16 matrix products (cuBLAS)."""
+    if device.type != "cuda" or dtype == torch.float32:
+        return False
+    try:
+        a = torch.ones(2, 8, dtype=dtype, device=device)
+        return torch.mm(a, a.t(), out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError):
+        return False
+
+
+class Readback:
+    """Frame results copied to the host without stalling the GPU: a ring of pinned buffers, one event each.
+
+    `push(n)` (right after `ModelRunner.step`) queues the copy of rows 0..n-1; `pop()` returns the oldest
+    queued frame once its copy has landed. The host therefore runs one or more frames behind the device.
+    """
+
+    def __init__(self, runner: ModelRunner, depth: int = 4):
+        rows, pinned = runner.config.max_rows, runner.device.type == "cuda"
+        self.state, self.depth, self.cuda = runner.state, depth, pinned
+        self.codes = torch.zeros(depth, rows, 16, dtype=torch.int64, pin_memory=pinned)
+        self.emitted = torch.zeros(depth, rows, dtype=torch.bool, pin_memory=pinned)
+        self.done = torch.zeros(depth, rows, dtype=torch.bool, pin_memory=pinned)
+        self.events = [torch.cuda.Event() if pinned else None for _ in range(depth)]
+        self.pending: list[tuple[int, int]] = []  # (slot, rows)
+        self.next = 0
+
+    def push(self, num_rows: int) -> None:
+        if len(self.pending) == self.depth:
+            raise RuntimeError("readback ring is full: pop() before pushing more frames")
+        slot, s = self.next, self.state
+        self.codes[slot, :num_rows].copy_(s.codes[:num_rows], non_blocking=True)
+        self.emitted[slot, :num_rows].copy_(s.emitted[:num_rows], non_blocking=True)
+        self.done[slot, :num_rows].copy_(s.done[:num_rows], non_blocking=True)
+        if self.cuda:
+            self.events[slot].record()
+        self.pending.append((slot, num_rows))
+        self.next = (slot + 1) % self.depth
+
+    def pop(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(codes [n, 16], emitted [n], done [n]) of the oldest pushed frame; waits only for that copy."""
+        slot, n = self.pending.pop(0)
+        if self.cuda:
+            self.events[slot].synchronize()
+        return self.codes[slot, :n].clone(), self.emitted[slot, :n].clone(), self.done[slot, :n].clone()
