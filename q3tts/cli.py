@@ -55,6 +55,20 @@ def _parser() -> argparse.ArgumentParser:
     sampling.add_argument("--seed", type=int, help="makes sampled output reproducible")
     say.set_defaults(run=_say)
 
+    bench = sub.add_parser("bench", help="benchmarks on the GPU").add_subparsers(title="benchmarks")
+    decode = bench.add_parser("decode", help="decode speed per model and batch size (random weights, EOS off)")
+    decode.add_argument("--sizes", default="0.6B-Base,1.7B-Base", help="comma-separated names from q3tts/configs")
+    decode.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
+    decode.add_argument("--n-short", type=int, default=50)
+    decode.add_argument("--n-long", type=int, default=200)
+    decode.add_argument("--reps", type=int, default=2)
+    decode.add_argument("--ckpt-root", type=Path, help="load <root>/<size> (e.g. the peer harness's checkpoints) "
+                        "instead of drawing random weights")
+    decode.add_argument("--peer-results", type=Path, nargs="*", default=[],
+                        help="peer rows of the same run (shared/bench/RESULTS.md format) to print and keep beside ours")
+    decode.add_argument("--out", type=Path, help="write the results JSON here")
+    decode.set_defaults(run=_bench_decode)
+
     voice = sub.add_parser("voice", help="manage cloned voices").add_subparsers(title="voice commands")
     create = voice.add_parser("create", help="clone a voice from reference audio and save it")
     create.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
@@ -120,6 +134,20 @@ def _voice_create(args) -> int:
     voice.save(args.output)
     mode = "x-vector only" if voice.x_vector_only_mode else f"in-context, {voice.ref_code.shape[0]} reference frames"
     print(f"wrote {args.output} ({mode}, {tts.config.tts_model_size})", file=sys.stderr)
+    return 0
+
+
+def _bench_decode(args) -> int:
+    import json
+
+    from .benchmark import bench_decode, side_by_side, write_results
+
+    rows = bench_decode(args.sizes.split(","), [int(b) for b in args.batches.split(",")], args.n_short, args.n_long,
+                        args.reps, args.ckpt_root, log=lambda m: print(m, file=sys.stderr, flush=True))
+    peers = [r for path in args.peer_results for r in json.loads(path.read_text())["results"]]
+    command = "q3tts bench decode " + " ".join(sys.argv[3:])
+    doc = write_results(rows, args.out, command, peers) if args.out else {"results": [vars(r) for r in rows]}
+    print(side_by_side(doc["results"]))
     return 0
 
 

@@ -75,3 +75,14 @@ def test_engine_hidden_states_match_teacher_forcing(tts):
     ref_logits, _ = teacher_forced_logits(tts.model.talker, prompts[0], torch.stack(frames))
     err = (torch.stack(logits) - ref_logits[:5]).abs().max() / ref_logits.abs().max()
     assert err < 1e-5
+
+
+def test_engine_teacher_forcing_matches_reference(tts):
+    prompts, params = _requests(tts)
+    codes = generate_codes(tts.model.talker, prompts[:1], params[:1])[0]
+    runner = ModelRunner(tts.model, EngineConfig(max_rows=16, max_context=128, block_size=16, max_trailing=64))
+    talker, cp = runner.teacher_forced_logits(prompts[0], codes)
+    ref_talker, ref_cp = teacher_forced_logits(tts.model.talker, prompts[0], codes)
+    assert talker.shape == ref_talker.shape and cp.shape == ref_cp.shape
+    assert (talker - ref_talker).abs().max() / ref_talker.abs().max() < 1e-5
+    assert (cp - ref_cp).abs().max() / ref_cp.abs().max() < 1e-5

@@ -198,43 +198,82 @@ class ModelRunner:
         return F.linear(hidden, weight).float()
 
     def _frame(self, B: int) -> None:
+        c0, c0_embed = self._sample_codebook0(B)
+        codes, frame = self._predict_residual_codes(B, c0, c0_embed)
+        self._talker_step(B, c0, codes, frame)
+
+    def _sample_codebook0(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
         s, talker = self.state, self.model.talker
-        tc, cp = talker.config, talker.code_predictor
-        rows = self.row_ids[:B]
-        hidden, steps = s.hidden[:B], s.steps[:B]
-        seeds, counters = s.seeds[:B], steps * 16
-        procs = TalkerProcessors(s.seen[:B], s.penalty[:B], steps, self.suppress, tc.codec_eos_token_id,
+        tc = talker.config
+        procs = TalkerProcessors(s.seen[:B], s.penalty[:B], s.steps[:B], self.suppress, tc.codec_eos_token_id,
                                  MIN_NEW_TOKENS)
-        c0 = sample_tokens(self._head(hidden, talker.codec_head.weight), s.talker_sampler.prefix(B), seeds,
-                           counters, procs)
-        c0_embed = talker.model.codec_embedding(c0)
+        c0 = sample_tokens(self._head(s.hidden[:B], talker.codec_head.weight), s.talker_sampler.prefix(B),
+                           s.seeds[:B], s.steps[:B] * 16, procs)
+        return c0, talker.model.codec_embedding(c0)
+
+    def _predict_residual_codes(self, B: int, c0: torch.Tensor,
+                                c0_embed: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The 15 code-predictor steps with their sampling; returns the 16 codes and the frame embedding
+        F(c) = Ec(c0) + sum_j Ecp[j](c_j+1) (fp32), which the talker consumes next."""
+        s, cp = self.state, self.model.talker.code_predictor
+        seeds, counters, sampler = s.seeds[:B], s.steps[:B] * 16, s.cp_sampler.prefix(B)
         frame = c0_embed.float()
-        # Code predictor: positions 0 and 1 (talker hidden, Ec(c0)) in one pass, then one position per code.
-        cp_rows, cp_pos = self.cp_first[0][: 2 * B], self.cp_first[1][: 2 * B]
-        x = torch.stack([hidden, c0_embed], dim=1).view(2 * B, -1)
-        h = self.cp(cp.small_to_mtp_projection(x), cp_rows, cp_pos, self.cp_cache)[1::2]
+        # Positions 0 and 1 (talker hidden, Ec(c0)) in one pass, then one position per code.
+        x = torch.stack([s.hidden[:B], c0_embed], dim=1).view(2 * B, -1)
+        h = self.cp(cp.small_to_mtp_projection(x), self.cp_first[0][: 2 * B], self.cp_first[1][: 2 * B],
+                    self.cp_cache)[1::2]
         codes = [c0]
-        cp_sampler = s.cp_sampler.prefix(B)
         for g in range(cp.config.num_code_groups - 1):
-            code = sample_tokens(self._head(h, cp.lm_head[g].weight), cp_sampler, seeds, counters + g + 1)
+            code = sample_tokens(self._head(h, cp.lm_head[g].weight), sampler, seeds, counters + g + 1)
             codes.append(code)
             embed = cp.model.codec_embedding[g](code)
             frame = frame + embed.float()
             if g < cp.config.num_code_groups - 2:
-                h = self.cp(cp.small_to_mtp_projection(embed), rows, self.cp_positions[g + 2, :B], self.cp_cache)
-        # Talker: the frame plus this step's trailing text (TTS_PAD once the text is used up).
+                h = self.cp(cp.small_to_mtp_projection(embed), self.row_ids[:B], self.cp_positions[g + 2, :B],
+                            self.cp_cache)
+        return codes, frame
+
+    def _talker_step(self, B: int, c0: torch.Tensor, codes: list[torch.Tensor], frame: torch.Tensor) -> None:
+        """Feeds the frame plus this step's trailing text (TTS_PAD once used up) and updates the row state."""
+        s, talker = self.state, self.model.talker
+        steps = s.steps[:B]
         in_text = steps < s.trailing_len[:B]
         text_id = s.trailing_ids[:B].gather(1, steps.clamp(max=s.trailing_ids.shape[1] - 1)[:, None])[:, 0]
         text_id = torch.where(in_text, text_id, self.model.config.tts_pad_token_id)
         x = frame + talker.embed_text(text_id).float()
-        new_hidden = self.talker(x, rows, s.positions[:B], self.cache)
-        finished = (c0 == tc.codec_eos_token_id) | (steps + 1 >= s.max_new[:B])
+        new_hidden = self.talker(x, self.row_ids[:B], s.positions[:B], self.cache)
+        finished = (c0 == talker.config.codec_eos_token_id) | (steps + 1 >= s.max_new[:B])
         s.emitted[:B] = ~s.done[:B] & ~finished
         s.done[:B] |= finished
         s.codes[:B] = torch.stack(codes, dim=1)
         s.hidden[:B] = new_hidden
         s.positions[:B] += (~s.done[:B]).int()
         s.steps[:B] += 1
+
+
+    @torch.no_grad()
+    def teacher_forced_logits(self, prompt: Prompt, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fast path's raw logits for a fixed history (same kernels and weights as the frame step, run as
+        one pass): talker [T + 1, V] and code predictor [T, 15, 2048], as q3tts.teacher_forcing returns them.
+        Uses row 0 of the talker cache and rows 0..T-1 of the code predictor's: call with no rows admitted."""
+        talker, cp = self.model.talker, self.model.talker.code_predictor
+        codes = codes.to(self.device)
+        T, L = codes.shape[0], prompt.embeds.shape[0]
+        embeds = [talker.model.codec_embedding(codes[:, 0])]
+        embeds += [cp.model.codec_embedding[g](codes[:, g + 1]) for g in range(cp.config.num_code_groups - 1)]
+        frame = torch.stack([e.float() for e in embeds]).cumsum(0)[-1]  # sequential fp32 sum, as the frame step
+        trailing = torch.tensor(prompt.trailing_ids + [self.model.config.tts_pad_token_id] * T, device=self.device)
+        x = torch.cat([prompt.embeds.to(self.device).float(), frame + talker.embed_text(trailing[:T]).float()])
+        self._reserve(0, L + T)
+        positions = torch.arange(L + T, device=self.device, dtype=torch.int32)
+        hidden = self.talker(x, torch.zeros_like(positions), positions, self.cache)[L - 1:]
+        self.release_rows([0])
+        talker_logits = self._head(hidden, talker.codec_head.weight)
+        inputs = torch.stack([hidden[:T]] + embeds[:-1], dim=1).view(T * 16, -1)  # [T * 16, H]
+        rows = torch.arange(T, device=self.device, dtype=torch.int32).repeat_interleave(16)
+        h = self.cp(cp.small_to_mtp_projection(inputs), rows, positions[:16].repeat(T), self.cp_cache).view(T, 16, -1)
+        cp_logits = torch.stack([self._head(h[:, g + 1], cp.lm_head[g].weight) for g in range(15)], dim=1)
+        return talker_logits, cp_logits
 
 
 def _copy_into(old: RowState, new: RowState) -> RowState:
