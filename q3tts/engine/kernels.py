@@ -164,7 +164,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _paged_attention_kernel[(N, num_kv)](
         q, k_cache, v_cache, block_table, rows, positions, out, D**-0.5, block_table.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        GROUP=Hq // num_kv, D=D, BLOCK_SIZE=block_size, num_warps=4)
+        GROUP=Hq // num_kv, D=D, BLOCK_SIZE=block_size, IEEE=k_cache.dtype == torch.float32, num_warps=4)
     return out
 
 
@@ -187,36 +187,43 @@ if triton is not None:
     @triton.jit
     def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, out_ptr, scale, table_stride,
                                 cache_s0, cache_s1, cache_s2, GROUP: tl.constexpr, D: tl.constexpr,
-                                BLOCK_SIZE: tl.constexpr):
+                                BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
+        # One program per (token, kv head): its GROUP query heads, padded to 16 rows for the tensor cores.
         t = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1)
-        g = tl.arange(0, GROUP)
+        g = tl.arange(0, 16)
         d = tl.arange(0, D)
         n = tl.arange(0, BLOCK_SIZE)
-        heads = kv_head * GROUP + g
-        q = tl.load(q_ptr + (t * GROUP * tl.num_programs(1) + heads[:, None]) * D + d[None, :])  # [G, D]
+        in_group = g < GROUP
+        q_offs = (t * GROUP * tl.num_programs(1) + kv_head * GROUP + g[:, None]) * D + d[None, :]
+        q = tl.load(q_ptr + q_offs, mask=in_group[:, None], other=0.0).to(k_ptr.dtype.element_ty)  # [16, D]
         row = tl.load(rows_ptr + t).to(tl.int64)
         pos = tl.load(pos_ptr + t)
-        m = tl.full([GROUP], float("-inf"), tl.float32)
-        denom = tl.zeros([GROUP], tl.float32)
-        acc = tl.zeros([GROUP, D], tl.float32)
+        m = tl.full([16], float("-inf"), tl.float32)
+        denom = tl.zeros([16], tl.float32)
+        acc = tl.zeros([16, D], tl.float32)
         for start in range(0, pos + 1, BLOCK_SIZE):
             block = tl.load(table_ptr + row * table_stride + start // BLOCK_SIZE).to(tl.int64)
             offs = block * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
             valid = (start + n) <= pos
-            k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)  # [N, D]
-            v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [G, N]
+            k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)  # [N, D]
+            v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [16, N]
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m - m_new)
             denom = denom * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
         out = acc / denom[:, None]
-        tl.store(out_ptr + (t * GROUP * tl.num_programs(1) + heads[:, None]) * D + d[None, :],
-                 out.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=in_group[:, None])
 
 
 # ---- SwiGLU activation ---------------------------------------------------------------------------------------

@@ -255,7 +255,7 @@ class ModelRunner:
     def teacher_forced_logits(self, prompt: Prompt, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The fast path's raw logits for a fixed history (same kernels and weights as the frame step, run as
         one pass): talker [T + 1, V] and code predictor [T, 15, 2048], as q3tts.teacher_forcing returns them.
-        Uses row 0 of the talker cache and rows 0..T-1 of the code predictor's: call with no rows admitted."""
+        Uses row 0 of the talker cache and the code predictor's rows: call with no rows admitted."""
         talker, cp = self.model.talker, self.model.talker.code_predictor
         codes = codes.to(self.device)
         T, L = codes.shape[0], prompt.embeds.shape[0]
@@ -269,11 +269,15 @@ class ModelRunner:
         hidden = self.talker(x, torch.zeros_like(positions), positions, self.cache)[L - 1:]
         self.release_rows([0])
         talker_logits = self._head(hidden, talker.codec_head.weight)
-        inputs = torch.stack([hidden[:T]] + embeds[:-1], dim=1).view(T * 16, -1)  # [T * 16, H]
-        rows = torch.arange(T, device=self.device, dtype=torch.int32).repeat_interleave(16)
-        h = self.cp(cp.small_to_mtp_projection(inputs), rows, positions[:16].repeat(T), self.cp_cache).view(T, 16, -1)
-        cp_logits = torch.stack([self._head(h[:, g + 1], cp.lm_head[g].weight) for g in range(15)], dim=1)
-        return talker_logits, cp_logits
+        inputs = torch.stack([hidden[:T]] + embeds[:-1], dim=1)  # [T, 16, H]
+        cp_logits = []
+        for chunk in inputs.split(self.config.max_rows):  # one code-predictor cache row per frame
+            n = chunk.shape[0]
+            rows = torch.arange(n, device=self.device, dtype=torch.int32).repeat_interleave(16)
+            h = self.cp(cp.small_to_mtp_projection(chunk.reshape(n * 16, -1)), rows, positions[:16].repeat(n),
+                        self.cp_cache).view(n, 16, -1)
+            cp_logits.append(torch.stack([self._head(h[:, g + 1], cp.lm_head[g].weight) for g in range(15)], dim=1))
+        return talker_logits, torch.cat(cp_logits)
 
 
 def _copy_into(old: RowState, new: RowState) -> RowState:
