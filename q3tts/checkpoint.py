@@ -83,14 +83,17 @@ def module_shapes(module: torch.nn.Module, prefix: str = "") -> dict[str, tuple[
 
 
 def instantiate(build, tensors: dict[str, torch.Tensor], device: torch.device | str) -> torch.nn.Module:
-    """Builds a module without initialising it, then fills it from `tensors` (every parameter and persistent
-    buffer must be there). Non-persistent buffers are recomputed by each module's `init_buffers()`."""
+    """Builds a module without initialising it and adopts `tensors` as its parameters and persistent buffers,
+    in their own dtype (every one must be there). Non-persistent buffers (RoPE frequencies, always fp32) are
+    created by each module's `init_buffers()`."""
     with torch.device("meta"):
         module = build()
-    module = module.to_empty(device=device)
-    module.load_state_dict(tensors, strict=True)
+    module.load_state_dict({k: v.to(device) for k, v in tensors.items()}, strict=True, assign=True)
     for m in module.modules():
         init = getattr(m, "init_buffers", None)
         if init is not None:
             init()
+    missing = [name for name, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+    if missing:
+        raise RuntimeError(f"tensors left uninitialised after loading: {missing[:5]}")
     return module

@@ -55,7 +55,7 @@ def test_add_rmsnorm(monkeypatch, dtype, with_residual):
     assert torch.equal(r, r_ref)
 
 
-def _paged_setup(dtype, num_tokens_per_row, num_heads=4, num_kv=2, D=32, block_size=4, seed=0):
+def _paged_setup(dtype, num_tokens_per_row, num_heads=4, num_kv=2, D=32, block_size=16, seed=0):
     g = torch.Generator(DEVICE).manual_seed(seed)
     R = len(num_tokens_per_row)
     max_blocks = 6
@@ -81,7 +81,7 @@ def _paged_setup(dtype, num_tokens_per_row, num_heads=4, num_kv=2, D=32, block_s
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_qk_norm_rope_store_and_attention(monkeypatch, dtype):
-    args = _paged_setup(dtype, [7, 1, 13])
+    args = _paged_setup(dtype, [7, 1, 37])
     ref_args = {**args, "k_cache": args["k_cache"].clone(), "v_cache": args["v_cache"].clone()}
     q = kernels.qk_norm_rope_store(**args)
     q_ref = _twin(monkeypatch, kernels.qk_norm_rope_store, **ref_args)
@@ -103,9 +103,9 @@ def test_attention_twin_matches_sdpa():
     q = kernels._qk_norm_rope_store_ref(**args)
     out = kernels._paged_attention_ref(q, args["k_cache"], args["v_cache"], args["block_table"], args["rows"],
                                        args["positions"])
-    blocks = args["block_table"][0, torch.arange(9, device=DEVICE) // 4].long()
-    k = args["k_cache"][blocks, torch.arange(9, device=DEVICE) % 4].transpose(0, 1)  # [kv, 9, D]
-    v = args["v_cache"][blocks, torch.arange(9, device=DEVICE) % 4].transpose(0, 1)
+    blocks = args["block_table"][0, torch.arange(9, device=DEVICE) // 16].long()
+    k = args["k_cache"][blocks, torch.arange(9, device=DEVICE) % 16].transpose(0, 1)  # [kv, 9, D]
+    v = args["v_cache"][blocks, torch.arange(9, device=DEVICE) % 16].transpose(0, 1)
     ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None],
                                                            is_causal=True, enable_gqa=True)
     _close(out.view(9, 4, 32), ref[0].transpose(0, 1), torch.float32)

@@ -160,6 +160,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _, block_size, num_kv, _ = k_cache.shape
     if not use_triton(q):
         return _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
+    if block_size < 16 or Hq // num_kv > 16:
+        raise ValueError("the attention kernel needs block_size >= 16 and <= 16 query heads per KV head")
     out = torch.empty(N, Hq * D, dtype=out_dtype, device=q.device)
     _paged_attention_kernel[(N, num_kv)](
         q, k_cache, v_cache, block_table, rows, positions, out, D**-0.5, block_table.stride(0),

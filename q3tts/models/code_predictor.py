@@ -27,7 +27,7 @@ class CodePredictorModel(nn.Module):
         self.register_buffer("inv_freq", inv_frequencies(c.head_dim, c.rope_theta), persistent=False)
 
     def init_buffers(self) -> None:
-        self.inv_freq.copy_(inv_frequencies(self.rope_dim, self.rope_theta, self.inv_freq.device))
+        self.inv_freq = inv_frequencies(self.rope_dim, self.rope_theta, self.norm.weight.device)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor) -> torch.Tensor:
         cos, sin = rope_cos_sin(positions, self.inv_freq)

@@ -73,13 +73,7 @@ class SpeechTokenizer(nn.Module):
             expected = module_shapes(cls(config, load_encoder))
         tensors = load_tensors(folder / "model.safetensors", expected, ignored_patterns(config, load_encoder),
                                dtype=dtype)
-        model = instantiate(lambda: cls(config, load_encoder), tensors, device)
-        if dtype != torch.float32:
-            model.to(dtype)
-            for m in model.modules():  # RoPE frequencies stay fp32
-                if hasattr(m, "init_buffers"):
-                    m.init_buffers()
-        return model.eval()
+        return instantiate(lambda: cls(config, load_encoder), tensors, device).eval()
 
     @torch.inference_mode()
     def encode(self, wavs: list[np.ndarray]) -> list[torch.Tensor]:
