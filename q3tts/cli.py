@@ -145,7 +145,7 @@ def _bench_decode(args) -> int:
     rows = bench_decode(args.sizes.split(","), [int(b) for b in args.batches.split(",")], args.n_short, args.n_long,
                         args.reps, args.ckpt_root, log=lambda m: print(m, file=sys.stderr, flush=True))
     peers = [r for path in args.peer_results for r in json.loads(path.read_text())["results"]]
-    command = "q3tts bench decode " + " ".join(sys.argv[3:])
+    command = "q3tts " + " ".join(sys.argv[1:])
     doc = write_results(rows, args.out, command, peers) if args.out else {"results": [vars(r) for r in rows]}
     print(side_by_side(doc["results"]))
     return 0
