@@ -13,6 +13,7 @@ predictor (with its sampling) and the sampling kernels alone.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -184,7 +185,9 @@ def bench_decode(names: list[str], batches: list[int], n_short: int = 50, n_long
 
 def write_results(rows: list, path: Path, command: str, extra_rows: list[dict] | None = None) -> dict:
     """One JSON file in the shared/bench/RESULTS.md format (ours first, then any peer rows of the same run)."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # The GPU machine gets a copy of the working tree without .git: the caller passes the commit there.
+    commit = os.environ.get("Q3TTS_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     doc = {"card": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "commit": commit or None, "command": command,
            "env": {"torch": torch.__version__, "cuda": torch.version.cuda},
