@@ -46,7 +46,10 @@ def compare(logits: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 def load(folder: Path, device: str, dtype: torch.dtype) -> Qwen3TTSModel:
-    return Qwen3TTSModel.from_folder(folder, ModelConfig.from_file(folder / "config.json"), device, dtype)
+    """With the EOS row zeroed (as the peer harness's checkpoints already are), so the history has fixed length."""
+    model = Qwen3TTSModel.from_folder(folder, ModelConfig.from_file(folder / "config.json"), device, dtype)
+    model.talker.codec_head.weight.data[model.config.talker_config.codec_eos_token_id] = 0
+    return model
 
 
 def spec_for(config: ModelConfig, embedding: torch.Tensor) -> PromptSpec:
@@ -98,7 +101,6 @@ def official_logits(folder: Path, spec: PromptSpec, codes: torch.Tensor, embeddi
 
 def measure(folder: Path, frames: int) -> dict:
     ref_gpu = load(folder, "cuda", torch.float32)
-    ref_gpu.talker.codec_head.weight.data[ref_gpu.config.talker_config.codec_eos_token_id] = 0
     embedding = torch.randn(ref_gpu.config.talker_config.hidden_size, generator=torch.Generator().manual_seed(1))
     spec = spec_for(ref_gpu.config, embedding)
     prompt = build_prompt(ref_gpu.talker, ref_gpu.config, spec)
