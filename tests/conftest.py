@@ -50,6 +50,15 @@ def oracle() -> Oracle:
     return Oracle(python)
 
 
+def pytest_terminal_summary(terminalreporter):
+    from tests import test_equivalence
+
+    if test_equivalence.LARGEST:
+        terminalreporter.section("largest differences against the official implementation")
+        for name, value in sorted(test_equivalence.LARGEST.items()):
+            terminalreporter.write_line(f"{name}: {value:.3g}")
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("Q3TTS_GPU_TESTS") == "1":
         return

@@ -25,6 +25,12 @@ from q3tts.tiny import write_tiny_checkpoint
 
 GREEDY = {"do_sample": False, "subtalker_dosample": False}
 TOL = 1e-5
+LARGEST: dict[str, float] = {}  # largest difference seen per quantity, printed at the end of the run
+
+
+def _seen(name: str, value: float) -> float:
+    LARGEST[name] = max(LARGEST.get(name, 0.0), value)
+    return value
 
 
 def speech_like(seconds: float, sr: int, seed: int) -> np.ndarray:
@@ -197,7 +203,7 @@ def test_matches_official(case_sets, name, index, monkeypatch):
         assert spec.ref_ids == (official_ref[0].tolist() if official_ref is not None else None)
         official_embeds = ref["prefill"]["inputs_embeds"][b][mask[b]]
         assert prompt.embeds.shape == official_embeds.shape
-        assert _rel(prompt.embeds, official_embeds) < TOL
+        assert _seen("prefill embeddings (rel)", _rel(prompt.embeds, official_embeds)) < TOL
         trailing, n = ref["prefill"]["trailing_text_hidden"][b], prompt.trailing.shape[0]
         assert _rel(prompt.trailing, trailing[:n]) < TOL
         assert torch.equal(trailing[n:], prompt.pad.expand_as(trailing[n:]))  # padded with TTS_PAD
@@ -210,14 +216,14 @@ def test_matches_official(case_sets, name, index, monkeypatch):
         # Teacher-forced logits, fed the official history.
         talker_logits, cp_logits = teacher_forced_logits(cs.tts.model.talker, prompt, codes)
         official_talker = torch.stack([step[b] for step in ref["talker_logits"][:codes.shape[0] + 1]])
-        assert _rel(talker_logits, official_talker) < TOL
+        assert _seen("talker logits, teacher-forced (rel)", _rel(talker_logits, official_talker)) < TOL
         official_cp = _official_cp_logits(ref["cp_logits"], b, codes.shape[0])
-        assert _rel(cp_logits, official_cp) < TOL
+        assert _seen("code-predictor logits, teacher-forced (rel)", _rel(cp_logits, official_cp)) < TOL
 
         # Audio, including the official ICL cut of the reference's share.
         wav, official_wav = ours["wavs"][b], ref["wavs"][b].numpy()
         assert wav.shape == official_wav.shape
-        assert float(np.abs(wav - official_wav).max(initial=0.0)) < TOL
+        assert _seen("audio (abs)", float(np.abs(wav - official_wav).max(initial=0.0))) < TOL
     if "items" in ref:
         _check_voice_items(cs.tts, cs.calls[index], ref["items"])
 
@@ -235,7 +241,7 @@ def _check_voice_items(tts: TTS, call_spec: dict, items: list[dict]) -> None:
     voices = tts.create_voice_clone_prompt(_audio_arg(kw["ref_audio"]), kw.get("ref_text"),
                                            kw.get("x_vector_only_mode", False))
     for voice, item in zip(voices, items):
-        assert _rel(voice.ref_spk_embedding, item["spk"]) < TOL
+        assert _seen("speaker embedding (rel)", _rel(voice.ref_spk_embedding, item["spk"])) < TOL
         if item["ref_code"] is None:
             assert voice.ref_code is None
         else:

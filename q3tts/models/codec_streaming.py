@@ -1,0 +1,233 @@
+"""Incremental, exact decoding of the speech tokenizer: frames in, 1920 samples per frame out, with per-stream
+state instead of re-decoded context.
+
+Every stage of the decoder is causal, so it can run chunk by chunk if each stream keeps what the next chunk
+needs from the past:
+  * each causal convolution: its last `left_context` input samples (zeros at the start, which is exactly the
+    whole-sequence decode's left padding);
+  * each transposed convolution with overlap (kernel 2r, stride r): the last r raw output samples, still
+    waiting for the next input's contribution;
+  * each of the 8 attention layers: the keys and values of its last `window - 1` frames;
+  * the frame count (absolute RoPE position).
+Concatenating the chunks gives the whole-sequence decode up to floating-point rounding (the overlap-adds and
+softmax sums run in another order), for any chunk schedule. Nothing is decoded twice.
+
+State size per stream (real config): 132 k numbers of convolution context, 9 k of transposed-convolution
+overlap and 1.16 M of attention cache (8 layers x K and V x 16 heads x 71 frames x 64): 1.30 M numbers,
+5.2 MB in fp32 (2.6 MB in bf16), whatever the stream's length; see `state_numel`.
+
+Rows: the state is [max_rows, ...]; `decode(codes)` advances rows 0..B-1 in place (static addresses, so the
+GPU path can capture it in a CUDA graph), `decode_rows(rows, codes)` any set of rows (gather/scatter; used to
+prime a stream with a voice's reference codes).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..layers.rotary import apply_rope, rope_cos_sin
+from .codec_decoder import (CausalConv1d, CausalConvTranspose1d, CodecAttention, CodecDecoder, ConvNeXtBlock,
+                            DecoderBlock, DecoderTransformerLayer, ResidualUnit, SnakeBeta)
+
+
+class DecoderState:
+    """All per-stream tensors, [rows, ...] each, in the order the decoder visits them."""
+
+    def __init__(self, convs: list[torch.Tensor], tails: list[torch.Tensor], keys: list[torch.Tensor],
+                 values: list[torch.Tensor], lengths: torch.Tensor):
+        self.convs, self.tails, self.keys, self.values, self.lengths = convs, tails, keys, values, lengths
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.convs, *self.tails, *self.keys, *self.values, self.lengths]
+
+    def view(self, n: int) -> DecoderState:
+        """The first n rows, as views."""
+        return DecoderState(*[[t[:n] for t in group] for group in (self.convs, self.tails, self.keys, self.values)],
+                            self.lengths[:n])
+
+    def gather(self, rows: torch.Tensor) -> DecoderState:
+        return DecoderState(*[[t[rows] for t in group] for group in (self.convs, self.tails, self.keys, self.values)],
+                            self.lengths[rows])
+
+    def scatter(self, rows: torch.Tensor, part: DecoderState) -> None:
+        for dst, src in zip(self.tensors(), part.tensors()):
+            dst[rows] = src
+
+
+class StreamingDecoder:
+    """Per-row incremental decoding with a `CodecDecoder`'s modules and weights."""
+
+    def __init__(self, decoder: CodecDecoder, max_rows: int):
+        self.decoder = decoder
+        weight = decoder.pre_conv.conv.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        convs = [m for m in decoder.modules() if isinstance(m, CausalConv1d) and m.left_context > 0]
+        tails = [m for m in decoder.modules() if isinstance(m, CausalConvTranspose1d) and m.trim > 0]
+        attn = [m for m in decoder.modules() if isinstance(m, CodecAttention)]
+        z = lambda *shape: torch.zeros(max_rows, *shape, dtype=self.dtype, device=self.device)
+        # Codebook vectors are fixed: computed once (the whole-sequence decoder recomputes them per call).
+        split = decoder.quantizer
+        self.codebooks = [[layer._codebook.vectors() for layer in rvq.vq.layers]
+                          for rvq in (split.rvq_first, split.rvq_rest)]
+        self.state = DecoderState(
+            convs=[z(m.conv.in_channels, m.left_context) for m in convs],
+            tails=[z(m.conv.out_channels, m.trim) for m in tails],
+            keys=[z(m.num_kv_heads, m.window - 1, m.head_dim) for m in attn],
+            values=[z(m.num_kv_heads, m.window - 1, m.head_dim) for m in attn],
+            lengths=torch.zeros(max_rows, dtype=torch.long, device=self.device))
+
+    @property
+    def state_numel(self) -> int:
+        """Numbers of state per stream."""
+        return sum(t[0].numel() for t in self.state.tensors())
+
+    def reset(self, rows: list[int] | torch.Tensor) -> None:
+        """Starts fresh streams in `rows` (zeros are exactly the whole-sequence decode's left padding)."""
+        rows = torch.as_tensor(rows, device=self.device)
+        for t in self.state.tensors():
+            t[rows] = 0
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+        """codes: [B, 16, T] for rows 0..B-1 -> their next T * 1920 samples [B, T * 1920]; state updated in place."""
+        return self._run(codes, self.state.view(codes.shape[0]), clamp)
+
+    @torch.no_grad()
+    def decode_rows(self, rows: list[int] | torch.Tensor, codes: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+        rows = torch.as_tensor(rows, device=self.device)
+        part = self.state.gather(rows)
+        wav = self._run(codes, part, clamp)
+        self.state.scatter(rows, part)
+        return wav
+
+    def _run(self, codes: torch.Tensor, state: DecoderState, clamp: bool) -> torch.Tensor:
+        d = self.decoder
+        if codes.ndim != 3 or codes.shape[1] != d.config.num_quantizers:
+            raise ValueError(f"expected codes [B, {d.config.num_quantizers}, T], got {list(codes.shape)}")
+        cursor = _Cursor(state)
+        T = codes.shape[-1]
+        hidden = self._conv(d.pre_conv, self._quantized(codes), cursor).transpose(1, 2)  # [B, T, latent]
+        positions = state.lengths[:, None] + torch.arange(T, device=codes.device)  # [B, T]
+        hidden = self._transformer(hidden, positions, cursor).transpose(1, 2)
+        for blocks in d.upsample:
+            for block in blocks:
+                hidden = self._module(block, hidden, cursor)
+        for block in d.decoder:
+            hidden = self._module(block, hidden, cursor)
+        state.lengths += T
+        wav = hidden[:, 0]
+        return wav.clamp(min=-1, max=1) if clamp else wav
+
+    def _quantized(self, codes: torch.Tensor) -> torch.Tensor:
+        """SplitResidualVectorQuantizer.decode with the cached codebooks: [B, 16, T] -> [B, codebook_dim, T]."""
+        split = self.decoder.quantizer
+        n = split.num_semantic_quantizers
+        out = None
+        for rvq, books, part in ((split.rvq_first, self.codebooks[0], codes[:, :n]),
+                                 (split.rvq_rest, self.codebooks[1], codes[:, n:])):
+            summed = None
+            for k, vectors in enumerate(books):
+                vec = F.embedding(part[:, k], vectors).transpose(1, 2)
+                summed = vec if summed is None else summed + vec
+            projected = rvq.output_proj(summed)
+            out = projected if out is None else out + projected
+        return out
+
+    def _module(self, m, x: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
+        if isinstance(m, CausalConv1d):
+            return self._conv(m, x, cursor)
+        if isinstance(m, CausalConvTranspose1d):
+            return self._conv_transpose(m, x, cursor)
+        if isinstance(m, ConvNeXtBlock):
+            h = self._conv(m.dwconv, x, cursor).permute(0, 2, 1)
+            h = m.pwconv2(F.gelu(m.pwconv1(m.norm(h))))
+            return x + (m.gamma * h).permute(0, 2, 1)
+        if isinstance(m, ResidualUnit):
+            return self._conv(m.conv2, m.act2(self._conv(m.conv1, m.act1(x), cursor)), cursor) + x
+        if isinstance(m, DecoderBlock):
+            for layer in m.block:
+                x = self._module(layer, x, cursor)
+            return x
+        if isinstance(m, SnakeBeta):
+            return m(x)
+        raise TypeError(f"no streaming rule for {type(m).__name__}")
+
+    @staticmethod
+    def _conv(m: CausalConv1d, x: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
+        """x: [B, C, T] -> [B, C', T]: the kept left context replaces the zero padding."""
+        if m.left_context == 0:
+            return m.conv(x)
+        state = cursor.next_conv()
+        full = torch.cat([state, x], dim=-1)
+        state.copy_(full[..., full.shape[-1] - m.left_context:])
+        c = m.conv
+        return F.conv1d(full, c.weight, c.bias, c.stride, 0, c.dilation, c.groups)
+
+    @staticmethod
+    def _conv_transpose(m: CausalConvTranspose1d, x: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
+        """x: [B, C, T] -> [B, C', T * stride]: the previous call's overlap is added to the first samples."""
+        y = m.conv(x)
+        if m.trim == 0:
+            return y
+        tail = cursor.next_tail()
+        n = y.shape[-1] - m.trim
+        bias = m.conv.bias[None, :, None] if m.conv.bias is not None else 0.0
+        head = y[..., : m.trim] + tail
+        tail.copy_(y[..., n:] - bias)  # this call's unfinished overlap, without the bias it will get again
+        return torch.cat([head, y[..., m.trim:n]], dim=-1)
+
+    def _transformer(self, x: torch.Tensor, positions: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
+        t = self.decoder.pre_transformer
+        cos, sin = rope_cos_sin(positions, t.inv_freq)
+        x = t.input_proj(x)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        for layer in t.layers:
+            x = self._layer(layer, x, cos, sin, positions, cursor)
+        return t.output_proj(t.norm(x))
+
+    def _layer(self, layer: DecoderTransformerLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               positions: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
+        attn = self._attention(layer.self_attn, layer.input_layernorm(x), cos, sin, positions, cursor)
+        x = x + layer.self_attn_layer_scale(attn)
+        return x + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(x)))
+
+    @staticmethod
+    def _attention(a: CodecAttention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                   cursor: _Cursor) -> torch.Tensor:
+        """Each new frame attends to the kept window of past frames and to the new frames up to itself."""
+        b, t, _ = x.shape
+        q = apply_rope(a.q_proj(x).view(b, t, -1, a.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rope(a.k_proj(x).view(b, t, -1, a.head_dim).transpose(1, 2), cos, sin)
+        v = a.v_proj(x).view(b, t, -1, a.head_dim).transpose(1, 2)
+        k_cache, v_cache = cursor.next_kv()
+        past = k_cache.shape[2]  # window - 1
+        keys, values = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+        k_cache.copy_(keys[:, :, keys.shape[2] - past:])
+        v_cache.copy_(values[:, :, values.shape[2] - past:])
+        key_pos = torch.cat([positions[:, :1] - past + torch.arange(past, device=x.device), positions], dim=1)
+        q_pos = positions[:, :, None]
+        visible = (key_pos[:, None, :] <= q_pos) & (key_pos[:, None, :] > q_pos - a.window) & (key_pos[:, None] >= 0)
+        if a.num_kv_heads != a.num_heads:
+            keys = keys.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
+            values = values.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
+        kwargs = {} if a.scale is None else {"scale": a.scale}
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None], **kwargs)
+        return a.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class _Cursor:
+    """Hands out a state's tensors in the order the decoder visits the stateful modules."""
+
+    def __init__(self, state: DecoderState):
+        self.convs, self.tails = iter(state.convs), iter(state.tails)
+        self.kv = iter(zip(state.keys, state.values))
+
+    def next_conv(self) -> torch.Tensor:
+        return next(self.convs)
+
+    def next_tail(self) -> torch.Tensor:
+        return next(self.tails)
+
+    def next_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(self.kv)

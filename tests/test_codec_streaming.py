@@ -1,0 +1,86 @@
+"""The incremental codec decoder: any chunk schedule gives exactly the whole-sequence decode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from q3tts.models.codec_streaming import StreamingDecoder
+from q3tts.models.speech_tokenizer import SpeechTokenizer
+from q3tts.tiny.speech_tokenizer import write_tiny_speech_tokenizer
+
+FRAMES = 330  # beyond 300, where the official chunked decode stops being exact
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    folder = write_tiny_speech_tokenizer(tmp_path_factory.mktemp("st"), seed=3)
+    return SpeechTokenizer.from_pretrained(folder, load_encoder=False).decoder
+
+
+@pytest.fixture(scope="module")
+def codes():
+    return torch.randint(0, 2048, (2, 16, FRAMES), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def whole(decoder, codes):
+    with torch.no_grad():
+        return decoder(codes)[:, 0]
+
+
+def _stream(decoder, codes, schedule) -> torch.Tensor:
+    stream = StreamingDecoder(decoder, max_rows=codes.shape[0])
+    chunks, t, i = [], 0, 0
+    while t < codes.shape[-1]:
+        n = schedule[min(i, len(schedule) - 1)]
+        chunks.append(stream.decode(codes[:, :, t:t + n]))
+        t, i = t + n, i + 1
+    return torch.cat(chunks, dim=-1)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 8, 25])
+def test_fixed_chunks_equal_whole_decode(decoder, codes, whole, chunk):
+    out = _stream(decoder, codes, [chunk])
+    assert out.shape == whole.shape
+    assert float((out - whole).abs().max()) <= TOL
+
+
+def test_changing_schedule_equals_whole_decode(decoder, codes, whole):
+    out = _stream(decoder, codes, [1, 1, 2, 3, 5, 8, 13, 25, 7, 1, 40])
+    assert float((out - whole).abs().max()) <= TOL
+
+
+def test_streams_at_different_positions_share_a_call(decoder, codes, whole):
+    """Row 1 starts 37 frames after row 0; each call advances both by one frame."""
+    stream = StreamingDecoder(decoder, max_rows=2)
+    head = stream.decode_rows([0], codes[:1, :, :37])
+    out0, out1 = [head], []
+    for t in range(0, 60):
+        wav = stream.decode(torch.stack([codes[0, :, 37 + t], codes[1, :, t]])[:, :, None])
+        out0.append(wav[:1])
+        out1.append(wav[1:])
+    samples = stream.decoder.samples_per_frame
+    assert float((torch.cat(out0, -1) - whole[:1, : 97 * samples]).abs().max()) <= TOL
+    assert float((torch.cat(out1, -1) - whole[1:, : 60 * samples]).abs().max()) <= TOL
+
+
+def test_priming_with_reference_codes(decoder, codes, whole):
+    """A voice's reference codes prime the state once; the stream then yields only the new frames' audio,
+    equal to the tail of decoding reference + new frames together."""
+    stream = StreamingDecoder(decoder, max_rows=3)
+    stream.reset([2])
+    stream.decode_rows([2], codes[1:2, :, :50])  # the reference: decoded once, its audio discarded
+    out = torch.cat([stream.decode_rows([2], codes[1:2, :, t:t + 4]) for t in range(50, 90, 4)], -1)
+    samples = decoder.samples_per_frame
+    assert float((out - whole[1:, 50 * samples: 90 * samples]).abs().max()) <= TOL
+    stream.reset([2])
+    assert all(float(t[2].abs().max()) == 0 for t in stream.state.tensors())
+
+
+def test_state_size_is_bounded(decoder, codes):
+    stream = StreamingDecoder(decoder, max_rows=1)
+    before = stream.state_numel
+    stream.decode(codes[:1, :, :40])
+    assert stream.state_numel == before  # independent of the stream's length
