@@ -40,10 +40,11 @@ def _run_engine(runner: ModelRunner, prompts, params) -> list[torch.Tensor]:
     while not done.all():
         runner.step(len(rows))
         readback.push(len(rows))
-        codes, emitted, done = readback.pop()
+        out = readback.pop()
+        done = out.done
         for r in rows:
-            if emitted[r]:
-                frames[r].append(codes[r])
+            if out.emitted[r]:
+                frames[r].append(out.codes[r])
     runner.release_rows(rows)
     return [torch.stack(f) for f in frames]
 

@@ -27,8 +27,17 @@ import torch
 import torch.nn.functional as F
 
 from ..layers.rotary import apply_rope, rope_cos_sin
-from .codec_decoder import (CausalConv1d, CausalConvTranspose1d, CodecAttention, CodecDecoder, ConvNeXtBlock,
-                            DecoderBlock, DecoderTransformerLayer, ResidualUnit, SnakeBeta)
+from .codec_decoder import (
+    CausalConv1d,
+    CausalConvTranspose1d,
+    CodecAttention,
+    CodecDecoder,
+    ConvNeXtBlock,
+    DecoderBlock,
+    DecoderTransformerLayer,
+    ResidualUnit,
+    SnakeBeta,
+)
 
 
 class DecoderState:

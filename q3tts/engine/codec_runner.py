@@ -1,0 +1,59 @@
+"""The codec side of the engine: each frame step's new frame of every row, decoded incrementally to PCM.
+
+Rows are the model runner's rows: after `ModelRunner.step(B)`, `CodecRunner.step(B)` turns `state.codes[:B]`
+into 1920 samples per row in `pcm[:B]` with one batched call of the streaming decoder (rows at any position),
+captured as a CUDA graph per batch bucket at start-up like the language model's frame.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.codec_decoder import CodecDecoder
+from ..models.codec_streaming import StreamingDecoder
+
+
+class CodecRunner:
+    def __init__(self, decoder: CodecDecoder, codes: torch.Tensor, buckets: tuple[int, ...]):
+        """codes: the model runner's static [max_rows, 16] buffer of each row's newest frame."""
+        self.codes, self.buckets = codes, buckets
+        self.stream = StreamingDecoder(decoder, codes.shape[0])
+        self.samples_per_frame = decoder.samples_per_frame
+        self.pcm = torch.zeros(codes.shape[0], self.samples_per_frame, device=codes.device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    def start(self, rows: list[int], ref_codes: list[torch.Tensor | None]) -> None:
+        """Fresh decoder state for `rows`; a voice's reference codes are decoded once into the state (their
+        audio is discarded), so the stream continues exactly as decoding reference + new frames together."""
+        self.stream.reset(rows)
+        for row, ref in zip(rows, ref_codes):
+            if ref is not None and ref.shape[0]:
+                self.stream.decode_rows([row], ref.to(self.codes.device).T[None])
+
+    @torch.no_grad()
+    def step(self, num_rows: int) -> None:
+        B = next(b for b in self.buckets if b >= num_rows)
+        graph = self.graphs.get(B)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._decode(B)
+
+    def _decode(self, B: int) -> None:
+        self.pcm[:B] = self.stream.decode(self.codes[:B, :, None]).float()
+
+    @torch.no_grad()
+    def capture_graphs(self) -> None:
+        """One graph per bucket, largest first, one pool; call before any stream starts (it resets every row)."""
+        if self.codes.device.type != "cuda":
+            return
+        pool = torch.cuda.graph_pool_handle()
+        for B in sorted(self.buckets, reverse=True):
+            self._decode(B)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._decode(B)
+            self.graphs[B] = graph
+        torch.cuda.synchronize()
+        self.stream.reset(list(range(self.codes.shape[0])))
