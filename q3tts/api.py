@@ -3,8 +3,9 @@ return values) plus a small API of our own (`synthesize`, `create_voice`, `Voice
 
 from __future__ import annotations
 
+import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,14 @@ import torch
 from .audio import load_audio, resample
 from .checkpoint import resolve_model_dir
 from .config import GenerationConfig, ModelConfig
+from .engine.runner import EngineConfig
 from .generate import generate_codes
 from .models.qwen3_tts import Qwen3TTSModel
 from .models.speaker_encoder import compute_speaker_embedding
 from .models.speech_tokenizer import SpeechTokenizer
 from .prompt import PromptSpec, build_prompt
 from .sampling import SamplingParams
+from .streaming import DEFAULT_SCHEDULE, AudioChunk, Engine, astream, stream_one
 from .text_tokenizer import TextTokenizer, assistant_text, instruct_text, ref_text
 from .voice import Voice
 
@@ -40,6 +43,7 @@ class TTS:
         self.generation_config = generation_config
         self.device = model.talker.codec_head.weight.device
         self.sample_rate = speech_tokenizer.sample_rate
+        self.engine: Engine | None = None  # the fast path, built by prepare_engine
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device | None = None,
@@ -154,6 +158,43 @@ class TTS:
                    seed: int | None = None, on_frame: Callable[[int], None] | None = None,
                    **sampling: Any) -> np.ndarray:
         """One utterance as float32 audio at `self.sample_rate`, in whatever mode the checkpoint offers."""
+        spec, params = self._request(text, speaker, voice, instruct, language, non_streaming_mode, seed, sampling)
+        return self._synthesize([spec], [params], on_frame)[0]
+
+    def stream(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
+               instruct: str | None = None, language: str = "auto", non_streaming_mode: bool | None = None,
+               seed: int | None = None, chunk_schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
+               pcm_format: str = "float32", **sampling: Any) -> Iterator[AudioChunk]:
+        """Like `synthesize`, but yields `AudioChunk`s while the speech is generated (frames per chunk follow
+        `chunk_schedule`; the last value repeats). Bad input raises here, before the stream opens. Runs on the
+        fast path (`prepare_engine`); the concatenated chunks equal that path's offline decode."""
+        started = time.perf_counter()
+        spec, params = self._request(text, speaker, voice, instruct, language, non_streaming_mode, seed, sampling)
+        self._check_budget(spec, params)
+        prompt = build_prompt(self.model.talker, self.config, spec)
+        engine = self.engine or self.prepare_engine()
+        return stream_one(engine, prompt, params, spec.ref_codes, tuple(chunk_schedule), pcm_format, started)
+
+    async def astream(self, text: str, **kwargs: Any) -> AsyncIterator[AudioChunk]:
+        """`stream` for asyncio: the same chunks, produced in a worker thread."""
+        async for chunk in astream(self.stream(text, **kwargs)):
+            yield chunk
+
+    def prepare_engine(self, max_rows: int = 4, max_context: int = 4096) -> Engine:
+        """Builds the fast path once: fused weights, paged KV cache, and on a GPU the CUDA graphs of every batch
+        bucket (captured now, never under traffic). `stream` calls it with the defaults if needed."""
+        config = EngineConfig(max_rows=max_rows, max_context=max_context, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        engine = Engine(self.model, self.speech_tokenizer.decoder, config)
+        engine.capture_graphs()
+        self.engine = engine
+        return engine
+
+    # ---- internals ----------------------------------------------------------------------------------------
+
+    def _request(self, text: str, speaker: str | None, voice: Voice | str | Path | None, instruct: str | None,
+                 language: str, non_streaming_mode: bool | None, seed: int | None,
+                 sampling: dict[str, Any]) -> tuple[PromptSpec, SamplingParams]:
+        """Validates one request of our own API against the checkpoint's mode."""
         if isinstance(voice, (str, Path)):
             voice = Voice.load(voice)
         kind = self.config.tts_model_type
@@ -170,15 +211,13 @@ class TTS:
         if instruct and kind == "base":
             raise ValueError("Base checkpoints take no `instruct`")
         if instruct and not self.config.supports_instruct:
-            warnings.warn("this 0.6B CustomVoice checkpoint ignores `instruct`", stacklevel=2)
+            warnings.warn("this 0.6B CustomVoice checkpoint ignores `instruct`", stacklevel=3)
             instruct = None
         non_streaming = non_streaming_mode if non_streaming_mode is not None else kind != "base"
         spec = self._spec(text, self._languages(language, 1)[0], non_streaming, instruct=instruct,
                           speaker=self._speaker(speaker) if speaker else None,
                           voice=self._check_voice(voice) if voice is not None else None)
-        return self._synthesize([spec], self._sampling({**sampling, "seed": seed}, 1), on_frame)[0]
-
-    # ---- internals ----------------------------------------------------------------------------------------
+        return spec, self._sampling({**sampling, "seed": seed}, 1)[0]
 
     def _synthesize(self, specs: list[PromptSpec], params: list[SamplingParams],
                     on_frame: Callable[[int], None] | None = None) -> list[np.ndarray]:
