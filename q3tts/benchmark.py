@@ -208,3 +208,136 @@ def side_by_side(rows: list[dict]) -> str:
                      f"{ms:>9.2f} {r['audio_s_per_s']:>10.1f} {FRAME_SECONDS / ms * 1e3:>11.2f} "
                      f"{r.get('ttff_ms') or float('nan'):>14.1f} {r.get('gpu_mem_gb') or float('nan'):>7.2f}")
     return "\n".join(lines)
+
+
+def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple[int, ...] = (1, 16, 64),
+                    reps: int = 5, log=print) -> list[dict]:
+    """Time to first audio (request -> first PCM on the host) and the codec's GPU cost, per model."""
+    from .models.speech_tokenizer import SpeechTokenizer
+    from .streaming import Engine
+
+    device = torch.device("cuda")
+    rows: list[dict] = []
+    for name in names:
+        model = load_model(name, ckpt_root, device)
+        st_dir = Path(ckpt_root) / name / "speech_tokenizer" if ckpt_root else None
+        decoder = (SpeechTokenizer.from_pretrained(st_dir, device, torch.bfloat16, load_encoder=False).decoder
+                   if st_dir else _random_decoder(device, torch.bfloat16))
+        engine = Engine(model, decoder, EngineConfig(max_rows=max(concurrency), max_context=512, max_trailing=64,
+                                                     buckets=tuple(sorted({1, 2, 4, 8, 16, 32, 64, *concurrency}))))
+        engine.capture_graphs()
+        for batch in concurrency:
+            row = _streaming_row(engine, model, name, batch, reps)
+            rows.append(row)
+            log(f"{name} B={batch}: first audio p50 {row['ttfa_ms_p50']} ms p95 {row['ttfa_ms_p95']} ms; LM "
+                f"{row['lm_frame_gpu_ms']} ms + codec {row['codec_frame_gpu_ms']} ms per frame step "
+                f"({row['codec_share_of_lm']:.0%}); overlapped {row['lm_and_codec_overlapped_ms']} ms")
+        del engine, model, decoder
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _streaming_row(engine, model, name: str, batch: int, reps: int) -> dict:
+    flat = sorted(t for _ in range(reps) for t in first_audio_ms(engine, model, batch))
+    lm_ms = _graph_ms(lambda: engine.runner._frame(engine.runner.bucket(batch)), 30)
+    codec_ms = _graph_ms(lambda: engine.codec._decode(engine.runner.bucket(batch)), 30)
+    return {"engine": "q3tts", "benchmark": "streaming", "model": name, "batch": batch, "ms_per_frame": None,
+            "audio_s_per_s": None, "ttfa_ms_p50": round(statistics.median(flat), 2),
+            "ttfa_ms_p95": round(flat[min(len(flat) - 1, int(0.95 * len(flat)))], 2), "rps": None,
+            "behind_realtime_share": None, "gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
+            "lm_frame_gpu_ms": round(lm_ms, 3), "codec_frame_gpu_ms": round(codec_ms, 3),
+            "codec_gpu_ms_per_audio_s": round(codec_ms / (batch * FRAME_SECONDS), 3),
+            "codec_share_of_lm": round(codec_ms / lm_ms, 3),
+            "lm_and_codec_overlapped_ms": round(_overlapped_ms(engine, batch), 3), "chunk_schedule": "1,2,4,8,16"}
+
+
+def peer_streaming_rows(paths: list[Path]) -> list[dict]:
+    """faster-qwen3-tts's streaming time to first audio from the peer harness's peer_<config>.json files."""
+    rows = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for r in data["results"]:
+            if not r.get("audio_streaming") or r.get("ttfa_ms") is None:
+                continue
+            rows.append({"engine": r["engine"].split("(")[0], "benchmark": "streaming", "model": r["model"],
+                         "batch": 1, "ms_per_frame": None, "audio_s_per_s": None,
+                         "ttfa_ms_p50": round(r["ttfa_ms"], 2), "ttfa_ms_p95": None, "rps": None,
+                         "behind_realtime_share": None, "gpu_mem_gb": None, "mode": r.get("mode"),
+                         "chunk_size": 12, "ttfa_chunk8_ms": round(r["ttfa_chunk8_ms"], 2)
+                         if r.get("ttfa_chunk8_ms") is not None else None,
+                         "ttfa_all_ms": [round(t, 2) for t in r.get("ttfa_ms_all", [])], "source": "this run"})
+    return rows
+
+
+def first_audio_ms(engine, model, batch: int) -> list[float]:
+    """`batch` requests submitted together: ms from submission (text ids in hand) to each stream's first PCM
+    on the host (prompt building, prefill, first frame, its decode and the copy included)."""
+    runner, codec = engine.runner, engine.codec
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    prompts = [clone_prompt(model) for _ in range(batch)]
+    rows = list(range(batch))
+    runner.add_rows(rows, prompts, [SamplingParams(max_new_tokens=20, seed=i) for i in rows])
+    codec.start(rows, [None] * batch)
+    readback = Readback(runner, depth=2, pcm=codec.pcm)
+    runner.step(batch)
+    codec.step(batch)
+    readback.push(batch)
+    out = readback.pop()
+    arrived = (time.perf_counter() - start) * 1e3
+    assert bool(out.emitted.all()) and out.pcm.abs().sum() > 0
+    runner.release_rows(rows)
+    return [arrived] * batch
+
+
+def _overlapped_ms(engine, batch: int, replays: int = 30) -> float:
+    """Per-step time with the codec's graph on a second stream, overlapping the next language-model frame."""
+    lm, codec = engine.runner.graphs[engine.runner.bucket(batch)], engine.codec.graphs[engine.runner.bucket(batch)]
+    side = torch.cuda.Stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(replays):
+        lm.replay()
+        ready = torch.cuda.Event()
+        ready.record()
+        with torch.cuda.stream(side):
+            side.wait_event(ready)
+            codec.replay()
+    torch.cuda.current_stream().wait_stream(side)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def _random_decoder(device: torch.device, dtype: torch.dtype):
+    from .checkpoint import instantiate
+    from .config import SpeechTokenizerConfig
+    from .models.codec_decoder import CodecDecoder
+    from .random_model import CONFIG_DIR
+    from .tiny.random_init import random_state_dict
+
+    config = SpeechTokenizerConfig.from_file(CONFIG_DIR / "speech_tokenizer.json").decoder_config
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in CodecDecoder(config).state_dict().items()}
+    return instantiate(lambda: CodecDecoder(config), random_state_dict(shapes, 0, device, dtype), device).eval()
+
+
+def codec_precision(ckpt_root: Path | None, name: str, frames: int = 100) -> dict:
+    """bf16 vs fp32 incremental decode of the same random codes: max |diff| and SNR of the audio."""
+    from .models.codec_streaming import StreamingDecoder
+    from .models.speech_tokenizer import SpeechTokenizer
+
+    device = torch.device("cuda")
+    codes = torch.randint(0, 2048, (1, 16, frames), generator=torch.Generator().manual_seed(0)).to(device)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        decoder = (SpeechTokenizer.from_pretrained(Path(ckpt_root) / name / "speech_tokenizer", device, dtype,
+                                                   load_encoder=False).decoder if ckpt_root
+                   else _random_decoder(device, dtype))
+        stream = StreamingDecoder(decoder, 1)
+        out[dtype] = torch.cat([stream.decode(codes[:, :, t:t + 1]) for t in range(frames)], -1).float()
+    diff = out[torch.bfloat16] - out[torch.float32]
+    snr = 10 * torch.log10(out[torch.float32].pow(2).mean() / diff.pow(2).mean().clamp(min=1e-30))
+    return {"frames": frames, "max_abs_diff": float(diff.abs().max()), "rms_fp32": float(out[torch.float32].pow(2)
+            .mean().sqrt()), "snr_db": float(snr)}

@@ -69,6 +69,16 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--out", type=Path, help="write the results JSON here")
     decode.set_defaults(run=_bench_decode)
 
+    streaming = bench.add_parser("streaming", help="time to first audio and codec cost (random weights)")
+    streaming.add_argument("--sizes", default="0.6B-Base,1.7B-Base")
+    streaming.add_argument("--concurrency", default="1,16,64")
+    streaming.add_argument("--reps", type=int, default=5)
+    streaming.add_argument("--ckpt-root", type=Path)
+    streaming.add_argument("--peer-results", type=Path, nargs="*", default=[],
+                           help="the peer harness's peer_<config>.json files of the same run (streaming rows)")
+    streaming.add_argument("--out", type=Path)
+    streaming.set_defaults(run=_bench_streaming)
+
     voice = sub.add_parser("voice", help="manage cloned voices").add_subparsers(title="voice commands")
     create = voice.add_parser("create", help="clone a voice from reference audio and save it")
     create.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
@@ -148,6 +158,28 @@ def _bench_decode(args) -> int:
     command = "q3tts " + " ".join(sys.argv[1:])
     doc = write_results(rows, args.out, command, peers) if args.out else {"results": [vars(r) for r in rows]}
     print(side_by_side(doc["results"]))
+    return 0
+
+
+def _bench_streaming(args) -> int:
+    import json
+
+    from .benchmark import bench_streaming, codec_precision, peer_streaming_rows, write_results
+
+    log = lambda m: print(m, file=sys.stderr, flush=True)
+    sizes = args.sizes.split(",")
+    rows = bench_streaming(sizes, args.ckpt_root, tuple(int(b) for b in args.concurrency.split(",")), args.reps,
+                           log=log)
+    precision = codec_precision(args.ckpt_root, sizes[0])
+    log(f"codec bf16 vs fp32: {precision}")
+    peers = peer_streaming_rows(args.peer_results)
+    for row in rows:
+        row["codec_bf16_vs_fp32"] = precision
+    if args.out:
+        write_results(rows, args.out, "q3tts " + " ".join(sys.argv[1:]), peers)
+    for row in rows + peers:
+        print(json.dumps({k: row.get(k) for k in ("engine", "model", "batch", "ttfa_ms_p50", "ttfa_ms_p95",
+                                                   "codec_share_of_lm", "lm_and_codec_overlapped_ms")}))
     return 0
 
 

@@ -76,3 +76,16 @@ def test_bf16_graph_path_runs_and_stays_close():
         rel = (a - b).abs().amax(-1) / b.abs().amax(-1)
         assert float(rel.median()) < 0.05
         assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.8
+
+
+def test_streaming_with_graphs_equals_offline(tiny_cuda):
+    """fp32 on the GPU: the graph-captured LM + codec steps stream exactly the offline audio."""
+    import numpy as np
+
+    tiny_cuda.prepare_engine(max_rows=4, max_context=256)
+    assert set(tiny_cuda.engine.codec.graphs) == {1, 2, 4}
+    kwargs = {"speaker": "ryan", "max_new_tokens": 30, "seed": 3}
+    audio = np.concatenate([c.pcm for c in tiny_cuda.stream("Hello world, streaming on the GPU.", **kwargs)])
+    offline = tiny_cuda.synthesize("Hello world, streaming on the GPU.", **kwargs)
+    assert audio.shape == offline.shape
+    assert float(np.abs(audio - offline).max()) < 1e-4
