@@ -311,30 +311,36 @@ def _overlapped_ms(engine, batch: int, replays: int = 30) -> float:
 
 
 def _random_decoder(device: torch.device, dtype: torch.dtype):
+    """The full-size codec decoder with random weights, conditioned as the tiny checkpoints are (each
+    upsampling block rescaled to unit output, the waveform peaking at 0.5), so that its audio is not clipped
+    noise and precision comparisons mean something."""
     from .checkpoint import instantiate
     from .config import SpeechTokenizerConfig
     from .models.codec_decoder import CodecDecoder
     from .random_model import CONFIG_DIR
     from .tiny.random_init import random_state_dict
+    from .tiny.speech_tokenizer import condition_vocoder
 
-    config = SpeechTokenizerConfig.from_file(CONFIG_DIR / "speech_tokenizer.json").decoder_config
+    config = SpeechTokenizerConfig.from_file(CONFIG_DIR / "speech_tokenizer.json")
     with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in CodecDecoder(config).state_dict().items()}
-    return instantiate(lambda: CodecDecoder(config), random_state_dict(shapes, 0, device, dtype), device).eval()
+        shapes = {"decoder." + k: tuple(v.shape) for k, v in CodecDecoder(config.decoder_config).state_dict().items()}
+    tensors = random_state_dict(shapes, 0, device)
+    condition_vocoder(tensors, config, 0)
+    tensors = {k.removeprefix("decoder."): v.to(dtype) for k, v in tensors.items()}
+    return instantiate(lambda: CodecDecoder(config.decoder_config), tensors, device).eval()
 
 
-def codec_precision(ckpt_root: Path | None, name: str, frames: int = 100) -> dict:
-    """bf16 vs fp32 incremental decode of the same random codes: max |diff| and SNR of the audio."""
+def codec_precision(frames: int = 100) -> dict:
+    """bf16 vs fp32 incremental decode of the same random codes (conditioned random weights; the peer
+    checkpoints' unconditioned random vocoder clips to +-1 and amplifies any rounding into noise): max |diff|
+    and SNR of the audio."""
     from .models.codec_streaming import StreamingDecoder
-    from .models.speech_tokenizer import SpeechTokenizer
 
     device = torch.device("cuda")
     codes = torch.randint(0, 2048, (1, 16, frames), generator=torch.Generator().manual_seed(0)).to(device)
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
-        decoder = (SpeechTokenizer.from_pretrained(Path(ckpt_root) / name / "speech_tokenizer", device, dtype,
-                                                   load_encoder=False).decoder if ckpt_root
-                   else _random_decoder(device, dtype))
+        decoder = _random_decoder(device, dtype)
         stream = StreamingDecoder(decoder, 1)
         out[dtype] = torch.cat([stream.decode(codes[:, :, t:t + 1]) for t in range(frames)], -1).float()
     diff = out[torch.bfloat16] - out[torch.float32]

@@ -170,7 +170,7 @@ def _bench_streaming(args) -> int:
     sizes = args.sizes.split(",")
     rows = bench_streaming(sizes, args.ckpt_root, tuple(int(b) for b in args.concurrency.split(",")), args.reps,
                            log=log)
-    precision = codec_precision(args.ckpt_root, sizes[0])
+    precision = codec_precision()
     log(f"codec bf16 vs fp32: {precision}")
     peers = peer_streaming_rows(args.peer_results)
     for row in rows:

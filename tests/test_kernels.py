@@ -163,3 +163,11 @@ def test_sampling_distribution(monkeypatch):
     freq = torch.bincount(ids, minlength=V).float() / B
     assert freq[:-3].sum() == 0
     assert torch.allclose(freq[-3:], expected, atol=0.03)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_snake_beta(monkeypatch, dtype):
+    g = torch.Generator(DEVICE).manual_seed(2)
+    x = torch.randn(2, 6, 1300, device=DEVICE, generator=g).to(dtype)
+    alpha, beta = (0.2 * torch.randn(6, device=DEVICE, generator=g)).to(dtype), torch.randn(6, device=DEVICE).to(dtype)
+    _close(kernels.snake_beta(x, alpha, beta), _twin(monkeypatch, kernels.snake_beta, x, alpha, beta), dtype)

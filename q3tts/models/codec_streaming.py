@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..engine.kernels import snake_beta
 from ..layers.rotary import apply_rope, rope_cos_sin
 from .codec_decoder import (
     CausalConv1d,
@@ -153,13 +154,14 @@ class StreamingDecoder:
             h = m.pwconv2(F.gelu(m.pwconv1(m.norm(h))))
             return x + (m.gamma * h).permute(0, 2, 1)
         if isinstance(m, ResidualUnit):
-            return self._conv(m.conv2, m.act2(self._conv(m.conv1, m.act1(x), cursor)), cursor) + x
+            h = self._conv(m.conv1, snake_beta(x.contiguous(), m.act1.alpha, m.act1.beta), cursor)
+            return self._conv(m.conv2, snake_beta(h, m.act2.alpha, m.act2.beta), cursor) + x
         if isinstance(m, DecoderBlock):
             for layer in m.block:
                 x = self._module(layer, x, cursor)
             return x
         if isinstance(m, SnakeBeta):
-            return m(x)
+            return snake_beta(x.contiguous(), m.alpha, m.beta)
         raise TypeError(f"no streaming rule for {type(m).__name__}")
 
     @staticmethod

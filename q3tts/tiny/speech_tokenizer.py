@@ -88,7 +88,7 @@ def condition_vocoder(tensors: dict[str, torch.Tensor], config: SpeechTokenizerC
     """
     decoder = _tiny_decoder(tensors, config)
     codes = torch.randint(0, config.decoder_config.codebook_size, (2, config.num_quantizers, 64),
-                          generator=torch.Generator().manual_seed(seed))
+                          generator=torch.Generator().manual_seed(seed)).to(decoder.pre_conv.conv.weight.device)
     blocks = list(decoder.decoder)
     with torch.inference_mode():
         hidden = blocks[0](decoder.features(codes))
@@ -102,8 +102,9 @@ def condition_vocoder(tensors: dict[str, torch.Tensor], config: SpeechTokenizerC
 def _tiny_decoder(tensors: dict[str, torch.Tensor], config: SpeechTokenizerConfig) -> CodecDecoder:
     with torch.device("meta"):
         names = set(CodecDecoder(config.decoder_config).state_dict())
+    device = tensors["decoder.pre_conv.conv.weight"].device
     return instantiate(lambda: CodecDecoder(config.decoder_config),
-                       {n: tensors["decoder." + n].clone() for n in names}, "cpu").eval()
+                       {n: tensors["decoder." + n].clone() for n in names}, device).eval()
 
 
 def _scale(tensors: dict[str, torch.Tensor], name: str, conv: torch.nn.Module, factor: float) -> None:
