@@ -13,7 +13,6 @@ import argparse
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from q3tts.benchmark import _graph_ms, _random_decoder
