@@ -17,6 +17,15 @@ from tests.test_engine import _requests, _run_engine
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    """fp32 comparisons need true fp32 convolutions (cuDNN uses TF32 by default)."""
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = saved
+
+
 @pytest.fixture(scope="module")
 def tiny_cuda(tmp_path_factory):
     from q3tts.tiny import tiny_checkpoint
