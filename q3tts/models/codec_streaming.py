@@ -5,8 +5,8 @@ Every stage of the decoder is causal, so it can run chunk by chunk if each strea
 needs from the past:
   * each causal convolution: its last `left_context` input samples (zeros at the start, which is exactly the
     whole-sequence decode's left padding);
-  * each transposed convolution with overlap (kernel 2r, stride r): the last r raw output samples, still
-    waiting for the next input's contribution;
+  * each transposed convolution with overlap (kernel 2r, stride r): the last input step's second r output
+    samples (without bias), still waiting to be added to the next step's first r;
   * each of the 8 attention layers: the keys and values of its last `window - 1` frames;
   * the frame count (absolute RoPE position).
 Concatenating the chunks gives the whole-sequence decode up to floating-point rounding (the overlap-adds and
@@ -177,16 +177,24 @@ class StreamingDecoder:
 
     @staticmethod
     def _conv_transpose(m: CausalConvTranspose1d, x: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
-        """x: [B, C, T] -> [B, C', T * stride]: the previous call's overlap is added to the first samples."""
-        y = m.conv(x)
-        if m.trim == 0:
-            return y
-        tail = cursor.next_tail()
-        n = y.shape[-1] - m.trim
-        bias = m.conv.bias[None, :, None] if m.conv.bias is not None else 0.0
-        head = y[..., : m.trim] + tail
-        tail.copy_(y[..., n:] - bias)  # this call's unfinished overlap, without the bias it will get again
-        return torch.cat([head, y[..., m.trim:n]], dim=-1)
+        """x: [B, C, T] -> [B, C', T * stride], as one matrix product: with kernel k = stride or 2 x stride
+        each input step writes k outputs, [B * T, C] @ [C, C' * k], and the second half of step t overlaps
+        the first half of step t + 1 (the previous call's last half is kept in the state)."""
+        c = m.conv
+        B, _, T = x.shape
+        s, k = c.stride[0], c.kernel_size[0]
+        if k not in (s, 2 * s):
+            raise NotImplementedError(f"streaming transposed conv with kernel {k} and stride {s}")
+        steps = (x.transpose(1, 2).reshape(B * T, -1) @ c.weight.view(c.in_channels, -1)).view(B, T, -1, k)
+        if k == s:
+            out = steps
+        else:
+            tail = cursor.next_tail()  # [B, C', s]: the previous step's second half
+            previous = torch.cat([tail.transpose(1, 2)[:, None], steps[:, :-1, :, s:].transpose(2, 3)], dim=1)
+            out = steps[..., :s] + previous.transpose(2, 3)  # [B, T, C', s]
+            tail.copy_(steps[:, -1, :, s:])
+        out = out.permute(0, 2, 1, 3).reshape(B, -1, T * s)
+        return out + c.bias[None, :, None] if c.bias is not None else out
 
     def _transformer(self, x: torch.Tensor, positions: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
         t = self.decoder.pre_transformer
