@@ -179,7 +179,8 @@ def _bench_streaming(args) -> int:
         write_results(rows, args.out, "q3tts " + " ".join(sys.argv[1:]), peers)
     for row in rows + peers:
         print(json.dumps({k: row.get(k) for k in ("engine", "model", "batch", "ttfa_ms_p50", "ttfa_ms_p95",
-                                                   "codec_share_of_lm", "lm_and_codec_overlapped_ms")}))
+                                                   "codec_share_of_lm", "step_ms_codec_overlapped",
+                                                   "step_ms_codec_sequential")}))
     return 0
 
 

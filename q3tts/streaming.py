@@ -43,9 +43,9 @@ class AudioChunk:
 class Engine:
     """The fast path for one model: language-model runner and codec runner, sharing rows."""
 
-    def __init__(self, model, decoder, config: EngineConfig):
+    def __init__(self, model, decoder, config: EngineConfig, overlap_codec: bool = True):
         self.runner = ModelRunner(model, config)
-        self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets)
+        self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets, overlap_codec)
         self.sample_rate = 24000
         self.lock = threading.Lock()
 
@@ -73,7 +73,7 @@ def _stream(engine: Engine, prompt: Prompt, params: SamplingParams, ref_codes: t
     with engine.lock:
         runner.add_rows([0], [prompt], [params])
         codec.start([0], [ref_codes])
-        readback = Readback(runner, depth=2, pcm=codec.pcm)
+        readback = Readback(runner, depth=2, pcm=codec.pcm, pcm_stream=codec.pcm_stream)
 
         def launch() -> None:
             runner.step(1)

@@ -3,6 +3,11 @@
 Rows are the model runner's rows: after `ModelRunner.step(B)`, `CodecRunner.step(B)` turns `state.codes[:B]`
 into 1920 samples per row in `pcm[:B]` with one batched call of the streaming decoder (rows at any position),
 captured as a CUDA graph per batch bucket at start-up like the language model's frame.
+
+With `overlap` (on CUDA) the decode runs on a second stream: it snapshots the frame's codes and decodes them
+while the language model computes the next frame; the next frame may only overwrite the codes once the
+snapshot is taken, so each step costs about max(language model, codec) instead of their sum (measured in
+docs/perf-notes.md). PCM is then copied to the host from that stream (`pcm_stream`).
 """
 
 from __future__ import annotations
@@ -14,13 +19,17 @@ from ..models.codec_streaming import StreamingDecoder
 
 
 class CodecRunner:
-    def __init__(self, decoder: CodecDecoder, codes: torch.Tensor, buckets: tuple[int, ...]):
+    def __init__(self, decoder: CodecDecoder, codes: torch.Tensor, buckets: tuple[int, ...], overlap: bool = True):
         """codes: the model runner's static [max_rows, 16] buffer of each row's newest frame."""
         self.codes, self.buckets = codes, buckets
+        self.inputs = torch.zeros_like(codes)  # the snapshot the decoder reads
         self.stream = StreamingDecoder(decoder, codes.shape[0])
         self.samples_per_frame = decoder.samples_per_frame
         self.pcm = torch.zeros(codes.shape[0], self.samples_per_frame, device=codes.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        cuda = codes.device.type == "cuda"
+        self.pcm_stream = torch.cuda.Stream() if cuda and overlap else None
+        self._ready, self._taken = (torch.cuda.Event(), torch.cuda.Event()) if self.pcm_stream else (None, None)
 
     def start(self, rows: list[int], ref_codes: list[torch.Tensor | None]) -> None:
         """Fresh decoder state for `rows`; a voice's reference codes are decoded once into the state (their
@@ -33,6 +42,20 @@ class CodecRunner:
     @torch.no_grad()
     def step(self, num_rows: int) -> None:
         B = next(b for b in self.buckets if b >= num_rows)
+        if self.pcm_stream is None:
+            self._snapshot_and_decode(B)
+            return
+        main = torch.cuda.current_stream()
+        self._ready.record(main)
+        self.pcm_stream.wait_event(self._ready)
+        with torch.cuda.stream(self.pcm_stream):
+            self._snapshot_and_decode(B)
+        main.wait_event(self._taken)  # the next frame may overwrite the codes once they are copied
+
+    def _snapshot_and_decode(self, B: int) -> None:
+        self.inputs[:B].copy_(self.codes[:B])
+        if self._taken is not None:
+            self._taken.record()
         graph = self.graphs.get(B)
         if graph is not None:
             graph.replay()
@@ -40,7 +63,7 @@ class CodecRunner:
             self._decode(B)
 
     def _decode(self, B: int) -> None:
-        self.pcm[:B] = self.stream.decode(self.codes[:B, :, None]).float()
+        self.pcm[:B] = self.stream.decode(self.inputs[:B, :, None]).float()
 
     @torch.no_grad()
     def capture_graphs(self) -> None:

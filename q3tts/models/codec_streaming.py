@@ -40,6 +40,8 @@ from .codec_decoder import (
     SnakeBeta,
 )
 
+SHORT_CONV = 32  # time steps per call up to which a dense convolution runs as one matrix product
+
 
 class DecoderState:
     """All per-stream tensors, [rows, ...] each, in the order the decoder visits them."""
@@ -173,6 +175,16 @@ class StreamingDecoder:
         full = torch.cat([state, x], dim=-1)
         state.copy_(full[..., full.shape[-1] - m.left_context:])
         c = m.conv
+        T, k, d = x.shape[-1], c.kernel_size[0], c.dilation[0]
+        if c.groups == c.in_channels == c.out_channels:  # depthwise: k shifted multiply-adds
+            taps = full.unfold(-1, (k - 1) * d + 1, 1)[..., ::d]  # [B, C, T, k] (a view)
+            return (taps * c.weight[:, 0][None, :, None]).sum(-1) + c.bias[None, :, None]
+        if c.groups == 1 and T <= SHORT_CONV:
+            # Few steps, many channels: one matrix product over the gathered taps (cuDNN falls back to a slow
+            # implicit-GEMM kernel on these shapes).
+            taps = torch.stack([full[..., j * d: j * d + T] for j in range(k)], dim=2)  # [B, C, k, T]
+            out = c.weight.view(c.out_channels, -1) @ taps.view(full.shape[0], -1, T)
+            return out + c.bias[None, :, None] if c.bias is not None else out
         return F.conv1d(full, c.weight, c.bias, c.stride, 0, c.dilation, c.groups)
 
     @staticmethod
