@@ -43,9 +43,9 @@ class AudioChunk:
 class Engine:
     """The fast path for one model: language-model runner and codec runner, sharing rows."""
 
-    def __init__(self, model, decoder, config: EngineConfig, overlap_codec: bool = True):
+    def __init__(self, model, decoder, config: EngineConfig):
         self.runner = ModelRunner(model, config)
-        self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets, overlap_codec)
+        self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets)
         self.sample_rate = 24000
         self.lock = threading.Lock()
 
