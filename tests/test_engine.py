@@ -16,7 +16,7 @@ from q3tts.tiny import tiny_checkpoint
 
 @pytest.fixture(scope="module")
 def tts(tmp_path_factory) -> TTS:
-    return TTS.from_pretrained(tiny_checkpoint("tiny", tmp_path_factory.mktemp("cache")))
+    return TTS.from_pretrained(tiny_checkpoint("tiny", tmp_path_factory.mktemp("cache")), device="cpu")
 
 
 def _requests(tts: TTS):
