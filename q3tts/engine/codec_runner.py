@@ -37,11 +37,24 @@ class CodecRunner:
 
     def start(self, rows: list[int], ref_codes: list[torch.Tensor | None]) -> None:
         """Fresh decoder state for `rows`; a voice's reference codes are decoded once into the state (their
-        audio is discarded), so the stream continues exactly as decoding reference + new frames together."""
-        self.stream.reset(rows)
-        for row, ref in zip(rows, ref_codes):
-            if ref is not None and ref.shape[0]:
-                self.stream.decode_rows([row], ref.to(self.codes.device).T[None])
+        audio is discarded), so the stream continues exactly as decoding reference + new frames together.
+        Runs on the codec's stream, after any decode still in flight."""
+        with self._on_codec_stream():
+            self.stream.reset(rows)
+            for row, ref in zip(rows, ref_codes):
+                if ref is not None and ref.shape[0]:
+                    self.stream.decode_rows([row], ref.to(self.codes.device).T[None])
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Moves a stream's decoder state (see ModelRunner.move_row), on the codec's stream."""
+        with self._on_codec_stream():
+            for t in self.stream.state.tensors():
+                t[dst] = t[src]
+
+    def _on_codec_stream(self):
+        from contextlib import nullcontext
+
+        return torch.cuda.stream(self.pcm_stream) if self.pcm_stream is not None else nullcontext()
 
     @torch.no_grad()
     def step(self, num_rows: int) -> None:

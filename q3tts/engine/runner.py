@@ -145,6 +145,21 @@ class ModelRunner:
         self.state.done[idx] = True
         self.state.positions[idx] = 0
 
+    def move_row(self, src: int, dst: int) -> None:
+        """Moves the sequence in row `src` to the free row `dst` (between frames, device copies only), so the
+        running rows stay 0..B-1; `src` becomes a padding row."""
+        s = self.state
+        for value in vars(s).values():
+            tensors = [getattr(value, f) for f in ("do_sample", "temperature", "top_k", "top_p")] \
+                if isinstance(value, SamplerTensors) else [value]
+            for t in tensors:
+                t[dst] = t[src]
+        self.cache.block_table[dst] = self.cache.block_table[src]
+        self.row_blocks[dst], self.row_blocks[src] = self.row_blocks[src], []
+        self.cache.block_table[src] = 0
+        s.done[src] = True
+        s.positions[src] = 0
+
     def _reserve(self, row: int, num_positions: int) -> None:
         bs = self.config.block_size
         need = -(-num_positions // bs) - len(self.row_blocks[row])
