@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..engine.runner import Readback
-from ..prompt import Prompt
+from ..prompt import Prompt, PromptSpec, build_prompt
 from ..sampling import SamplingParams
 from .scheduler import QueueFull, Scheduler, Sequence
 
@@ -123,6 +123,7 @@ class _Payload:
 class AsyncEngine:
     def __init__(self, tts, config: ServingConfig | None = None):
         self.config = config or ServingConfig()
+        self.tts = tts
         c = self.config
         engine = tts.prepare_engine(max_rows=c.max_running, max_context=c.max_context)
         self.runner, self.codec = engine.runner, engine.codec
@@ -134,6 +135,7 @@ class AsyncEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.healthy = True
+        self._prompt_stream = torch.cuda.Stream() if self.runner.device.type == "cuda" else None
 
     # ---- public ------------------------------------------------------------------------------------------
 
@@ -149,6 +151,16 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def prepare(self, spec: PromptSpec) -> Prompt:
+        """Builds a request's prompt embeddings on a stream of its own, so that they do not queue behind the
+        frames the engine has in flight (call from any thread, then `submit`)."""
+        if self._prompt_stream is None:
+            return build_prompt(self.tts.model.talker, self.tts.config, spec)
+        with torch.cuda.stream(self._prompt_stream):
+            prompt = build_prompt(self.tts.model.talker, self.tts.config, spec)
+        self._prompt_stream.synchronize()
+        return prompt
 
     def submit(self, prompt: Prompt, params: SamplingParams, ref_codes: torch.Tensor | None = None,
                request_id: str | None = None) -> RequestStream:
