@@ -17,23 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import GenerationConfig
+
 _MASK32 = 0xFFFFFFFF
 
 
 @dataclass
-class SamplingParams:
-    """Per-request generation parameters; `None` means "take the checkpoint's generation_config value"."""
+class SamplingParams(GenerationConfig):
+    """Per-request generation parameters: the generation_config fields plus a seed (None: a random one)."""
 
-    do_sample: bool = True
-    top_k: int = 50
-    top_p: float = 1.0
-    temperature: float = 0.9
-    repetition_penalty: float = 1.05
-    subtalker_dosample: bool = True
-    subtalker_top_k: int = 50
-    subtalker_top_p: float = 1.0
-    subtalker_temperature: float = 0.9
-    max_new_tokens: int = 2048
     seed: int | None = None
 
     def __post_init__(self):

@@ -18,6 +18,7 @@ import torch
 
 from ..models.codec_decoder import CodecDecoder
 from ..models.codec_streaming import StreamingDecoder
+from .runner import capture_buckets
 
 
 class CodecRunner:
@@ -89,13 +90,5 @@ class CodecRunner:
         """One graph per bucket, largest first, one pool; call before any stream starts (it resets every row)."""
         if self.codes.device.type != "cuda":
             return
-        pool = torch.cuda.graph_pool_handle()
-        for B in sorted(self.buckets, reverse=True):
-            self._decode(B)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._decode(B)
-            self.graphs[B] = graph
-        torch.cuda.synchronize()
+        self.graphs = capture_buckets(self._decode, self.buckets)
         self.stream.reset(list(range(self.codes.shape[0])))

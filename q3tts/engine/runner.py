@@ -193,15 +193,7 @@ class ModelRunner:
         """Captures every bucket, largest first, into one memory pool. Call before admitting any row."""
         if self.device.type != "cuda" or not self.config.use_graphs:
             return
-        pool = torch.cuda.graph_pool_handle()
-        for B in sorted(self.config.buckets, reverse=True):
-            self._frame(B)  # warm-up: compiles kernels, picks GEMM algorithms
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._frame(B)
-            self.graphs[B] = graph
-        torch.cuda.synchronize()
+        self.graphs = capture_buckets(self._frame, self.config.buckets)
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -295,6 +287,23 @@ class ModelRunner:
                         self.cp_cache).view(n, 16, -1)
             cp_logits.append(torch.stack([self._head(h[:, g + 1], cp.lm_head[g].weight) for g in range(15)], dim=1))
         return talker_logits, torch.cat(cp_logits)
+
+
+def capture_buckets(run, buckets: tuple[int, ...]) -> dict[int, torch.cuda.CUDAGraph]:
+    """One CUDA graph of `run(B)` per bucket, largest first, all in one memory pool (nano-vllm's order: the
+    largest bucket's allocations are reused by the smaller ones). Each is run once eagerly first, which
+    compiles the Triton kernels and lets cuBLAS and cuDNN pick their algorithms outside the capture."""
+    pool = torch.cuda.graph_pool_handle()
+    graphs = {}
+    for B in sorted(buckets, reverse=True):
+        run(B)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            run(B)
+        graphs[B] = graph
+    torch.cuda.synchronize()
+    return graphs
 
 
 def _copy_into(old: RowState, new: RowState) -> RowState:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .norm import RMSNorm
-from .rotary import apply_rope
+from .rotary import apply_rope, inv_frequencies, rope_cos_sin
 
 
 class KVCache:
@@ -87,6 +87,32 @@ class DecoderLayer(nn.Module):
                 cache: KVCache, layer: int, slots: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, layer, slots)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """`layers` + final `norm` + RoPE frequencies: the part the talker and the code predictor share (their
+    checkpoint names are `<model>.layers.*` and `<model>.norm`)."""
+
+    def __init__(self, num_layers: int, hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, eps: float, bias: bool, rope_theta: float):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DecoderLayer(hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim, eps, bias)
+            for _ in range(num_layers))
+        self.norm = RMSNorm(hidden_size, eps)
+        # Not in the checkpoint: always computed (a zero inv_freq silently removes all position information).
+        self.rope_dim, self.rope_theta = head_dim, rope_theta
+        self.register_buffer("inv_freq", inv_frequencies(head_dim, rope_theta), persistent=False)
+
+    def init_buffers(self) -> None:
+        self.inv_freq = inv_frequencies(self.rope_dim, self.rope_theta, self.norm.weight.device)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, hidden]; positions: [B, T]; slots: [B] -> the normed hidden states [B, T, hidden]."""
+        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, positions, cache, i, slots)
+        return self.norm(x)
 
 
 @dataclass

@@ -6,34 +6,18 @@ import torch
 from torch import nn
 
 from ..config import CodePredictorConfig
-from ..layers.attention import DecoderLayer, KVCache
-from ..layers.norm import RMSNorm
-from ..layers.rotary import inv_frequencies, rope_cos_sin
+from ..layers.attention import DecoderStack, KVCache
 
 
-class CodePredictorModel(nn.Module):
+class CodePredictorModel(DecoderStack):
     """`talker.code_predictor.model`. Its embeddings have the TALKER width (codes are summed into talker inputs)."""
 
     def __init__(self, config: CodePredictorConfig, talker_hidden_size: int):
-        super().__init__()
         c = config
-        self.layers = nn.ModuleList(
-            DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
-                         c.head_dim, c.rms_norm_eps, c.attention_bias) for _ in range(c.num_hidden_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        super().__init__(c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                         c.num_key_value_heads, c.head_dim, c.rms_norm_eps, c.attention_bias, c.rope_theta)
         self.codec_embedding = nn.ModuleList(
             nn.Embedding(c.vocab_size, talker_hidden_size) for _ in range(c.num_code_groups - 1))
-        self.rope_dim, self.rope_theta = c.head_dim, c.rope_theta
-        self.register_buffer("inv_freq", inv_frequencies(c.head_dim, c.rope_theta), persistent=False)
-
-    def init_buffers(self) -> None:
-        self.inv_freq = inv_frequencies(self.rope_dim, self.rope_theta, self.norm.weight.device)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor) -> torch.Tensor:
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, positions, cache, i, slots)
-        return self.norm(x)
 
 
 class CodePredictor(nn.Module):

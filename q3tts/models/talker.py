@@ -7,37 +7,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import TalkerConfig
-from ..layers.attention import DecoderLayer, KVCache
-from ..layers.norm import RMSNorm
-from ..layers.rotary import inv_frequencies, rope_cos_sin
+from ..layers.attention import DecoderStack, KVCache
 from .code_predictor import CodePredictor
 
 
-class TalkerModel(nn.Module):
-    """`talker.model`: embeddings, 28 decoder layers and the final norm."""
+class TalkerModel(DecoderStack):
+    """`talker.model`: 28 decoder layers, the final norm, and the codec and text embeddings."""
 
     def __init__(self, config: TalkerConfig):
-        super().__init__()
         c = config
-        self.layers = nn.ModuleList(
-            DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
-                         c.head_dim, c.rms_norm_eps, c.attention_bias) for _ in range(c.num_hidden_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        super().__init__(c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                         c.num_key_value_heads, c.head_dim, c.rms_norm_eps, c.attention_bias, c.rope_theta)
         self.codec_embedding = nn.Embedding(c.vocab_size, c.hidden_size)
         self.text_embedding = nn.Embedding(c.text_vocab_size, c.text_hidden_size)
-        # Not in the checkpoint: always computed (a zero inv_freq silently removes all position information).
-        self.rope_dim, self.rope_theta = c.head_dim, c.rope_theta
-        self.register_buffer("inv_freq", inv_frequencies(c.head_dim, c.rope_theta), persistent=False)
-
-    def init_buffers(self) -> None:
-        self.inv_freq = inv_frequencies(self.rope_dim, self.rope_theta, self.norm.weight.device)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor) -> torch.Tensor:
-        """x: [B, T, H] input embeddings; positions: [B, T]; returns the normed hidden states [B, T, H]."""
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, positions, cache, i, slots)
-        return self.norm(x)
 
 
 class TextProjection(nn.Module):
