@@ -109,9 +109,13 @@ class ModelRunner:
         """Prefills `prompts` into `rows` and arms them. Blocks for prompt + max_new_tokens are reserved."""
         s, dev = self.state, self.device
         lengths = [p.embeds.shape[0] for p in prompts]
-        for row, n, p, prm in zip(rows, lengths, prompts, params):
+        for n, p, prm in zip(lengths, prompts, params):  # check everything before reserving anything
             if len(p.trailing_ids) > self.config.max_trailing:
                 raise ValueError(f"text too long for this engine ({len(p.trailing_ids)} trailing tokens)")
+            if n + prm.max_new_tokens > self.config.max_context:
+                raise ValueError(f"{n + prm.max_new_tokens} positions exceed the engine's max_context "
+                                 f"{self.config.max_context}")
+        for row, n, prm in zip(rows, lengths, params):
             self._reserve(row, n + prm.max_new_tokens)
         idx = torch.tensor(rows, device=dev)
         flat_rows = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int32), torch.tensor(lengths)).to(dev)
@@ -163,8 +167,6 @@ class ModelRunner:
     def _reserve(self, row: int, num_positions: int) -> None:
         bs = self.config.block_size
         need = -(-num_positions // bs) - len(self.row_blocks[row])
-        if num_positions > self.config.max_context:
-            raise ValueError(f"{num_positions} positions exceed the engine's max_context {self.config.max_context}")
         if need > len(self.free_blocks):
             raise MemoryError("KV cache is full")
         new = [self.free_blocks.pop() for _ in range(max(need, 0))]
