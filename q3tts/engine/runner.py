@@ -275,6 +275,8 @@ class ModelRunner:
         frame = torch.stack([e.float() for e in embeds]).cumsum(0)[-1]  # sequential fp32 sum, as the frame step
         trailing = torch.tensor(prompt.trailing_ids + [self.model.config.tts_pad_token_id] * T, device=self.device)
         x = torch.cat([prompt.embeds.to(self.device).float(), frame + talker.embed_text(trailing[:T]).float()])
+        if L + T > self.config.max_context:
+            raise ValueError(f"{L + T} positions exceed the engine's max_context {self.config.max_context}")
         self._reserve(0, L + T)
         positions = torch.arange(L + T, device=self.device, dtype=torch.int32)
         hidden = self.talker(x, torch.zeros_like(positions), positions, self.cache)[L - 1:]
