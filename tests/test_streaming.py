@@ -78,3 +78,22 @@ def test_astream_yields_the_same_chunks(custom):
     sync = list(custom.stream("Good evening.", speaker="serena", **SAMPLE))
     assert [c.num_frames for c in chunks] == [c.num_frames for c in sync]
     assert np.array_equal(np.concatenate([c.pcm for c in chunks]), np.concatenate([c.pcm for c in sync]))
+
+
+def test_stream_ending_on_eos(tmp_path):
+    """A request that ends on its own (EOS) streams exactly its offline frames (the EOS frame never reaches
+    the codec)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = shutil.copytree(tiny_checkpoint("tiny"), tmp_path / "eos")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["talker.codec_head.weight"][2150] *= 40.0  # EOS becomes likely after the first 2 steps
+    save_file(tensors, folder / "model.safetensors")
+    tts = TTS.from_pretrained(folder, device="cpu")
+    kwargs = {"speaker": "ryan", "max_new_tokens": 60, "seed": 1}
+    offline = tts.synthesize("Hello world, how are you today?", **kwargs)
+    assert 2 * 1920 <= offline.shape[0] < 59 * 1920  # ended by EOS, not by the length limit
+    audio = np.concatenate([c.pcm for c in tts.stream("Hello world, how are you today?", **kwargs)])
+    assert audio.shape == offline.shape and float(np.abs(audio - offline).max()) < 1e-5

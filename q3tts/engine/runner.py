@@ -256,6 +256,8 @@ class ModelRunner:
         finished = (c0 == talker.config.codec_eos_token_id) | (steps + 1 >= s.max_new[:B])
         s.emitted[:B] = ~s.done[:B] & ~finished
         s.done[:B] |= finished
+        # A finished row's frame is never emitted; its EOS id (beyond the codebook) must not reach the codec.
+        codes[0] = torch.where(finished, 0, c0)
         s.codes[:B] = torch.stack(codes, dim=1)
         s.hidden[:B] = new_hidden
         s.positions[:B] += (~s.done[:B]).int()
