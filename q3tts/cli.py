@@ -1,8 +1,10 @@
-"""`q3tts` command line: `say` synthesises to a WAV file, `voice create` saves a cloned voice."""
+"""`q3tts` command line: `say` synthesises to a WAV file, `voice create` saves a cloned voice, `serve` runs the
+HTTP server."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -79,6 +81,26 @@ def _parser() -> argparse.ArgumentParser:
     streaming.add_argument("--out", type=Path)
     streaming.set_defaults(run=_bench_streaming)
 
+    serve = sub.add_parser("serve", help="run the HTTP server: OpenAI-compatible speech API, voices, WebSocket "
+                           "text streaming, /health, /ready, /metrics (needs `pip install 'q3tts[server]'`)")
+    serve.add_argument("model", help="checkpoint folder, hub id, or a built-in tiny model ('tiny', 'tiny-base', ...)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="default: 8000")
+    serve.add_argument("--device", help="one device per process: cuda, cuda:1, cpu (default: cuda if available)")
+    serve.add_argument("--dtype", help="float32 (default), bfloat16 or float16")
+    serve.add_argument("--max-running", type=int, default=64, help="concurrent streams (default: 64)")
+    serve.add_argument("--max-waiting", type=int, default=256,
+                       help="queued requests; more are refused with 429 (default: 256)")
+    serve.add_argument("--max-input-chars", type=int, default=4096, help="longest input text (default: 4096)")
+    serve.add_argument("--max-context", type=int, default=4096,
+                       help="talker positions per request, prompt + frames (default: 4096)")
+    serve.add_argument("--api-key", default=os.environ.get("Q3TTS_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on /v1/* (default: $Q3TTS_API_KEY, else none)")
+    serve.add_argument("--voices-dir", type=Path, help="folder where uploaded voices persist (default: memory only)")
+    serve.add_argument("--served-model-name", help="model id reported by /v1/models (default: MODEL)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(run=_serve)
+
     voice = sub.add_parser("voice", help="manage cloned voices").add_subparsers(title="voice commands")
     create = voice.add_parser("create", help="clone a voice from reference audio and save it")
     create.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
@@ -144,6 +166,21 @@ def _voice_create(args) -> int:
     voice.save(args.output)
     mode = "x-vector only" if voice.x_vector_only_mode else f"in-context, {voice.ref_code.shape[0]} reference frames"
     print(f"wrote {args.output} ({mode}, {tts.config.tts_model_size})", file=sys.stderr)
+    return 0
+
+
+def _serve(args) -> int:
+    try:
+        from .server import ServerConfig, serve
+    except ImportError as e:
+        print(f"q3tts: error: the server needs its extra packages: pip install 'q3tts[server]' ({e})", file=sys.stderr)
+        return 1
+    config = ServerConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
+                          max_running=args.max_running, max_waiting=args.max_waiting,
+                          max_input_chars=args.max_input_chars, max_context=args.max_context,
+                          api_key=args.api_key or None, voices_dir=args.voices_dir,
+                          served_model_name=args.served_model_name)
+    serve(config, log_level=args.log_level)
     return 0
 
 

@@ -1,0 +1,66 @@
+"""The app factory and its lifespan: load the checkpoint (a failure stops start-up), then build and warm the
+engine in the background while `/health` already answers and `/ready` says 503; `serve` runs it with uvicorn.
+
+One process serves one model on one device; run one per GPU behind a load balancer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from . import errors, speech, status, voices, websocket
+from .config import ServerConfig
+from .metrics import ServerMetrics
+from .middleware import RequestContextMiddleware
+from .service import SpeechService
+from .voice_store import VoiceStore
+
+log = logging.getLogger("q3tts.server")
+
+
+def create_app(config: ServerConfig, tts: Any = None) -> FastAPI:
+    """The ASGI app for `config.model` (or an already loaded `tts`, e.g. in tests)."""
+    metrics = ServerMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        model = tts if tts is not None else await asyncio.to_thread(_load, config)
+        service = SpeechService(model, config, VoiceStore(config.voices_dir), observer=metrics)
+        metrics.engine_source = lambda: service.engine
+        app.state.service = service
+        starting = asyncio.create_task(service.start())
+        try:
+            yield
+        finally:
+            starting.cancel()
+            await service.stop()
+
+    app = FastAPI(title="q3tts", summary="Qwen3-TTS speech server", lifespan=lifespan)
+    app.state.config, app.state.metrics, app.state.started_at = config, metrics, int(time.time())
+    errors.install_handlers(app, on_error=metrics.count_error)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    for module in (speech, voices, websocket, status):
+        app.include_router(module.router)
+    return app
+
+
+def _load(config: ServerConfig) -> Any:
+    from ..api import TTS
+
+    log.info("loading %s", config.model)
+    return TTS.from_pretrained(config.model, device=config.device, dtype=config.dtype)
+
+
+def serve(config: ServerConfig, log_level: str = "info") -> None:
+    """Runs the server until interrupted."""
+    import uvicorn
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=log_level)

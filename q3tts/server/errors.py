@@ -1,0 +1,94 @@
+"""The API's one error shape, `{"error": {"message", "type", "param", "code"}}`, and the handlers that make every
+refusal (ours, FastAPI's validation, Starlette's 404/405) answer in it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+INVALID_REQUEST = "invalid_request_error"
+AUTHENTICATION = "authentication_error"
+RATE_LIMIT = "rate_limit_error"
+SERVER = "server_error"
+
+
+class APIError(Exception):
+    """A refusal or failure the client should see, with its HTTP status."""
+
+    def __init__(self, status: int, message: str, *, type: str = INVALID_REQUEST, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def not_found(message: str, param: str | None = None, code: str = "not_found") -> APIError:
+    return APIError(404, message, param=param, code=code)
+
+
+def queue_full(retry_after_s: int) -> APIError:
+    return APIError(429, "the server is at capacity (request queue full); retry later", type=RATE_LIMIT,
+                    code="queue_full", headers={"Retry-After": str(retry_after_s)})
+
+
+def not_ready() -> APIError:
+    return APIError(503, "the model is still loading or warming up; retry when /ready answers 200", type=SERVER,
+                    code="model_not_ready", headers={"Retry-After": "5"})
+
+
+def engine_failed(message: str) -> APIError:
+    return APIError(503, message, type=SERVER, code="engine_error")
+
+
+def from_validation(exc: Exception) -> APIError:
+    """The first pydantic/FastAPI validation error as a 400 naming the offending field."""
+    errors = exc.errors() if hasattr(exc, "errors") else []
+    if not errors:
+        return bad_request(str(exc))
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
+    param = ".".join(loc) or None
+    code = "missing" if first.get("type") == "missing" else "invalid_value"
+    message = first.get("msg", "invalid value")
+    return bad_request(f"{param}: {message}" if param else message, param=param, code=code)
+
+
+def install_handlers(app: FastAPI, on_error: Callable[[str | None], None] = lambda code: None) -> None:
+    """Every refusal answers in the one shape; `on_error(code)` counts it."""
+
+    def respond(error: APIError) -> JSONResponse:
+        on_error(error.code)
+        return error.response()
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, exc: APIError) -> JSONResponse:
+        return respond(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return respond(from_validation(exc))
+
+    @app.exception_handler(HTTPException)
+    async def on_http(request: Request, exc: HTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        kind = INVALID_REQUEST if exc.status_code < 500 else SERVER
+        return respond(APIError(exc.status_code, str(exc.detail), type=kind, code=code, headers=exc.headers))

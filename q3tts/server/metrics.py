@@ -1,0 +1,74 @@
+"""Prometheus metrics, in a registry of the app's own (several apps may live in one process, e.g. in tests).
+
+- `q3tts_queue_depth`, `q3tts_running_streams`: the engine's waiting and running requests (read at scrape).
+- `q3tts_frames_generated_total`, `q3tts_engine_requests_{finished,cancelled}_total`, `q3tts_engine_errors_total`:
+  the engine's own counters (read at scrape).
+- `q3tts_time_to_first_audio_seconds`: submission -> first 80 ms frame, per request.
+- `q3tts_real_time_factor`: wall seconds (submission -> end) per second of audio, per finished request; below 1
+  is faster than real time.
+- `q3tts_requests_total{route,method,status}`, `q3tts_errors_total{code}`: HTTP answers and refusals/failures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFA_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+RTF_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
+
+
+class ServerMetrics:
+    """Also the engine's observer: `on_first_audio` / `on_finish` are called from the engine thread."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.engine_source: Callable[[], Any] = lambda: None  # the AsyncEngine, once it exists
+        self.requests = Counter("q3tts_requests", "HTTP responses", ["route", "method", "status"],
+                                registry=self.registry)
+        self.errors = Counter("q3tts_errors", "Refused or failed requests, by error code", ["code"],
+                              registry=self.registry)
+        self.ttfa = Histogram("q3tts_time_to_first_audio_seconds", "Submission to first audio frame",
+                              buckets=TTFA_BUCKETS, registry=self.registry)
+        self.rtf = Histogram("q3tts_real_time_factor", "Wall seconds per audio second of a finished request",
+                             buckets=RTF_BUCKETS, registry=self.registry)
+        self.registry.register(_EngineCollector(self))
+
+    def on_first_audio(self, seconds: float) -> None:
+        self.ttfa.observe(seconds)
+
+    def on_finish(self, audio_seconds: float, wall_seconds: float) -> None:
+        if audio_seconds > 0:
+            self.rtf.observe(wall_seconds / audio_seconds)
+
+    def count_error(self, code: str | None) -> None:
+        self.errors.labels(code or "unknown").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector:
+    def __init__(self, metrics: ServerMetrics):
+        self.metrics = metrics
+
+    def collect(self):
+        engine = self.metrics.engine_source()
+        m = engine.metrics if engine is not None else None
+        yield GaugeMetricFamily("q3tts_queue_depth", "Requests waiting for a row",
+                                value=engine.num_waiting if engine else 0)
+        yield GaugeMetricFamily("q3tts_running_streams", "Requests generating now",
+                                value=engine.num_running if engine else 0)
+        for name, doc, attr in (("q3tts_frames_generated", "Codec frames (80 ms each) delivered", "frames"),
+                                ("q3tts_engine_requests_finished", "Requests that ran to the end", "requests_finished"),
+                                ("q3tts_engine_requests_cancelled", "Requests cancelled while running",
+                                 "requests_cancelled"),
+                                ("q3tts_engine_errors", "Engine failures", "errors")):
+            yield CounterMetricFamily(name, doc, value=getattr(m, attr) if m else 0)
+
+    def describe(self):
+        return []

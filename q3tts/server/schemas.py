@@ -1,0 +1,72 @@
+"""Request bodies. `SpeechRequest` is OpenAI's `/v1/audio/speech` plus Qwen3-TTS fields under vLLM-Omni's names;
+`StreamConfig` is the first message of the WebSocket protocol (the same voice and sampling settings).
+
+Ranges are checked here so that a bad value is refused with its field's name before anything runs; what depends
+on the loaded checkpoint (speaker names, languages, task type) is checked by the speech service.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .time_stretch import MAX_SPEED, MIN_SPEED
+
+AudioFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+TaskType = Literal["CustomVoice", "VoiceDesign", "Base"]
+TASK_TYPES: dict[str, TaskType] = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
+
+
+class VoiceRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1)
+
+
+class SpeechSettings(BaseModel):
+    """Everything about how to speak, shared by HTTP requests and WebSocket sessions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    voice: str | VoiceRef | None = None  # CustomVoice: preset speaker; Base: stored voice id or name
+    instructions: str | None = None  # -> instruct (style on 1.7B CustomVoice, the voice itself on VoiceDesign)
+    response_format: AudioFormat = "mp3"
+    speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED)
+    task_type: TaskType | None = None
+    language: str = "auto"
+    ref_audio: str | None = None  # Base: http(s) URL, data URL or base64 audio (instead of a stored voice)
+    ref_text: str | None = None
+    x_vector_only_mode: bool = False
+    non_streaming_mode: bool | None = None
+    max_new_tokens: int | None = Field(None, ge=1)  # codec frames + 1 (12.5 frames per second)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    do_sample: bool | None = None
+    temperature: float | None = Field(None, gt=0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    subtalker_dosample: bool | None = None
+    subtalker_temperature: float | None = Field(None, gt=0)
+    subtalker_top_k: int | None = Field(None, ge=0)
+    subtalker_top_p: float | None = Field(None, gt=0, le=1)
+
+    @property
+    def voice_id(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+    def sampling(self) -> dict[str, object]:
+        """The sampling fields the client set (others take the checkpoint's generation_config values)."""
+        names = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
+                 "subtalker_dosample", "subtalker_temperature", "subtalker_top_k", "subtalker_top_p")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+class SpeechRequest(SpeechSettings):
+    model: str | None = None
+    input: str
+    stream_format: Literal["audio", "sse"] = "audio"
+
+
+class StreamConfig(SpeechSettings):
+    type: Literal["session.config"]
+    response_format: AudioFormat = "pcm"

@@ -1,0 +1,254 @@
+"""The speech service: the one place the HTTP and WebSocket routes meet the model and the engine.
+
+It starts the engine (graphs captured, one warm-up request through it; `ready` only then), resolves a request's
+voice against the loaded checkpoint, builds its prompt, and submits it. Everything a client can get wrong is
+refused here with an `APIError` naming the field, before any audio is produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import itertools
+import logging
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..audio import AudioError
+from ..prompt import Prompt
+from ..sampling import SamplingParams
+from ..serving.engine import AsyncEngine, EngineError, QueueFull, RequestStream
+from ..voice import Voice
+from . import errors
+from .config import ServerConfig
+from .schemas import TASK_TYPES, SpeechSettings
+from .voice_store import VoiceStore
+
+log = logging.getLogger("q3tts.server")
+_ids = itertools.count()
+PLACEHOLDER_VOICES = ("", "default")  # `voice` where none applies (VoiceDesign, ref_audio); OpenAI needs one
+OPENAI_MODEL_NAMES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # accepted as aliases of the loaded model
+
+
+@dataclass
+class VoiceChoice:
+    """A request's (or a WebSocket session's) voice, resolved once."""
+
+    speaker: str | None = None
+    voice: Voice | None = None
+    instruct: str | None = None
+
+
+@dataclass
+class PreparedSpeech:
+    prompt: Prompt
+    params: SamplingParams
+    ref_codes: torch.Tensor | None
+    input_tokens: int
+
+
+class SpeechService:
+    def __init__(self, tts: Any, config: ServerConfig, voices: VoiceStore, observer: Any = None):
+        self.tts, self.config, self.voices, self.observer = tts, config, voices, observer
+        self.engine: AsyncEngine | None = None
+        self.ready = False
+        self.failure: str | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Builds the engine (captures its graphs), runs one warm-up request through it, then sets `ready`."""
+        try:
+            self.engine = await asyncio.to_thread(AsyncEngine, self.tts, self.config.serving_config())
+            self.engine.start()
+            if self.config.warmup:
+                await self._warm_up()
+            if self.observer is not None:
+                self.engine.metrics.observers.append(self.observer)
+            self.ready = True
+            log.info("engine ready: %s", self.config.model_id)
+        except Exception as e:
+            log.exception("engine start-up failed")
+            self.failure = f"engine start-up failed: {e}"
+
+    async def stop(self) -> None:
+        self.ready = False
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)
+
+    @property
+    def healthy(self) -> bool:
+        return self.failure is None and (self.engine is None or self.engine.healthy)
+
+    @property
+    def task_type(self) -> str:
+        return TASK_TYPES[self.tts.config.tts_model_type]
+
+    async def _warm_up(self) -> None:
+        kind = self.tts.config.tts_model_type
+        choice = VoiceChoice()
+        if kind == "custom_voice":
+            choice.speaker = self.tts.get_supported_speakers()[0]
+        elif kind == "voice_design":
+            choice.instruct = "A calm, clear voice."
+        else:
+            hidden = self.tts.config.talker_config.hidden_size
+            choice.voice = Voice(ref_code=None, ref_spk_embedding=torch.zeros(hidden), x_vector_only_mode=True,
+                                 icl_mode=False, model_size=self.tts.config.tts_model_size)
+        settings = SpeechSettings(max_new_tokens=4, seed=0)
+        job = await self.prepare("Hello.", settings, choice)
+        await self.engine.submit(job.prompt, job.params, job.ref_codes, request_id="warmup").read_all()
+
+    # ---- requests -----------------------------------------------------------------------------------------
+
+    def check_ready(self) -> None:
+        if not self.ready or self.engine is None:
+            raise errors.engine_failed(self.failure) if self.failure else errors.not_ready()
+        if not self.engine.healthy:
+            raise errors.engine_failed("the engine has failed; restart the server")
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in (self.config.model_id, *OPENAI_MODEL_NAMES):
+            raise errors.not_found(f"model {name!r} is not served here; this server serves "
+                                   f"{self.config.model_id!r}", param="model", code="model_not_found")
+
+    async def resolve_voice(self, s: SpeechSettings) -> VoiceChoice:
+        """The voice a request asks for, checked against the checkpoint's mode."""
+        if s.task_type is not None and s.task_type != self.task_type:
+            raise errors.bad_request(f"task_type {s.task_type!r} does not match the loaded {self.task_type} "
+                                     f"checkpoint {self.config.model_id!r}", param="task_type")
+        if s.language.lower() not in self.tts.get_supported_languages():
+            raise errors.bad_request(f"unsupported language {s.language!r}; supported: "
+                                     f"{self.tts.get_supported_languages()}", param="language")
+        kind = self.tts.config.tts_model_type
+        cloning = [n for n in ("ref_audio", "ref_text", "x_vector_only_mode") if getattr(s, n) not in (None, False)]
+        if kind != "base" and cloning:
+            raise errors.bad_request(f"{cloning[0]} is for voice cloning, which needs a Base checkpoint (this one is "
+                                     f"{self.task_type})", param=cloning[0])
+        if kind == "custom_voice":
+            return VoiceChoice(speaker=self._speaker(s.voice_id), instruct=self._instruct(s.instructions))
+        if kind == "voice_design":
+            return VoiceChoice(instruct=self._description(s))
+        if s.instructions:
+            raise errors.bad_request("Base (voice cloning) checkpoints take no instructions", param="instructions")
+        return VoiceChoice(voice=await self._clone_voice(s))
+
+    def _speaker(self, name: str | None) -> str:
+        supported = self.tts.get_supported_speakers()
+        if not name:
+            raise errors.bad_request(f"`voice` is required: one of {supported}", param="voice", code="missing")
+        if name.lower() not in supported:
+            raise errors.not_found(f"unknown voice {name!r}; this checkpoint's speakers are {supported}",
+                                   param="voice", code="voice_not_found")
+        return name.lower()
+
+    def _instruct(self, instructions: str | None) -> str | None:
+        if instructions and not self.tts.config.supports_instruct:
+            raise errors.bad_request("this 0.6B CustomVoice checkpoint does not follow instructions",
+                                     param="instructions")
+        return instructions or None
+
+    def _description(self, s: SpeechSettings) -> str:
+        if _named_voice(s) is not None:
+            raise errors.bad_request("a VoiceDesign checkpoint has no named voices: describe the voice in "
+                                     "`instructions` and omit `voice` (or pass 'default')", param="voice")
+        if not (s.instructions or "").strip():
+            raise errors.bad_request("a VoiceDesign checkpoint needs `instructions` describing the voice",
+                                     param="instructions", code="missing")
+        return s.instructions
+
+    async def _clone_voice(self, s: SpeechSettings) -> Voice:
+        if s.ref_audio is not None:
+            if _named_voice(s) is not None:
+                raise errors.bad_request("pass either `voice` (a stored voice) or `ref_audio`, not both",
+                                         param="voice")
+            return await self.create_voice(_audio_source(s.ref_audio), s.ref_text, s.x_vector_only_mode, "ref_audio")
+        if s.ref_text is not None or s.x_vector_only_mode:
+            raise errors.bad_request("ref_text and x_vector_only_mode apply only with ref_audio (a stored voice "
+                                     "keeps its own)", param="ref_text" if s.ref_text is not None else
+                                     "x_vector_only_mode")
+        if not s.voice_id:
+            raise errors.bad_request("this Base checkpoint clones voices: pass `voice` (an id from POST "
+                                     "/v1/audio/voices) or `ref_audio`", param="voice", code="missing")
+        found = await asyncio.to_thread(self.voices.get, s.voice_id)
+        if found is None:
+            raise errors.not_found(f"voice {s.voice_id!r} not found", param="voice", code="voice_not_found")
+        return found[1]
+
+    async def create_voice(self, source: str | bytes, ref_text: str | None, x_vector_only: bool,
+                           param: str) -> Voice:
+        """Clones a voice from reference audio (Base checkpoints), in a worker thread."""
+        if self.tts.config.tts_model_type != "base":
+            raise errors.bad_request(f"voice cloning needs a Base checkpoint; this one is {self.task_type}",
+                                     param=param)
+        try:
+            return await asyncio.to_thread(self.tts.create_voice, source, ref_text, x_vector_only)
+        except AudioError as e:
+            raise errors.bad_request(str(e), param=param) from e
+        except ValueError as e:
+            raise errors.bad_request(str(e), param="ref_text" if "ref_text" in str(e) else param) from e
+
+    async def prepare(self, text: str, s: SpeechSettings, choice: VoiceChoice,
+                      seed: int | None = None) -> PreparedSpeech:
+        """Validates the text and sampling settings and builds the prompt (in a worker thread)."""
+        if not text.strip():
+            raise errors.bad_request("input is empty", param="input")
+        if len(text) > self.config.max_input_chars:
+            raise errors.bad_request(f"input is {len(text)} characters; this server accepts at most "
+                                     f"{self.config.max_input_chars}", param="input", code="input_too_long")
+        seed = s.seed if seed is None else seed
+        try:
+            return await asyncio.to_thread(self._build, text, s, choice, seed)
+        except (ValueError, TypeError) as e:
+            raise errors.bad_request(str(e)) from e
+
+    def _build(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> PreparedSpeech:
+        spec, params = self.tts._request(text, choice.speaker, choice.voice, choice.instruct, s.language,
+                                         s.non_streaming_mode, seed, s.sampling())
+        prompt = self.engine.prepare(spec)  # on its own CUDA stream: not queued behind the running frames
+        room = self.config.max_context - prompt.embeds.shape[0]
+        if s.max_new_tokens is not None and s.max_new_tokens > room:
+            raise errors.bad_request(f"max_new_tokens {s.max_new_tokens} does not fit: the prompt takes "
+                                     f"{prompt.embeds.shape[0]} of this server's {self.config.max_context} "
+                                     f"positions", param="max_new_tokens")
+        if room < 2:
+            raise errors.bad_request("input is too long for this server's context", param="input",
+                                     code="input_too_long")
+        params = replace(params, max_new_tokens=min(params.max_new_tokens, room))
+        return PreparedSpeech(prompt, params, spec.ref_codes, max(len(spec.input_ids) - 8, 0))
+
+    def submit(self, job: PreparedSpeech, request_id: str) -> RequestStream:
+        """Queues a prepared request on the engine (429 when the queue is full)."""
+        self.check_ready()
+        try:
+            return self.engine.submit(job.prompt, job.params, job.ref_codes, request_id=f"{request_id}#{next(_ids)}")
+        except QueueFull as e:
+            raise errors.queue_full(retry_after_s=1) from e
+        except EngineError as e:
+            raise errors.engine_failed(str(e)) from e
+        except ValueError as e:
+            raise errors.bad_request(str(e), param="max_new_tokens") from e
+
+    def random_seed(self) -> int:
+        return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+
+
+def _named_voice(s: SpeechSettings) -> str | None:
+    """`voice`, unless it is a placeholder (OpenAI's client always sends one) where no name applies."""
+    return None if s.voice_id in (None, *PLACEHOLDER_VOICES) else s.voice_id
+
+
+def _audio_source(ref_audio: str) -> str | bytes:
+    """A URL or data URL as it is; anything else must be base64 audio (never a path on this machine)."""
+    text = ref_audio.strip()
+    if text.startswith(("http://", "https://", "data:")):
+        return text
+    try:
+        return base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise errors.bad_request("ref_audio must be an http(s) URL, a data: URL or base64-encoded audio",
+                                 param="ref_audio") from e

@@ -1,0 +1,63 @@
+"""`/v1/audio/voices`: list the preset speakers and stored voices, upload reference audio to clone a voice
+(Base checkpoints), fetch or delete a stored voice. A stored voice's id (or name) is a `voice` for
+`/v1/audio/speech` and the WebSocket."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+
+from . import errors
+from .auth import require_api_key
+from .service import SpeechService
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+_NAME = re.compile(r"[\w.\- ]{1,64}")
+
+
+@router.get("/v1/audio/voices")
+async def list_voices(request: Request) -> dict:
+    service: SpeechService = request.app.state.service
+    presets = [{"id": name, "object": "voice", "type": "preset", "name": name}
+               for name in service.tts.get_supported_speakers()]
+    stored = [entry.to_json() for entry in await asyncio.to_thread(service.voices.list)]
+    return {"object": "list", "task_type": service.task_type, "data": presets + stored}
+
+
+@router.post("/v1/audio/voices", status_code=201)
+async def create_voice(request: Request, file: Annotated[UploadFile, File()],
+                       ref_text: Annotated[str | None, Form()] = None, name: Annotated[str | None, Form()] = None,
+                       x_vector_only_mode: Annotated[bool, Form()] = False) -> dict:
+    """Clones a voice from an uploaded recording (with its transcript unless x_vector_only_mode) and stores it."""
+    service: SpeechService = request.app.state.service
+    if name is not None and not _NAME.fullmatch(name):
+        raise errors.bad_request("name: 1-64 letters, digits, spaces, '.', '_' or '-'", param="name")
+    data = await file.read(service.config.max_upload_bytes + 1)
+    if len(data) > service.config.max_upload_bytes:
+        raise errors.APIError(413, f"the upload exceeds {service.config.max_upload_bytes} bytes", param="file",
+                              code="file_too_large")
+    voice = await service.create_voice(data, ref_text or None, x_vector_only_mode, param="file")
+    try:
+        entry = await asyncio.to_thread(service.voices.add, voice, name)
+    except ValueError as e:
+        raise errors.APIError(409, str(e), param="name", code="voice_exists") from e
+    return entry.to_json()
+
+
+@router.get("/v1/audio/voices/{voice_id}")
+async def get_voice(voice_id: str, request: Request) -> dict:
+    found = await asyncio.to_thread(request.app.state.service.voices.get, voice_id)
+    if found is None:
+        raise errors.not_found(f"voice {voice_id!r} not found", param="voice_id", code="voice_not_found")
+    return found[0].to_json()
+
+
+@router.delete("/v1/audio/voices/{voice_id}")
+async def delete_voice(voice_id: str, request: Request) -> dict:
+    entry = await asyncio.to_thread(request.app.state.service.voices.delete, voice_id)
+    if entry is None:
+        raise errors.not_found(f"voice {voice_id!r} not found", param="voice_id", code="voice_not_found")
+    return {"id": entry.id, "object": "voice", "deleted": True}

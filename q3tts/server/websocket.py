@@ -1,0 +1,193 @@
+"""`WS /v1/audio/speech/stream`: text in as it is produced (e.g. by an LLM), audio out as soon as a segment of
+it is complete.
+
+Protocol (client -> server: JSON text frames):
+1. `{"type": "session.config", ...}` first: the fields of `/v1/audio/speech` except `input`, `model` and
+   `stream_format` (voice, language, instructions, task_type, ref_audio/ref_text, response_format (default
+   "pcm"), speed, seed, sampling fields; `max_new_tokens` applies per segment).
+2. `{"type": "input.text", "text": "..."}`, any number: text deltas, in order.
+3. `{"type": "input.flush"}` (optional): speak the buffered text now, even mid-sentence.
+4. `{"type": "input.done"}`: no more text; the rest is spoken and the session ends.
+
+Server -> client:
+- `{"type": "session.created", "request_id", "sample_rate", "response_format", "seed"}` once the config is
+  accepted.
+- `{"type": "segment.started", "segment": i, "text": "..."}` when a segment's synthesis starts.
+- Binary frames: the session's audio as ONE continuous stream in `response_format` (pcm: 16-bit LE mono at
+  `sample_rate`; other formats: one file/stream across all segments), in order.
+- `{"type": "segment.done", "segment": i, "text", "frames", "audio_seconds"}` after the segment's audio (a lossy
+  encoder may hold back a few ms of it until the next segment or the end).
+- `{"type": "session.done", "segments", "audio_seconds", "usage": {"input_tokens", "output_tokens",
+  "total_tokens"}}`, then the server closes with 1000.
+- `{"type": "error", "error": {"message", "type", "param", "code"}}`, then the server closes: 1008 for bad
+  input, 1013 when the queue is full, 1011 for server failures.
+
+Segments are cut at sentence and clause boundaries (text_segmenter.py) and spoken one after another with the
+same voice and the same seed (drawn once per session unless given). A client that disconnects cancels the
+segment being generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import suppress
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+
+from ..serving.engine import EngineError
+from . import errors
+from .audio_encoding import encode_async, flush_async, make_encoder
+from .auth import websocket_authorized
+from .middleware import request_id_of
+from .schemas import StreamConfig
+from .service import SpeechService, VoiceChoice
+from .text_segmenter import TextSegmenter
+
+log = logging.getLogger("q3tts.server")
+router = APIRouter()
+MAX_SEGMENT_CHARS = 300
+PENDING_TEXT_FACTOR = 16  # text received but not yet spoken may reach this many times --max-input-chars
+FRAME_SECONDS = 0.08
+
+
+@router.websocket("/v1/audio/speech/stream")
+async def speech_stream(websocket: WebSocket) -> None:
+    if not await websocket_authorized(websocket):
+        return
+    await websocket.accept()
+    service: SpeechService = websocket.app.state.service
+    try:
+        session = await StreamSession.open(websocket, service)
+        await session.run()
+        await websocket.close(code=1000)
+    except errors.APIError as e:
+        websocket.app.state.metrics.count_error(e.code)
+        await _send_error(websocket, e)
+    except EngineError as e:
+        websocket.app.state.metrics.count_error("stream_failed")
+        await _send_error(websocket, errors.engine_failed(str(e)))
+    except WebSocketDisconnect:
+        log.info("websocket %s: client went away", request_id_of(websocket.scope))
+
+
+class StreamSession:
+    def __init__(self, websocket: WebSocket, service: SpeechService, config: StreamConfig, choice: VoiceChoice,
+                 seed: int):
+        self.websocket, self.service, self.config, self.choice, self.seed = websocket, service, config, choice, seed
+        self.encoder = make_encoder(config.response_format, service.tts.sample_rate, config.speed)
+        self.segmenter = TextSegmenter(max_chars=min(MAX_SEGMENT_CHARS, service.config.max_input_chars))
+        self.segments: asyncio.Queue[str | None] = asyncio.Queue()
+        self.request_id = request_id_of(websocket.scope)
+        self.num_segments = self.frames = self.input_tokens = 0
+        self.pending_chars = 0  # received, not yet being spoken
+        self.max_pending_chars = PENDING_TEXT_FACTOR * service.config.max_input_chars
+
+    @classmethod
+    async def open(cls, websocket: WebSocket, service: SpeechService) -> StreamSession:
+        """Reads and validates the config message, resolves the voice once, and announces the session."""
+        message = await _receive_json(websocket)
+        try:
+            config = StreamConfig.model_validate(message)
+        except ValidationError as e:
+            raise errors.from_validation(e) from e
+        service.check_ready()
+        choice = await service.resolve_voice(config)
+        session = cls(websocket, service, config, choice, config.seed if config.seed is not None
+                      else service.random_seed())
+        await websocket.send_json({"type": "session.created", "request_id": session.request_id,
+                                   "sample_rate": service.tts.sample_rate,
+                                   "response_format": config.response_format, "seed": session.seed})
+        return session
+
+    async def run(self) -> None:
+        """Reads text and speaks segments concurrently; the first failure of either ends both."""
+        reader = asyncio.create_task(self._read_text())
+        speaker = asyncio.create_task(self._speak_all())
+        try:
+            done, _ = await asyncio.wait({reader, speaker}, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+            await speaker
+        finally:
+            for task in (reader, speaker):
+                task.cancel()
+
+    async def _read_text(self) -> None:
+        while True:
+            message = await _receive_json(self.websocket)
+            kind = message.get("type")
+            if kind == "input.text":
+                text = message.get("text")
+                if not isinstance(text, str):
+                    raise errors.bad_request("input.text needs a string `text`", param="text")
+                self.pending_chars += len(text)
+                if self.pending_chars > self.max_pending_chars:
+                    raise errors.bad_request(f"more than {self.max_pending_chars} characters of text are waiting "
+                                             "to be spoken; send more as the audio arrives", param="text",
+                                             code="input_too_long")
+                self._queue(self.segmenter.push(text))
+            elif kind in ("input.flush", "input.done"):
+                self._queue(self.segmenter.flush())
+                if kind == "input.done":
+                    self.segments.put_nowait(None)
+                    return
+            else:
+                raise errors.bad_request(f"unknown message type {kind!r} (expected input.text, input.flush or "
+                                         "input.done)", param="type")
+
+    def _queue(self, segments: list[str]) -> None:
+        for segment in segments:
+            self.segments.put_nowait(segment)
+
+    async def _speak_all(self) -> None:
+        while (text := await self.segments.get()) is not None:
+            await self._speak(text)
+        if tail := await flush_async(self.encoder):
+            await self.websocket.send_bytes(tail)
+        usage = {"input_tokens": self.input_tokens, "output_tokens": self.frames,
+                 "total_tokens": self.input_tokens + self.frames}
+        await self.websocket.send_json({"type": "session.done", "segments": self.num_segments,
+                                        "audio_seconds": round(self.frames * FRAME_SECONDS, 3), "usage": usage})
+
+    async def _speak(self, text: str) -> None:
+        index, frames = self.num_segments, 0
+        self.pending_chars = max(0, self.pending_chars - len(text))
+        job = await self.service.prepare(text, self.config, self.choice, self.seed)
+        stream = self.service.submit(job, f"{self.request_id}.{index}")
+        self.num_segments += 1
+        self.input_tokens += job.input_tokens
+        await self.websocket.send_json({"type": "segment.started", "segment": index, "text": text})
+        try:
+            async for pcm in stream:
+                frames += 1
+                if data := await encode_async(self.encoder, pcm):
+                    await self.websocket.send_bytes(data)
+        finally:
+            stream.cancel()
+        self.frames += frames
+        await self.websocket.send_json({"type": "segment.done", "segment": index, "text": text, "frames": frames,
+                                        "audio_seconds": round(frames * FRAME_SECONDS, 3)})
+
+
+async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    try:
+        data = json.loads(message.get("text") or "")
+    except json.JSONDecodeError as e:
+        raise errors.bad_request("messages must be JSON text frames") from e
+    if not isinstance(data, dict):
+        raise errors.bad_request("messages must be JSON objects with a `type`")
+    return data
+
+
+async def _send_error(websocket: WebSocket, error: errors.APIError) -> None:
+    code = 1013 if error.status == 429 else 1011 if error.status >= 500 else 1008
+    with suppress(Exception):  # the client may be gone already
+        await websocket.send_json({"type": "error", **error.body()})
+        await websocket.close(code=code)

@@ -1,0 +1,243 @@
+"""The HTTP server end to end: uvicorn on localhost, the tiny CustomVoice model on the CPU, the official `openai`
+client. Speech in every format (plain and streamed), SSE, /v1/models, health/metrics, request ids, error shapes
+and the WebSocket text-streaming protocol."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+from q3tts.server import ServerConfig  # noqa: E402
+from q3tts.tiny import tiny_checkpoint  # noqa: E402
+from tests.server_harness import FRAME, SEED, ServerThread, decoded_samples, frames, pcm_samples  # noqa: E402
+
+MAX_NEW = 9  # 8 frames = 0.64 s per request
+TEXT = "Hello world, this is a test."
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tiny_checkpoint("tiny", tmp_path_factory.mktemp("cache"))
+    config = ServerConfig(model=str(folder), served_model_name="tiny", device="cpu", max_running=2, max_waiting=4,
+                          max_context=512, max_input_chars=200)
+    with ServerThread(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _speech(**overrides) -> dict:
+    return {"model": "tiny", "voice": "ryan", "input": TEXT, "extra_body": {"max_new_tokens": MAX_NEW, "seed": SEED},
+            **overrides}
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_every_format_plain_and_streamed(client, fmt):
+    plain = client.audio.speech.create(**_speech(response_format=fmt)).content
+    with client.audio.speech.with_streaming_response.create(**_speech(response_format=fmt)) as response:
+        assert response.headers["content-type"].startswith("audio/")
+        chunks = list(response.iter_bytes())
+    streamed = b"".join(chunks)
+    expected = frames(MAX_NEW) * FRAME
+    assert len(chunks) >= 2  # delivered in pieces as it is generated
+    if fmt != "opus":  # seeded: the same audio (Ogg streams get a random serial number)
+        assert streamed == plain
+    if fmt == "pcm":
+        assert len(plain) == 2 * expected
+        return
+    samples, rate = decoded_samples(plain)
+    assert rate == (48000 if fmt == "opus" else 24000)
+    assert abs(samples / rate - expected / 24000) <= 0.08, (samples, rate)
+    if fmt == "wav":
+        assert plain[:4] == b"RIFF" and len(plain) == 44 + 2 * expected
+
+
+def test_default_format_is_mp3_and_speed_stretches(client):
+    response = client.audio.speech.create(**_speech())
+    assert response.response.headers["content-type"] == "audio/mpeg"
+    fast = client.audio.speech.create(**_speech(response_format="pcm", speed=2.0)).content
+    assert abs(len(pcm_samples(fast)) - frames(MAX_NEW) * FRAME / 2) < 0.05 * frames(MAX_NEW) * FRAME
+
+
+def test_instructions_steer_a_1_7b_custom_voice(client):
+    audio = client.audio.speech.create(**_speech(response_format="pcm", instructions="Speak slowly and warmly."))
+    assert len(pcm_samples(audio.content)) == frames(MAX_NEW) * FRAME
+
+
+def test_sse_stream(server):
+    body = {"input": TEXT, "voice": "ryan", "response_format": "pcm", "stream_format": "sse", "max_new_tokens": MAX_NEW,
+            "seed": SEED}
+    with httpx.stream("POST", server.url + "/v1/audio/speech", json=body, timeout=60) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    audio = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    assert len(deltas) == frames(MAX_NEW) and len(audio) == 2 * frames(MAX_NEW) * FRAME
+    assert events[-1]["type"] == "speech.audio.done"
+    usage = events[-1]["usage"]
+    assert usage["output_tokens"] == frames(MAX_NEW) and usage["input_tokens"] > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_models_health_ready(server, client):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny"] and models[0].task_type == "CustomVoice"
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(server.url + "/ready").json() == {"ready": True}
+
+
+def test_metrics_after_requests(server, client):
+    client.audio.speech.create(**_speech(response_format="pcm"))
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("q3tts_queue_depth", "q3tts_running_streams", "q3tts_time_to_first_audio_seconds_bucket",
+                 "q3tts_real_time_factor_bucket", "q3tts_frames_generated_total", "q3tts_requests_total",
+                 "q3tts_errors_total", "q3tts_engine_requests_finished_total"):
+        assert name in text, name
+    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+               if line and not line.startswith("#")}
+    assert samples["q3tts_frames_generated_total"] >= frames(MAX_NEW)
+    assert samples["q3tts_time_to_first_audio_seconds_count"] >= 1
+    assert samples['q3tts_requests_total{method="POST",route="/v1/audio/speech",status="200"}'] >= 1
+
+
+def test_request_id_is_set_and_honoured(server):
+    assert httpx.get(server.url + "/health").headers["x-request-id"].startswith("req_")
+    mine = {"x-request-id": "client-id.42"}
+    assert httpx.get(server.url + "/v1/models", headers=mine).headers["x-request-id"] == "client-id.42"
+    refused = httpx.post(server.url + "/v1/audio/speech", json={"input": "", "voice": "ryan"}, headers=mine)
+    assert refused.status_code == 400 and refused.headers["x-request-id"] == "client-id.42"
+    hostile = httpx.get(server.url + "/health", headers={"x-request-id": "bad id\twith spaces"})
+    assert hostile.headers["x-request-id"].startswith("req_")
+
+
+@pytest.mark.parametrize("body, status, param, code", [
+    ({"input": "   "}, 400, "input", "invalid_value"),
+    ({"input": "x" * 201}, 400, "input", "input_too_long"),
+    ({"voice": "nobody"}, 404, "voice", "voice_not_found"),
+    ({"voice": None}, 400, "voice", "missing"),
+    ({"task_type": "Base"}, 400, "task_type", "invalid_value"),
+    ({"task_type": "Nonsense"}, 400, "task_type", "invalid_value"),
+    ({"response_format": "ogg"}, 400, "response_format", "invalid_value"),
+    ({"speed": 5.0}, 400, "speed", "invalid_value"),
+    ({"temperature": 0}, 400, "temperature", "invalid_value"),
+    ({"top_p": 1.5}, 400, "top_p", "invalid_value"),
+    ({"top_k": -1}, 400, "top_k", "invalid_value"),
+    ({"max_new_tokens": 600}, 400, "max_new_tokens", "invalid_value"),
+    ({"language": "klingon"}, 400, "language", "invalid_value"),
+    ({"ref_audio": "data:audio/wav;base64,AAAA"}, 400, "ref_audio", "invalid_value"),
+    ({"x_vector_only_mode": True}, 400, "x_vector_only_mode", "invalid_value"),
+    ({"model": "other-model"}, 404, "model", "model_not_found"),
+    ({"unknown_field": 1}, 400, "unknown_field", "invalid_value"),
+    ({"input": None}, 400, "input", "invalid_value"),
+])
+def test_bad_requests_are_refused_before_any_audio(server, body, status, param, code):
+    response = httpx.post(server.url + "/v1/audio/speech", json={"input": TEXT, "voice": "ryan", **body})
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error")
+
+
+def test_malformed_json_and_unknown_routes_use_the_error_shape(server):
+    bad = httpx.post(server.url + "/v1/audio/speech", content=b"{not json",
+                     headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and set(bad.json()["error"]) == {"message", "type", "param", "code"}
+    missing = httpx.get(server.url + "/v1/nothing-here")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong_method = httpx.get(server.url + "/v1/audio/speech")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_openai_client_sees_errors(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.audio.speech.create(**_speech(voice="nobody"))
+    assert err.value.body["code"] == "voice_not_found"
+
+
+def _session(ws) -> tuple[list[dict], bytes]:
+    """Events and audio until the server closes the session."""
+    events, audio = [], b""
+    try:
+        while True:
+            message = ws.recv(timeout=60)
+            if isinstance(message, bytes):
+                audio += message
+            else:
+                events.append(json.loads(message))
+    except ConnectionClosed:
+        return events, audio
+
+
+def test_websocket_streams_text_in_and_audio_out(server):
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 6}))
+        created = json.loads(ws.recv(timeout=30))
+        assert created["type"] == "session.created" and created["sample_rate"] == 24000 and created["seed"] == SEED
+        for piece in ["Hello there", ", my friend. This", " is the second"]:
+            ws.send(json.dumps({"type": "input.text", "text": piece}))
+        early = [ws.recv(timeout=60) for _ in range(2)]  # speech starts while the text is still incomplete
+        assert json.loads(early[0])["type"] == "segment.started" and isinstance(early[1], bytes)
+        ws.send(json.dumps({"type": "input.text", "text": " sentence! And a third"}))
+        ws.send(json.dumps({"type": "input.done"}))
+        events, audio = _session(ws)
+        assert ws.close_code == 1000
+    audio = early[1] + audio
+    started = [json.loads(early[0])] + [e for e in events if e["type"] == "segment.started"]
+    done = [e for e in events if e["type"] == "segment.done"]
+    assert [e["text"] for e in started] == ["Hello there, my friend.", "This is the second sentence!", "And a third"]
+    assert [e["frames"] for e in done] == [frames(6)] * 3
+    final = events[-1]
+    assert final["type"] == "session.done" and final["segments"] == 3
+    assert final["usage"]["output_tokens"] == 3 * frames(6) and len(audio) == 2 * 3 * frames(6) * FRAME
+
+
+@pytest.mark.parametrize("first, code", [
+    ({"type": "session.config", "voice": "nobody"}, "voice_not_found"),
+    ({"type": "session.config", "voice": "ryan", "temperature": -1}, "invalid_value"),
+    ({"type": "something.else"}, "invalid_value"),
+])
+def test_websocket_bad_config_gets_an_error_event(server, first, code):
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps(first))
+        events, _ = _session(ws)
+        assert ws.close_code == 1008
+    assert events[0]["type"] == "error" and events[0]["error"]["code"] == code
+    assert set(events[0]["error"]) == {"message", "type", "param", "code"}
+
+
+def test_websocket_bad_message_mid_session(server):
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 4}))
+        ws.recv(timeout=30)
+        ws.send("not json")
+        events, _ = _session(ws)
+        assert ws.close_code == 1008
+    assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "invalid_request_error"
+
+
+def test_cli_serve_builds_the_server_config(monkeypatch, tmp_path):
+    import q3tts.server
+    from q3tts.cli import main
+
+    seen = {}
+    monkeypatch.setattr(q3tts.server, "serve", lambda config, log_level: seen.update(config=config, level=log_level))
+    monkeypatch.setenv("Q3TTS_API_KEY", "from-env")
+    assert main(["serve", "tiny-base", "--port", "9000", "--max-running", "8", "--max-waiting", "3",
+                 "--voices-dir", str(tmp_path), "--device", "cpu", "--log-level", "warning"]) == 0
+    config = seen["config"]
+    assert (config.model, config.port, config.max_running, config.max_waiting) == ("tiny-base", 9000, 8, 3)
+    assert config.api_key == "from-env" and config.voices_dir == tmp_path and seen["level"] == "warning"
+    assert main(["serve", "tiny", "--max-waiting", "0"]) == 1  # refused with a message, not a traceback

@@ -1,0 +1,100 @@
+"""The server's incremental audio encoders and time stretch, on their own (no model, no server)."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import av
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+from q3tts.server.audio_encoding import FORMATS, make_encoder  # noqa: E402
+from q3tts.server.time_stretch import atempo_factors  # noqa: E402
+
+SR = 24000
+FRAME = 1920
+
+
+def _speechlike(num_frames: int) -> list[np.ndarray]:
+    t = np.arange(num_frames * FRAME) / SR
+    wav = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    return np.split(wav, num_frames)
+
+
+def _encode(fmt: str, frames: list[np.ndarray], speed: float = 1.0) -> list[bytes]:
+    encoder = make_encoder(fmt, SR, speed)
+    return [encoder.encode(f) for f in frames] + [encoder.flush()]
+
+
+def _decode(data: bytes) -> tuple[np.ndarray, int]:
+    container = av.open(io.BytesIO(data))
+    frames = list(container.decode(audio=0))
+    pcm = np.concatenate([f.to_ndarray().reshape(f.samples, -1)[:, 0] for f in frames])
+    return pcm, frames[0].sample_rate
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "pcm"])
+def test_every_format_decodes_to_the_right_duration(fmt):
+    parts = _encode(fmt, _speechlike(10))
+    pcm, rate = _decode(b"".join(parts))
+    seconds = len(pcm) / rate
+    assert rate == (48000 if fmt == "opus" else SR)  # libopus decodes at 48 kHz; the stream says 24 kHz
+    assert abs(seconds - 10 * 0.08) <= 0.08, seconds
+    assert sum(1 for p in parts if p) >= 3, "the encoder must emit bytes as it goes, not only at the end"
+
+
+def test_pcm_is_exact_16_bit_little_endian():
+    frames = _speechlike(3)
+    data = b"".join(_encode("pcm", frames))
+    expected = (np.clip(np.concatenate(frames), -1, 1) * 32767).round().astype("<i2")
+    assert data == expected.tobytes()
+
+
+def test_wav_is_a_streaming_header_then_exact_pcm():
+    frames = _speechlike(3)
+    parts = _encode("wav", frames)
+    data = b"".join(parts)
+    assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt " and len(parts[0]) == 44 + 2 * FRAME
+    channels, rate, bits = struct.unpack("<H", data[22:24])[0], struct.unpack("<I", data[24:28])[0], data[34]
+    assert (channels, rate, bits) == (1, SR, 16)
+    assert data[44:] == b"".join(_encode("pcm", frames))
+    pcm, decoded_rate = _decode(data)
+    assert decoded_rate == SR and np.array_equal(pcm, np.frombuffer(data[44:], dtype="<i2"))
+
+
+def test_wav_of_no_audio_is_still_a_valid_header():
+    assert len(b"".join(_encode("wav", []))) == 44
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.5, 1.5, 2.0, 4.0])
+def test_speed_stretches_the_duration_and_streams(speed):
+    frames = _speechlike(25)
+    parts = _encode("pcm", frames, speed)
+    samples = len(b"".join(parts)) // 2
+    assert abs(samples - 25 * FRAME / speed) <= 0.02 * 25 * FRAME / speed + 200
+    assert sum(1 for p in parts[:-1] if p) >= 10
+
+
+def test_speed_keeps_the_pitch():
+    """Time stretch, not resampling: the dominant frequency stays at 220 Hz."""
+    t = np.arange(25 * FRAME) / SR
+    tone = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    out = np.frombuffer(b"".join(_encode("pcm", np.split(tone, 25), 2.0)), dtype="<i2").astype(np.float32)
+    spectrum = np.abs(np.fft.rfft(out * np.hanning(len(out))))
+    assert abs(np.argmax(spectrum) * SR / len(out) - 220) < 5
+
+
+def test_atempo_factors_stay_in_range():
+    for speed in (0.25, 0.3, 0.5, 1.0, 2.5, 4.0):
+        factors = atempo_factors(speed)
+        assert all(0.5 <= f <= 2.0 for f in factors) and abs(np.prod(factors) - speed) < 1e-9
+    with pytest.raises(ValueError):
+        atempo_factors(5.0)
+
+
+def test_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="unsupported response_format"):
+        make_encoder("ogg", SR)

@@ -1,0 +1,163 @@
+"""Operational behaviour: bearer auth, the bounded queue (429), a client disconnect freeing its row, /ready
+before warm-up, and an engine failure in the middle of streams."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+from websockets.exceptions import InvalidStatus  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+from q3tts.server import ServerConfig  # noqa: E402
+from tests.server_harness import SEED, ServerThread, load_tiny  # noqa: E402
+
+KEY = "secret-key"
+LONG = {"input": "A long story that takes a while.", "voice": "ryan", "response_format": "pcm", "seed": SEED,
+        "max_new_tokens": 400}
+
+
+@pytest.fixture(scope="module")
+def tts(tmp_path_factory):
+    return load_tiny("tiny", tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def guarded(tts):
+    """One row, one queue slot, an API key."""
+    config = ServerConfig(model="tiny", device="cpu", max_running=1, max_waiting=1, max_context=512, api_key=KEY)
+    with ServerThread(config, tts) as running:
+        yield running
+
+
+def _auth(key: str = KEY) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}])
+def test_api_key_is_required_on_v1(guarded, headers):
+    for method, path in (("GET", "/v1/models"), ("POST", "/v1/audio/speech"), ("GET", "/v1/audio/voices")):
+        response = httpx.request(method, guarded.url + path, headers=headers, json={})
+        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+        assert response.json()["error"]["type"] == "authentication_error"
+        assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_health_is_open_and_the_key_works(guarded):
+    assert httpx.get(guarded.url + "/health").status_code == 200
+    assert httpx.get(guarded.url + "/metrics").status_code == 200
+    assert httpx.get(guarded.url + "/v1/models", headers=_auth()).status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=guarded.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_websocket_needs_the_key(guarded):
+    try:
+        with connect(guarded.ws_url + "/v1/audio/speech/stream") as ws:
+            event = json.loads(ws.recv(timeout=10))  # servers without denial responses: an error event
+            assert event["error"]["code"] == "invalid_api_key"
+    except InvalidStatus as e:
+        assert e.response.status_code == 401 and json.loads(e.response.body)["error"]["code"] == "invalid_api_key"
+    with connect(guarded.ws_url + "/v1/audio/speech/stream", additional_headers=_auth()) as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan"}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+
+
+def test_queue_full_is_429_and_disconnects_free_rows(guarded):
+    """A runs in the only row, B waits in the only queue slot, C is refused; closing A and B mid-stream
+    cancels both and the engine ends idle."""
+    cancelled_before = guarded.engine.metrics.requests_cancelled
+    http = httpx.Client(base_url=guarded.url, headers=_auth(), timeout=60)
+    with http, http.stream("POST", "/v1/audio/speech", json=LONG) as a:
+        next(a.iter_bytes())  # A is generating
+        with http.stream("POST", "/v1/audio/speech", json=LONG) as b:
+            assert b.status_code == 200 and guarded.engine.num_waiting == 1
+            c = http.post("/v1/audio/speech", json=LONG)
+            assert c.status_code == 429 and int(c.headers["retry-after"]) >= 1
+            assert c.json()["error"] == {"message": c.json()["error"]["message"], "type": "rate_limit_error",
+                                         "param": None, "code": "queue_full"}
+    guarded.wait_idle()
+    assert guarded.engine.metrics.requests_cancelled >= cancelled_before + 1  # B may be dropped while waiting
+    metrics = httpx.get(guarded.url + "/metrics").text
+    assert 'q3tts_errors_total{code="queue_full"} 1.0' in metrics
+
+
+def test_openai_streaming_client_disconnect_frees_the_row(guarded):
+    client = openai.OpenAI(base_url=guarded.url + "/v1", api_key=KEY, max_retries=0)
+    with client.audio.speech.with_streaming_response.create(
+            model="tiny", voice="ryan", input=LONG["input"], response_format="pcm",
+            extra_body={"max_new_tokens": 400, "seed": SEED}) as response:
+        chunks = response.iter_bytes()
+        next(chunks), next(chunks)
+        assert guarded.engine.num_running == 1
+    guarded.wait_idle()
+    assert guarded.engine.num_running == 0
+
+
+def test_websocket_disconnect_mid_segment_frees_the_row(guarded):
+    with connect(guarded.ws_url + "/v1/audio/speech/stream", additional_headers=_auth()) as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 400}))
+        ws.send(json.dumps({"type": "input.text", "text": LONG["input"]}))
+        ws.send(json.dumps({"type": "input.done"}))
+        while not isinstance(ws.recv(timeout=30), bytes):
+            pass
+        assert guarded.engine.num_running == 1
+    guarded.wait_idle()
+
+
+def test_not_ready_until_the_engine_is_warm(tts):
+    """While the engine is being built (graphs captured) and warmed up, /ready is 503 and requests get 503."""
+    gate = threading.Event()
+    original = tts.prepare_engine
+
+    def slow_prepare(*args, **kwargs):
+        gate.wait(30)
+        return original(*args, **kwargs)
+
+    tts.prepare_engine = slow_prepare
+    try:
+        with ServerThread(ServerConfig(model="tiny", device="cpu", max_running=1), tts, wait_ready=False) as server:
+            assert httpx.get(server.url + "/health").status_code == 200
+            assert httpx.get(server.url + "/ready").json() == {"ready": False}
+            early = httpx.post(server.url + "/v1/audio/speech", json={"input": "Hi.", "voice": "ryan"})
+            assert early.status_code == 503 and early.json()["error"]["code"] == "model_not_ready"
+            assert "retry-after" in early.headers
+            gate.set()
+            server.wait_until_ready()
+            assert server.engine.metrics.requests_finished == 1  # the warm-up request
+    finally:
+        del tts.prepare_engine
+
+
+def test_engine_failure_mid_stream(tts):
+    """An audio stream is cut (no clean end), an SSE stream ends with an error event, and the server then
+    reports itself unhealthy and refuses new work with 503."""
+    server = ServerThread(ServerConfig(model="tiny", device="cpu", max_running=2), tts)
+    with server, httpx.Client(base_url=server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/audio/speech", json=LONG) as audio, \
+                http.stream("POST", "/v1/audio/speech", json={**LONG, "stream_format": "sse"}) as sse:
+            audio_chunks, sse_lines = audio.iter_bytes(), sse.iter_lines()
+            next(audio_chunks), next(sse_lines)
+
+            def broken_step(num_rows: int) -> None:
+                raise RuntimeError("injected device failure")
+
+            server.engine.runner.step = broken_step
+            with pytest.raises(httpx.RemoteProtocolError):
+                for _ in audio_chunks:
+                    pass
+            events = [json.loads(line[6:]) for line in sse_lines if line.startswith("data: ")]
+        assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "engine_error"
+        deadline = time.time() + 10
+        while http.get("/health").status_code != 503:
+            assert time.time() < deadline
+        assert http.get("/ready").status_code == 503
+        refused = http.post("/v1/audio/speech", json=LONG)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_error"

@@ -1,0 +1,173 @@
+"""Voice upload, listing, use and deletion against the tiny Base (voice cloning) model, plus per-request
+reference audio."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+import soundfile as sf  # noqa: E402
+
+from q3tts.server import ServerConfig  # noqa: E402
+from q3tts.server.voice_store import VoiceStore  # noqa: E402
+from tests.server_harness import FRAME, SEED, ServerThread, frames, load_tiny, pcm_samples  # noqa: E402
+
+MAX_NEW = 7
+
+
+@pytest.fixture(scope="module")
+def voices_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("voices")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, voices_dir):
+    tts = load_tiny("tiny-base", tmp_path_factory.mktemp("cache"))
+    config = ServerConfig(model="tiny-base", device="cpu", max_running=2, max_waiting=4, max_context=512,
+                          voices_dir=voices_dir)
+    with ServerThread(config, tts) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def reference_wav() -> bytes:
+    """A second of a voice-like signal as a WAV file (tiny models only need audible, varied audio)."""
+    t = np.arange(24000) / 24000
+    noise = 0.01 * np.random.default_rng(0).standard_normal(len(t))
+    wav = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 4 * t)) + noise
+    out = io.BytesIO()
+    sf.write(out, wav.astype(np.float32), 24000, format="WAV")
+    return out.getvalue()
+
+
+def _upload(server, wav: bytes, **fields) -> httpx.Response:
+    return httpx.post(server.url + "/v1/audio/voices", files={"file": ("ref.wav", wav, "audio/wav")}, data=fields,
+                      timeout=60)
+
+
+def test_upload_use_and_delete_a_voice(server, voices_dir, reference_wav):
+    created = _upload(server, reference_wav, ref_text="Hello, this is my voice.", name="narrator")
+    assert created.status_code == 201, created.text
+    voice = created.json()
+    assert voice["id"].startswith("voice_") and voice["name"] == "narrator" and not voice["x_vector_only_mode"]
+    assert (voices_dir / f"{voice['id']}.safetensors").exists() and VoiceStore(voices_dir).get(voice["id"])
+
+    listed = httpx.get(server.url + "/v1/audio/voices").json()
+    assert listed["task_type"] == "Base" and [v["id"] for v in listed["data"]] == [voice["id"]]
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    for key in (voice["id"], "narrator", {"id": voice["id"]}):
+        audio = client.audio.speech.create(model="tiny-base", voice=key, input="Good morning to you.",
+                                           response_format="pcm", extra_body={"max_new_tokens": MAX_NEW, "seed": SEED})
+        assert len(pcm_samples(audio.content)) == frames(MAX_NEW) * FRAME
+
+    deleted = httpx.delete(server.url + f"/v1/audio/voices/{voice['id']}")
+    assert deleted.json() == {"id": voice["id"], "object": "voice", "deleted": True}
+    assert not (voices_dir / f"{voice['id']}.safetensors").exists()
+    with pytest.raises(openai.NotFoundError):
+        client.audio.speech.create(model="tiny-base", voice=voice["id"], input="Gone.", response_format="pcm")
+    assert httpx.delete(server.url + f"/v1/audio/voices/{voice['id']}").status_code == 404
+
+
+def test_x_vector_only_upload_needs_no_transcript(server, reference_wav):
+    created = _upload(server, reference_wav, x_vector_only_mode="true")
+    assert created.status_code == 201 and created.json()["x_vector_only_mode"]
+    assert httpx.get(server.url + f"/v1/audio/voices/{created.json()['id']}").json()["id"] == created.json()["id"]
+
+
+def test_openai_client_with_inline_reference_audio(server, reference_wav):
+    """OpenAI's client always sends a voice: 'default' stands for "none" when ref_audio carries the voice."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    audio = client.audio.speech.create(model="tiny-base", voice="default", input="Cloned inline.",
+                                       response_format="pcm", extra_body={
+                                           "ref_audio": base64.b64encode(reference_wav).decode(),
+                                           "x_vector_only_mode": True, "max_new_tokens": MAX_NEW, "seed": SEED})
+    assert len(pcm_samples(audio.content)) == frames(MAX_NEW) * FRAME
+
+
+def test_inline_reference_audio(server, reference_wav):
+    body = {"input": "Inline reference.", "response_format": "pcm", "max_new_tokens": MAX_NEW, "seed": SEED,
+            "task_type": "Base", "ref_audio": base64.b64encode(reference_wav).decode(), "x_vector_only_mode": True}
+    response = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=60)
+    assert response.status_code == 200 and len(pcm_samples(response.content)) == frames(MAX_NEW) * FRAME
+    data_url = "data:audio/wav;base64," + base64.b64encode(reference_wav).decode()
+    response = httpx.post(server.url + "/v1/audio/speech", timeout=60,
+                          json={**body, "ref_audio": data_url, "x_vector_only_mode": False, "ref_text": "Hi."})
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize("fields, status, param", [
+    ({}, 400, "ref_text"),  # in-context cloning needs the transcript
+    ({"ref_text": "hi", "name": "bad/name"}, 400, "name"),
+])
+def test_bad_uploads(server, reference_wav, fields, status, param):
+    response = _upload(server, reference_wav, **fields)
+    assert response.status_code == status and response.json()["error"]["param"] == param
+
+
+def test_unreadable_audio_and_duplicate_names(server, reference_wav):
+    garbage = _upload(server, b"not audio at all", x_vector_only_mode="true")
+    assert garbage.status_code == 400 and garbage.json()["error"]["param"] == "file"
+    assert _upload(server, reference_wav, x_vector_only_mode="true", name="twin").status_code == 201
+    duplicate = _upload(server, reference_wav, x_vector_only_mode="true", name="twin")
+    assert duplicate.status_code == 409 and duplicate.json()["error"]["code"] == "voice_exists"
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"voice": "voice_doesnotexist"}, 404, "voice"),
+    ({}, 400, "voice"),
+    ({"voice": "x", "instructions": "whisper"}, 400, "instructions"),
+    ({"ref_audio": "/etc/passwd"}, 400, "ref_audio"),  # never read as a path on the server
+    ({"task_type": "CustomVoice", "voice": "ryan"}, 400, "task_type"),
+    ({"voice": "x", "ref_text": "stored voices keep their own"}, 400, "ref_text"),
+    ({"voice": "x", "ref_audio": "AAAA"}, 400, "voice"),
+])
+def test_base_request_errors(server, body, status, param):
+    response = httpx.post(server.url + "/v1/audio/speech", json={"input": "Hi.", **body}, timeout=60)
+    assert response.status_code == status and response.json()["error"]["param"] == param
+
+
+def test_websocket_with_a_stored_voice(server, reference_wav):
+    from websockets.sync.client import connect
+
+    voice = _upload(server, reference_wav, x_vector_only_mode="true").json()["id"]
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": voice, "seed": SEED, "max_new_tokens": 5}))
+        ws.send(json.dumps({"type": "input.text", "text": "One sentence. And another."}))
+        ws.send(json.dumps({"type": "input.done"}))
+        audio = b""
+        while (message := ws.recv(timeout=60)) and (isinstance(message, bytes) or '"session.done"' not in message):
+            audio += message if isinstance(message, bytes) else b""
+    assert len(audio) == 2 * 2 * frames(5) * FRAME
+
+
+def test_voice_uploads_are_refused_by_other_checkpoints(tmp_path):
+    tts = load_tiny("tiny", tmp_path)
+    with ServerThread(ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False), tts) as other:
+        response = _upload(other, b"RIFF", x_vector_only_mode="true")
+        assert response.status_code == 400 and "Base checkpoint" in response.json()["error"]["message"]
+        presets = httpx.get(other.url + "/v1/audio/voices").json()["data"]
+        assert {v["id"] for v in presets} >= {"ryan", "serena"} and all(v["type"] == "preset" for v in presets)
+
+
+def test_voice_design_checkpoint(tmp_path):
+    """VoiceDesign: the voice is described in `instructions`; named voices are refused."""
+    tts = load_tiny("tiny-voice-design", tmp_path)
+    with ServerThread(ServerConfig(model="tiny-voice-design", device="cpu", max_running=1, max_context=512),
+                      tts) as design:
+        client = openai.OpenAI(base_url=design.url + "/v1", api_key="unused", max_retries=0)
+        audio = client.audio.speech.create(model="tiny-voice-design", voice="default", input="Described voice.",
+                                           instructions="A deep, calm male voice.", response_format="pcm",
+                                           extra_body={"max_new_tokens": MAX_NEW, "seed": SEED})
+        assert len(pcm_samples(audio.content)) == frames(MAX_NEW) * FRAME
+        for body, param in (({"voice": "ryan", "instructions": "calm"}, "voice"), ({}, "instructions")):
+            response = httpx.post(design.url + "/v1/audio/speech", json={"input": "Hi.", **body})
+            assert response.status_code == 400 and response.json()["error"]["param"] == param
