@@ -5,16 +5,20 @@ lengths uniform in 6-14 s, EOS disabled so lengths are exact) arrive as a Poisso
 seconds; each is consumed as a stream. Reported per rate: time to first audio (submission, prompt building
 included, to the first 80 ms of PCM in the consumer) p50/p95/p99, the share of streams that ever fell behind
 real time (a frame k arriving after first_audio + k x 80 ms), and aggregate audio-seconds per second. The
-engine runs in-process (no HTTP): this measures the engine and scheduler, not the HTTP/encoding layer.
+engine runs in-process (engine and scheduler only), or, with `--http URL`, requests go to a running
+`q3tts serve` as OpenAI speech requests streamed as raw PCM (the whole serving path: HTTP, validation,
+encoding, the client's own parsing), with a voice uploaded once at the start.
 
 usage: python bench/serve_load.py --ckpt-root /tmp/peer_ckpt --sizes 1.7B-Base,0.6B-Base --rates 10,20,40
        [--duration 15] [--max-running 128] [--out results.json]   (GPU machine)
+       python bench/serve_load.py --http http://127.0.0.1:8000 --rates 10,20,40 [--out results.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import random
 import statistics
@@ -22,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import soundfile as sf
 import torch
 
 from q3tts import TTS, Voice
@@ -31,6 +37,7 @@ WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "w
          "shine", "above", "quiet", "hills", "and", "rivers", "hello", "world", "this", "is", "a", "test", "of",
          "speech", "synthesis", "please", "speak", "clearly", "slowly", "warmly")
 FRAME = 0.08
+BYTES_PER_FRAME = 1920 * 2  # 24 kHz 16-bit mono
 
 
 def make_request(engine: AsyncEngine, tts: TTS, rng: random.Random):
@@ -62,7 +69,32 @@ async def consume(engine: AsyncEngine, tts: TTS, rng: random.Random, record: lis
                    "start": start, "end": arrivals[-1]})
 
 
-async def run_rate(engine: AsyncEngine, tts: TTS, rate: float, duration: float, seed: int) -> dict:
+async def consume_http(client, model: str, voice: str, rng: random.Random, record: list) -> None:
+    """One streamed OpenAI speech request (raw 16-bit PCM); frame deadlines checked chunk by chunk."""
+    text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 35))) + "."
+    frames = rng.randint(75, 175)
+    body = {"model": model, "input": text, "voice": voice, "response_format": "pcm", "language": "english",
+            "max_new_tokens": frames + 1, "seed": rng.randrange(1 << 30)}
+    start = time.perf_counter()
+    received, first, late = 0, None, 0.0
+    async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+        if response.status_code == 429:
+            record.append({"rejected": True})
+            return
+        response.raise_for_status()
+        async for chunk in response.aiter_bytes():
+            now = time.perf_counter()
+            first = first or now
+            late = max(late, now - (first + received / BYTES_PER_FRAME * FRAME))
+            received += len(chunk)
+    record.append({"ttfa": first - start, "frames": received // BYTES_PER_FRAME, "expected": frames, "late_s": late,
+                   "start": start, "end": now})
+
+
+async def run_rate(engine: AsyncEngine | None, tts: TTS | None, rate: float, duration: float, seed: int,
+                   http: tuple | None = None) -> dict:
+    """Poisson arrivals at `rate` for `duration` s, in-process (engine) or over HTTP (http = client, model,
+    voice)."""
     rng = random.Random(seed)
     record: list[dict] = []
     tasks = []
@@ -70,7 +102,8 @@ async def run_rate(engine: AsyncEngine, tts: TTS, rate: float, duration: float, 
     next_arrival = t0
     while next_arrival - t0 < duration:
         await asyncio.sleep(max(0.0, next_arrival - time.perf_counter()))
-        tasks.append(asyncio.create_task(consume(engine, tts, rng, record)))
+        job = consume_http(*http, rng, record) if http else consume(engine, tts, rng, record)
+        tasks.append(asyncio.create_task(job))
         next_arrival += rng.expovariate(rate)
     await asyncio.gather(*tasks)
     done = [r for r in record if not r.get("rejected")]
@@ -87,23 +120,50 @@ async def run_rate(engine: AsyncEngine, tts: TTS, rate: float, duration: float, 
             "audio_s_per_s": round(audio / span, 1), "duration_s": duration}
 
 
+async def http_rates(url: str, rates: list[float], duration: float) -> list[dict]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0),
+                                 limits=httpx.Limits(max_connections=4096)) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        t = np.arange(48000) / 24000
+        wav = (0.3 * np.sin(2 * np.pi * 140 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+        buffer = io.BytesIO()
+        sf.write(buffer, wav, 24000, format="WAV")
+        created = await client.post("/v1/audio/voices", files={"file": ("ref.wav", buffer.getvalue(), "audio/wav")},
+                                    data={"x_vector_only_mode": "true", "name": "load"})
+        created.raise_for_status()
+        voice = created.json()["id"]
+        await run_rate(None, None, 4.0, 2.0, 0, http=(client, model, voice))  # warm-up
+        rows = []
+        for rate in rates:
+            result = await run_rate(None, None, rate, duration, int(rate), http=(client, model, voice))
+            rows.append({"engine": "q3tts-serve (HTTP, pcm)", "benchmark": "serving", "model": model,
+                         "batch": None, "ms_per_frame": None, "gpu_mem_gb": None,
+                         "request_mix": "x-vector clone, English, 6-14 s uniform", **result})
+            print(json.dumps(rows[-1]), flush=True)
+        return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt-root", type=Path, required=True)
+    parser.add_argument("--ckpt-root", type=Path)
+    parser.add_argument("--http", help="URL of a running `q3tts serve` to load instead of an in-process engine")
     parser.add_argument("--sizes", default="1.7B-Base,0.6B-Base")
     parser.add_argument("--rates", default="10,20,40")
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--max-running", type=int, default=128)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    rows = []
-    for name in args.sizes.split(","):
+    rates = [float(r) for r in args.rates.split(",")]
+    rows = asyncio.run(http_rates(args.http, rates, args.duration)) if args.http else []
+    for name in [] if args.http else args.sizes.split(","):
         tts = TTS.from_pretrained(args.ckpt_root / name, device="cuda", dtype=torch.bfloat16)
         tts.model.talker.codec_head.weight.data[tts.config.talker_config.codec_eos_token_id] = 0
         engine = AsyncEngine(tts, ServingConfig(max_running=args.max_running, max_waiting=4096, max_context=512))
         engine.start()
         asyncio.run(run_rate(engine, tts, 4.0, 2.0, seed=0))  # warm-up
-        for rate in [float(r) for r in args.rates.split(",")]:
+        for rate in rates:
             result = asyncio.run(run_rate(engine, tts, rate, args.duration, seed=int(rate)))
             row = {"engine": "q3tts", "benchmark": "serving", "model": name, "batch": args.max_running,
                    "ms_per_frame": None, "gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),

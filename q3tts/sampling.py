@@ -106,7 +106,7 @@ def sample(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Tensor, co
     scores = _top_p(scores, params.top_p)
     probs = scores.softmax(-1)
     exp_noise = -torch.log(uniform_noise(seeds, counters, logits.shape[1]))
-    drawn = (probs / exp_noise).argmax(-1)
+    drawn = torch.where(probs > 0, probs / exp_noise, -1.0).argmax(-1)  # removed tokens can never win
     return torch.where(params.do_sample, drawn, greedy)
 
 
@@ -132,12 +132,13 @@ def _top_p(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, n: int) -> torch.Tensor:
     """u in (0, 1): [B, n] float32, a pure function of (seed, counter, column). Integer ops only, so it is the
-    same on every device; 32-bit mixing in int64 keeps every product below 2^63 (no overflow)."""
+    same on every device; 32-bit mixing in int64 keeps every product below 2^63 (no overflow). 23 bits, so
+    that u stays strictly below 1 in float32 (24 bits would round the top value to 1.0, and -log(1) = 0)."""
     col = torch.arange(n, device=seeds.device, dtype=torch.int64)[None, :]
     h = _mix32((counters[:, None] & _MASK32) ^ _mix32(col + 0x3C6EF372))
     h = _mix32(h ^ (seeds[:, None] & _MASK32))
     h = _mix32(h ^ ((seeds[:, None] >> 32) & _MASK32) ^ 0x1B873593)
-    return ((h >> 8).float() + 0.5) / float(1 << 24)
+    return ((h >> 9).float() + 0.5) / float(1 << 23)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:

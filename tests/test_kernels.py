@@ -171,3 +171,27 @@ def test_snake_beta(monkeypatch, dtype):
     x = torch.randn(2, 6, 1300, device=DEVICE, generator=g).to(dtype)
     alpha, beta = (0.2 * torch.randn(6, device=DEVICE, generator=g)).to(dtype), torch.randn(6, device=DEVICE).to(dtype)
     _close(kernels.snake_beta(x, alpha, beta), _twin(monkeypatch, kernels.snake_beta, x, alpha, beta), dtype)
+
+
+def test_noise_stays_strictly_inside_the_unit_interval():
+    """The largest hash value must not round to u = 1.0 (an exponential of 0 would let a removed token win)."""
+    from q3tts.sampling import uniform_noise
+
+    u = uniform_noise(torch.arange(64, device=DEVICE), torch.arange(64, device=DEVICE), 4096)
+    assert float(u.max()) < 1.0 and float(u.min()) > 0.0
+    top = ((torch.tensor([(1 << 32) - 1]) >> 9).float() + 0.5) / float(1 << 23)
+    assert float(top) < 1.0
+
+
+def test_removed_tokens_never_drawn(monkeypatch):
+    """Even with noise at its extremes, a token whose probability is 0 (suppressed, outside top-k) is never
+    drawn."""
+    B, V = 16, 3072
+    params = SamplerTensors.build([SamplingParams(temperature=1.0, top_k=5, seed=s) for s in range(B)], False,
+                                  DEVICE)
+    logits = torch.randn(B, V, device=DEVICE)
+    for trial in range(4):
+        counters = torch.full((B,), trial, device=DEVICE)
+        ids = sample_tokens(logits, params, torch.arange(B, device=DEVICE), counters)
+        top5 = logits.topk(5, dim=-1).indices
+        assert bool((top5 == ids[:, None]).any(-1).all())

@@ -106,8 +106,8 @@ if triton is not None:
             h = _mix32((tl.load(counter_ptr + b) & 0xFFFFFFFF) ^ _mix32(cols.to(tl.int64) + 0x3C6EF372))
             h = _mix32(h ^ (seed & 0xFFFFFFFF))
             h = _mix32(h ^ ((seed >> 32) & 0xFFFFFFFF) ^ 0x1B873593)
-            u = ((h >> 8).to(tl.float32) + 0.5) / 16777216.0
-            race = tl.where(valid, probs / -tl.log(u), -1.0)
+            u = ((h >> 9).to(tl.float32) + 0.5) / 8388608.0  # strictly inside (0, 1), as the twin
+            race = tl.where(valid & (probs > 0), probs / -tl.log(u), -1.0)
             token = tl.argmax(race, axis=0, tie_break_left=True).to(tl.int64)
         tl.store(out_ptr + b, token)
         if HAS_PROCESSORS:
