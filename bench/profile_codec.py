@@ -12,7 +12,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from q3tts.benchmark import _graph_ms, _random_decoder
+from q3tts.benchmarks.common import graph_ms, random_decoder
 from q3tts.models.codec_streaming import StreamingDecoder
 
 
@@ -39,11 +39,11 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    stream = StreamingDecoder(_random_decoder(torch.device("cuda"), torch.bfloat16), max(batches))
+    stream = StreamingDecoder(random_decoder(torch.device("cuda"), torch.bfloat16), max(batches))
     top_kernels(stream, batches[-1])
     for b in batches:
         codes = torch.randint(0, 2048, (b, 16, 1), device="cuda")
-        print(f"graph replay, B={b}: {_graph_ms(lambda c=codes: stream.decode(c), 20):.2f} ms per frame step")
+        print(f"graph replay, B={b}: {graph_ms(lambda c=codes: stream.decode(c), 20):.2f} ms per frame step")
 
 
 if __name__ == "__main__":

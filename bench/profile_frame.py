@@ -12,7 +12,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from q3tts.benchmark import clone_prompt, load_model
+from q3tts.benchmarks.common import clone_prompt, load_model
 from q3tts.engine.runner import EngineConfig, ModelRunner
 from q3tts.sampling import SamplingParams
 

@@ -174,7 +174,7 @@ def main() -> None:
         del engine, tts
         torch.cuda.empty_cache()
     if args.out:
-        from q3tts.benchmark import write_results
+        from q3tts.benchmarks.common import write_results
 
         write_results(rows, args.out, "python bench/serve_load.py " + " ".join(sys.argv[1:]))
 

@@ -187,7 +187,8 @@ def _serve(args) -> int:
 def _bench_decode(args) -> int:
     import json
 
-    from .benchmark import bench_decode, side_by_side, write_results
+    from .benchmarks.common import write_results
+    from .benchmarks.decode import bench_decode, side_by_side
 
     rows = bench_decode(args.sizes.split(","), [int(b) for b in args.batches.split(",")], args.n_short, args.n_long,
                         args.reps, args.ckpt_root, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -201,7 +202,8 @@ def _bench_decode(args) -> int:
 def _bench_streaming(args) -> int:
     import json
 
-    from .benchmark import bench_streaming, codec_precision, peer_streaming_rows, write_results
+    from .benchmarks.common import write_results
+    from .benchmarks.streaming import bench_streaming, codec_precision, peer_streaming_rows
 
     log = lambda m: print(m, file=sys.stderr, flush=True)
     sizes = args.sizes.split(",")

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from .engine.codec_runner import CodecRunner
-from .engine.runner import EngineConfig, ModelRunner, Readback
+from .engine.readback import Readback
+from .engine.runner import EngineConfig, ModelRunner
 from .prompt import Prompt
 from .sampling import SamplingParams
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from q3tts import TTS
-from q3tts.engine.runner import EngineConfig, ModelRunner, Readback
+from q3tts.engine.readback import Readback
+from q3tts.engine.runner import EngineConfig, ModelRunner
 from q3tts.generate import generate_codes
 from q3tts.prompt import build_prompt
 from q3tts.sampling import SamplingParams

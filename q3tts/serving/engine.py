@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..engine.runner import Readback
+from ..engine.readback import Readback
 from ..prompt import Prompt, PromptSpec, build_prompt
 from ..sampling import SamplingParams
 from .scheduler import QueueFull, Scheduler, Sequence

@@ -1,0 +1,88 @@
+"""What the benchmarks share: the model and prompt they run, graph-replay timing, the results file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ..models.qwen3_tts import Qwen3TTSModel
+from ..prompt import PromptSpec, build_prompt
+from ..random_model import random_model, random_prompt_ids
+
+FRAME_SECONDS = 0.08  # one codec frame = 80 ms of audio
+
+
+def load_model(name: str, ckpt_root: Path | None, device: torch.device) -> Qwen3TTSModel:
+    """bf16 model with EOS disabled: from `ckpt_root/name` if given, else random weights at the real config."""
+    if ckpt_root is None:
+        return random_model(name, device=device, dtype=torch.bfloat16, disable_eos=True)
+    folder = Path(ckpt_root) / name
+    model = Qwen3TTSModel.from_folder(folder, ModelConfig.from_file(folder / "config.json"), device, torch.bfloat16)
+    model.talker.codec_head.weight.data[model.config.talker_config.codec_eos_token_id] = 0
+    return model
+
+
+def clone_prompt(model: Qwen3TTSModel, num_text_tokens: int = 30):
+    """An x-vector voice-clone prompt (random speaker embedding), streaming text, English."""
+    g = torch.Generator().manual_seed(0)
+    spec = PromptSpec(input_ids=random_prompt_ids(model.config, num_text_tokens), language="english",
+                      non_streaming_mode=False,
+                      speaker_embedding=torch.randn(model.config.talker_config.hidden_size, generator=g))
+    return build_prompt(model.talker, model.config, spec)
+
+
+def graph_ms(fn, replays: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def write_results(rows: list, path: Path, command: str, extra_rows: list[dict] | None = None) -> dict:
+    """One JSON file in the shared/bench/RESULTS.md format (ours first, then any peer rows of the same run)."""
+    # The GPU machine gets a copy of the working tree without .git: the caller passes the commit there.
+    commit = os.environ.get("Q3TTS_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    doc = {"card": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "commit": commit or None, "command": command,
+           "env": {"torch": torch.__version__, "cuda": torch.version.cuda},
+           "results": [asdict(r) if is_dataclass(r) else r for r in rows] + (extra_rows or [])}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2))
+    return doc
+
+
+def random_decoder(device: torch.device, dtype: torch.dtype):
+    """The full-size codec decoder with random weights, conditioned as the tiny checkpoints are (each
+    upsampling block rescaled to unit output, the waveform peaking at 0.5), so that its audio is not clipped
+    noise and precision comparisons mean something."""
+    from .checkpoint import instantiate
+    from .config import SpeechTokenizerConfig
+    from .models.codec_decoder import CodecDecoder
+    from .random_model import CONFIG_DIR
+    from .tiny.random_init import random_state_dict
+    from .tiny.speech_tokenizer import condition_vocoder
+
+    config = SpeechTokenizerConfig.from_file(CONFIG_DIR / "speech_tokenizer.json")
+    with torch.device("meta"):
+        shapes = {"decoder." + k: tuple(v.shape) for k, v in CodecDecoder(config.decoder_config).state_dict().items()}
+    tensors = random_state_dict(shapes, 0, device)
+    condition_vocoder(tensors, config, 0)
+    tensors = {k.removeprefix("decoder."): v.to(dtype) for k, v in tensors.items()}
+    return instantiate(lambda: CodecDecoder(config.decoder_config), tensors, device).eval()

@@ -1,0 +1,150 @@
+"""`q3tts bench streaming`: time to first audio (request to the first PCM on the host) at 1, 16 and 64
+streams, the codec's GPU cost next to the language model's, the streaming loop with and without the codec
+overlapped, and the bf16 codec's error against fp32."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ..engine.readback import Readback
+from ..engine.runner import EngineConfig
+from ..sampling import SamplingParams
+from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model, random_decoder
+
+
+def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple[int, ...] = (1, 16, 64),
+                    reps: int = 5, log=print) -> list[dict]:
+    """Time to first audio (request -> first PCM on the host) and the codec's GPU cost, per model."""
+    from .models.speech_tokenizer import SpeechTokenizer
+    from .streaming import Engine
+
+    device = torch.device("cuda")
+    rows: list[dict] = []
+    for name in names:
+        model = load_model(name, ckpt_root, device)
+        st_dir = Path(ckpt_root) / name / "speech_tokenizer" if ckpt_root else None
+        decoder = (SpeechTokenizer.from_pretrained(st_dir, device, torch.bfloat16, load_encoder=False).decoder
+                   if st_dir else random_decoder(device, torch.bfloat16))
+        engine = Engine(model, decoder, EngineConfig(max_rows=max(concurrency), max_context=512, max_trailing=64,
+                                                     buckets=tuple(sorted({1, 2, 4, 8, 16, 32, 64, *concurrency}))))
+        engine.capture_graphs()
+        for batch in concurrency:
+            row = _streaming_row(engine, model, name, batch, reps)
+            rows.append(row)
+            log(f"{name} B={batch}: first audio p50 {row['ttfa_ms_p50']} ms p95 {row['ttfa_ms_p95']} ms; LM "
+                f"{row['lm_frame_gpu_ms']} ms + codec {row['codec_frame_gpu_ms']} ms per frame step "
+                f"({row['codec_share_of_lm']:.0%}); streaming loop {row['step_ms_codec_overlapped']} ms per step "
+                f"with the codec overlapped, {row['step_ms_codec_sequential']} ms sequential")
+        del engine, model, decoder
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _streaming_row(engine, model, name: str, batch: int, reps: int) -> dict:
+    first_audio_ms(engine, model, batch)  # warm-up: the first prefill of a new shape compiles and autotunes
+    flat = sorted(t for _ in range(reps) for t in first_audio_ms(engine, model, batch))
+    lm_ms = graph_ms(lambda: engine.runner._frame(engine.runner.bucket(batch)), 30)
+    codec_ms = graph_ms(lambda: engine.codec._decode(engine.runner.bucket(batch)), 30)
+    sequential = _loop_ms(engine, model, batch, False)
+    # Overlap is measured where the engine uses it (see CodecRunner.overlap_max_rows).
+    overlapped = _loop_ms(engine, model, batch, True) if batch <= engine.codec.overlap_max_rows else sequential
+    return {"engine": "q3tts", "benchmark": "streaming", "model": name, "batch": batch,
+            "ms_per_frame": round(overlapped, 3), "audio_s_per_s": round(batch * FRAME_SECONDS / overlapped * 1e3, 1),
+            "ttfa_ms_p50": round(statistics.median(flat), 2),
+            "ttfa_ms_p95": round(flat[min(len(flat) - 1, int(0.95 * len(flat)))], 2), "rps": None,
+            "behind_realtime_share": None, "gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
+            "lm_frame_gpu_ms": round(lm_ms, 3), "codec_frame_gpu_ms": round(codec_ms, 3),
+            "codec_gpu_ms_per_audio_s": round(codec_ms / (batch * FRAME_SECONDS), 3),
+            "codec_share_of_lm": round(codec_ms / lm_ms, 3), "step_ms_codec_overlapped": round(overlapped, 3),
+            "step_ms_codec_sequential": round(sequential, 3), "chunk_schedule": "1,2,4,8,16"}
+
+
+def _loop_ms(engine, model, batch: int, overlap: bool, frames: int = 40) -> float:
+    """Wall ms per frame step of the streaming loop (LM frame, codec decode, PCM to the host one frame
+    behind), with the codec on its own stream (overlap) or after the LM on the same stream."""
+    runner, codec = engine.runner, engine.codec
+    saved = codec.overlap_max_rows
+    codec.overlap_max_rows = batch if overlap else 0
+    rows = list(range(batch))
+    runner.add_rows(rows, [clone_prompt(model)] * batch,
+                    [SamplingParams(max_new_tokens=frames + 10, seed=i) for i in rows])
+    codec.start(rows, [None] * batch)
+    readback = Readback(runner, depth=2, pcm=codec.pcm, pcm_stream=codec.pcm_stream)
+    start = None
+    for i in range(frames + 5):
+        if i == 5:
+            start = time.perf_counter()
+        runner.step(batch)
+        codec.step(batch)
+        readback.push(batch)
+        if len(readback.pending) == 2:
+            readback.pop()
+    while readback.pending:
+        readback.pop()
+    elapsed = time.perf_counter() - start
+    runner.release_rows(rows)
+    codec.overlap_max_rows = saved
+    return elapsed / frames * 1e3
+
+
+def peer_streaming_rows(paths: list[Path]) -> list[dict]:
+    """faster-qwen3-tts's streaming time to first audio from the peer harness's peer_<config>.json files."""
+    rows = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for r in data["results"]:
+            if not r.get("audio_streaming") or r.get("ttfa_ms") is None:
+                continue
+            rows.append({"engine": r["engine"].split("(")[0], "benchmark": "streaming", "model": r["model"],
+                         "batch": 1, "ms_per_frame": None, "audio_s_per_s": None,
+                         "ttfa_ms_p50": round(r["ttfa_ms"], 2), "ttfa_ms_p95": None, "rps": None,
+                         "behind_realtime_share": None, "gpu_mem_gb": None, "mode": r.get("mode"),
+                         "chunk_size": 12, "ttfa_chunk8_ms": round(r["ttfa_chunk8_ms"], 2)
+                         if r.get("ttfa_chunk8_ms") is not None else None,
+                         "ttfa_all_ms": [round(t, 2) for t in r.get("ttfa_ms_all", [])], "source": "this run"})
+    return rows
+
+
+def first_audio_ms(engine, model, batch: int) -> list[float]:
+    """`batch` requests submitted together: ms from submission (text ids in hand) to each stream's first PCM
+    on the host (prompt building, prefill, first frame, its decode and the copy included)."""
+    runner, codec = engine.runner, engine.codec
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    prompts = [clone_prompt(model) for _ in range(batch)]
+    rows = list(range(batch))
+    runner.add_rows(rows, prompts, [SamplingParams(max_new_tokens=20, seed=i) for i in rows])
+    codec.start(rows, [None] * batch)
+    readback = Readback(runner, depth=2, pcm=codec.pcm, pcm_stream=codec.pcm_stream)
+    runner.step(batch)
+    codec.step(batch)
+    readback.push(batch)
+    out = readback.pop()
+    arrived = (time.perf_counter() - start) * 1e3
+    assert bool(out.emitted.all()) and out.pcm.abs().sum() > 0
+    runner.release_rows(rows)
+    return [arrived] * batch
+
+
+def codec_precision(frames: int = 100) -> dict:
+    """bf16 vs fp32 incremental decode of the same random codes (conditioned random weights; the peer
+    checkpoints' unconditioned random vocoder clips to +-1 and amplifies any rounding into noise): max |diff|
+    and SNR of the audio."""
+    from .models.codec_streaming import StreamingDecoder
+
+    device = torch.device("cuda")
+    codes = torch.randint(0, 2048, (1, 16, frames), generator=torch.Generator().manual_seed(0)).to(device)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        decoder = random_decoder(device, dtype)
+        stream = StreamingDecoder(decoder, 1)
+        out[dtype] = torch.cat([stream.decode(codes[:, :, t:t + 1]) for t in range(frames)], -1).float()
+    diff = out[torch.bfloat16] - out[torch.float32]
+    snr = 10 * torch.log10(out[torch.float32].pow(2).mean() / diff.pow(2).mean().clamp(min=1e-30))
+    return {"frames": frames, "max_abs_diff": float(diff.abs().max()), "rms_fp32": float(out[torch.float32].pow(2)
+            .mean().sqrt()), "snr_db": float(snr)}
