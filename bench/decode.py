@@ -1,4 +1,4 @@
-"""Decode benchmark on the GPU machine (same as `q3tts bench decode`); see q3tts/benchmark.py.
+"""Decode benchmark on the GPU machine (same as `q3tts bench decode`); see q3tts/benchmarks/decode.py.
 
 usage: python bench/decode.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,2,...,256] [--out FILE] ...
 """
