@@ -33,6 +33,7 @@ class EngineConfig:
     num_blocks: int | None = None  # None: enough for max_rows x max_context
     max_trailing: int = 4100  # trailing text ids per row
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    prefill_buckets: tuple[int, ...] = (32, 64, 128, 256, 512)  # prefill token counts captured as graphs
     use_graphs: bool = True
 
     def __post_init__(self):
@@ -80,8 +81,9 @@ class ModelRunner:
                               cc.head_dim, cp.model.inv_freq)
         blocks_per_row = cfg.max_context // cfg.block_size
         num_blocks = cfg.num_blocks or cfg.max_rows * blocks_per_row + 1
+        # Row max_rows is a scratch row (all blocks -> block 0) for the padding tokens of a bucketed prefill.
         self.cache = PagedCache.allocate(tc.num_hidden_layers, num_blocks, cfg.block_size, tc.num_key_value_heads,
-                                         tc.head_dim, cfg.max_rows, blocks_per_row, self.dtype, self.device)
+                                         tc.head_dim, cfg.max_rows + 1, blocks_per_row, self.dtype, self.device)
         # The code predictor's 16 positions per frame: one block per row, block r for row r.
         self.cp_cache = PagedCache.allocate(cc.num_hidden_layers, cfg.max_rows, cc.num_code_groups,
                                             cc.num_key_value_heads, cc.head_dim, cfg.max_rows, 1, self.dtype,
@@ -98,6 +100,12 @@ class ModelRunner:
         self.cp_positions = torch.arange(cc.num_code_groups, device=self.device, dtype=torch.int32)[:, None].expand(
             -1, cfg.max_rows).contiguous()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        n = max(cfg.prefill_buckets)
+        self.prefill_x = torch.zeros(n, tc.hidden_size, dtype=self.dtype, device=self.device)
+        self.prefill_rows = torch.full((n,), cfg.max_rows, dtype=torch.int32, device=self.device)
+        self.prefill_positions = torch.zeros(n, dtype=torch.int32, device=self.device)
+        self.prefill_out = torch.zeros(n, tc.hidden_size, dtype=self.dtype, device=self.device)
         self._head_out_dtype = _probe_fp32_head(self.device, self.dtype)
 
     # ---- admission --------------------------------------------------------------------------------------------
@@ -116,10 +124,7 @@ class ModelRunner:
         for row, n, prm in zip(rows, lengths, params):
             self._reserve(row, n + prm.max_new_tokens)
         idx = torch.tensor(rows, device=dev)
-        flat_rows = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int32), torch.tensor(lengths)).to(dev)
-        flat_pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in lengths]).to(dev)
-        x = torch.cat([p.embeds for p in prompts]).to(dev)
-        hidden = self.talker(x, flat_rows, flat_pos, self.cache)
+        hidden = self._prefill_tokens(rows, lengths, torch.cat([p.embeds for p in prompts]).to(dev))
         last = torch.tensor(lengths).cumsum(0).to(dev) - 1
         s.hidden[idx] = hidden[last]
         s.positions[idx] = torch.tensor(lengths, dtype=torch.int32, device=dev)
@@ -136,6 +141,32 @@ class ModelRunner:
         for row, p in zip(rows, prompts):
             if p.trailing_ids:
                 s.trailing_ids[row, : len(p.trailing_ids)] = torch.tensor(p.trailing_ids, dtype=torch.int32)
+
+    def _prefill_tokens(self, rows: list[int], lengths: list[int], x: torch.Tensor) -> torch.Tensor:
+        """Runs the prompts' tokens (rows[i] gets lengths[i] tokens at positions 0..) through the talker and
+        returns their normed hidden states [N, H]. Up to the largest prefill bucket the tokens are padded to a
+        bucket (padding tokens go to the scratch row) and the captured graph runs; beyond it, eagerly."""
+        N, dev = x.shape[0], self.device
+        flat_rows = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int32), torch.tensor(lengths))
+        flat_pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in lengths])
+        bucket = next((b for b in sorted(self.config.prefill_buckets) if b >= N), None)
+        if bucket is None:
+            return self.talker(x, flat_rows.to(dev), flat_pos.to(dev), self.cache)
+        pad = bucket - N
+        self.prefill_x[:N].copy_(x)
+        self.prefill_rows[:bucket].copy_(torch.cat([flat_rows, torch.full((pad,), self.config.max_rows,
+                                                                          dtype=torch.int32)]))
+        self.prefill_positions[:bucket].copy_(torch.cat([flat_pos, torch.zeros(pad, dtype=torch.int32)]))
+        graph = self.prefill_graphs.get(bucket)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._prefill(bucket)
+        return self.prefill_out[:N]
+
+    def _prefill(self, bucket: int) -> None:
+        self.prefill_out[:bucket] = self.talker(self.prefill_x[:bucket], self.prefill_rows[:bucket],
+                                                self.prefill_positions[:bucket], self.cache)
 
     def release_rows(self, rows: list[int]) -> None:
         """Frees the rows' KV blocks; the rows become padding (finished, scratch block)."""
@@ -194,6 +225,7 @@ class ModelRunner:
         if self.device.type != "cuda" or not self.config.use_graphs:
             return
         self.graphs = capture_buckets(self._frame, self.config.buckets)
+        self.prefill_graphs = capture_buckets(self._prefill, self.config.prefill_buckets)
         self._reset_state()
 
     def _reset_state(self) -> None:

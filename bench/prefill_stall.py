@@ -1,0 +1,85 @@
+"""How long admitting newcomers stalls the running streams (GPU machine).
+
+With `running` rows decoding, admits `k` prompts of a given length (ModelRunner.add_rows: prefill + arming) and
+times the call to completion on the GPU, with the prefill graphs and eagerly, next to one decode frame of the
+running batch. Random full-size weights.
+
+usage: python bench/prefill_stall.py [--size 1.7B-Base] [--running 32] [--out FILE]
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from q3tts.benchmarks.common import load_model, write_results
+from q3tts.engine.runner import EngineConfig, ModelRunner
+from q3tts.prompt import PromptSpec, build_prompt
+from q3tts.random_model import random_prompt_ids
+from q3tts.sampling import SamplingParams
+
+CASES = [(1, 12), (1, 40), (4, 40), (1, 120), (8, 60), (1, 400)]  # (prompts admitted, text tokens each)
+
+
+def prompt(model, text_tokens: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    spec = PromptSpec(input_ids=random_prompt_ids(model.config, text_tokens, seed=seed), language="english",
+                      non_streaming_mode=True,
+                      speaker_embedding=torch.randn(model.config.talker_config.hidden_size, generator=g))
+    return build_prompt(model.talker, model.config, spec)
+
+
+def timed_ms(fn, repeats: int = 20) -> float:
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="1.7B-Base")
+    ap.add_argument("--running", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=Path("prefill-stall.json"))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    model = load_model(args.size, None, dev)
+    runner = ModelRunner(model, EngineConfig(max_rows=64, max_context=2048))
+    runner.capture_graphs()
+    params = SamplingParams(max_new_tokens=1000, seed=1)
+    base = [prompt(model, 12, seed=i) for i in range(args.running)]
+    runner.add_rows(list(range(args.running)), base, [params] * args.running)
+    for _ in range(3):
+        runner.step(args.running)
+    frame = timed_ms(lambda: runner.step(args.running))
+    graphs = runner.prefill_graphs
+    rows = []
+    for k, n in CASES:
+        prompts = [prompt(model, n, seed=100 + i) for i in range(k)]
+        new_rows = list(range(args.running, args.running + k))
+
+        def admit(new_rows=new_rows, prompts=prompts):
+            runner.add_rows(new_rows, prompts, [params] * len(prompts))
+            runner.release_rows(new_rows)
+
+        tokens = sum(p.embeds.shape[0] for p in prompts)
+        runner.prefill_graphs = graphs
+        with_graphs = timed_ms(admit)
+        runner.prefill_graphs = {}
+        eager = timed_ms(admit)
+        runner.prefill_graphs = graphs
+        rows.append({"engine": "q3tts", "model": args.size, "running_streams": args.running, "admitted": k,
+                     "prefill_tokens": tokens, "admit_ms_graphs": round(with_graphs, 3),
+                     "admit_ms_eager": round(eager, 3), "frame_ms": round(frame, 3)})
+        print(rows[-1], flush=True)
+    write_results(rows, args.out, "python bench/prefill_stall.py " + " ".join(f"--{k} {v}" for k, v in
+                                                                             vars(args).items() if k != "out"))
+
+
+if __name__ == "__main__":
+    main()
