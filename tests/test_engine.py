@@ -50,10 +50,15 @@ def _run_engine(runner: ModelRunner, prompts, params) -> list[torch.Tensor]:
     return [torch.stack(f) for f in frames]
 
 
-def test_engine_matches_reference_loop(tts):
+@pytest.mark.parametrize("prefill_buckets", [(32, 64, 128, 256, 512), (8,)], ids=["padded", "beyond-buckets"])
+def test_engine_matches_reference_loop(tts, prefill_buckets):
+    """Prompts padded to a prefill bucket (padding into the scratch row) or, beyond the largest bucket, run
+    unpadded: the codes are the reference loop's either way."""
     prompts, params = _requests(tts)
+    assert sum(p.embeds.shape[0] for p in prompts) > 8
     reference = generate_codes(tts.model.talker, prompts, params)
-    runner = ModelRunner(tts.model, EngineConfig(max_rows=4, max_context=256, block_size=16, max_trailing=64))
+    runner = ModelRunner(tts.model, EngineConfig(max_rows=4, max_context=256, block_size=16, max_trailing=64,
+                                                 prefill_buckets=prefill_buckets))
     ours = _run_engine(runner, prompts, params)
     for r, (a, b) in enumerate(zip(ours, reference)):
         assert a.shape == b.shape and torch.equal(a, b), f"row {r}"
