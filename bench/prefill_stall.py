@@ -2,7 +2,8 @@
 
 With `running` rows decoding, admits `k` prompts of a given length (ModelRunner.add_rows: prefill + arming) and
 times the call to completion on the GPU, with the prefill graphs and eagerly, next to one decode frame of the
-running batch. Random full-size weights.
+running batch. Then the cost of churn in a pipelined loop (see `churn`), with the host-to-device copies of
+admission staged in pinned memory and with plain (synchronizing) copies. Random full-size weights.
 
 usage: python bench/prefill_stall.py [--size 1.7B-Base] [--running 32] [--out FILE]
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from q3tts import transfer
 from q3tts.benchmarks.common import load_model, write_results
 from q3tts.engine.runner import EngineConfig, ModelRunner
 from q3tts.prompt import PromptSpec, build_prompt
@@ -39,6 +41,36 @@ def timed_ms(fn, repeats: int = 20) -> float:
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def churn(runner, model, size: str, running: int, params, frames: int = 200, every: int = 4) -> dict:
+    """The serving loop's pattern without the codec: frames run one ahead of the host (it waits for the frame
+    before last, as the engine's readback does), and every `every` frames one request finishes and one is
+    admitted. The cost of churn is the per-frame time beyond the plain loop's: the admission's GPU work plus any
+    bubble in which the device waits for the host."""
+    prompts = [prompt(model, 12, seed=200 + i) for i in range(frames // every)]
+
+    def loop(admit: bool) -> float:
+        events: list = []
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for i in range(frames):
+            if admit and i % every == 0:
+                runner.release_rows([running - 1])
+                runner.add_rows([running - 1], [prompts[i // every]], [params])
+            runner.step(running)
+            events.append(torch.cuda.Event())
+            events[-1].record()
+            if len(events) > 1:
+                events[-2].synchronize()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3 / frames
+
+    plain, with_churn = loop(False), loop(True)
+    return {"engine": "q3tts", "model": size, "running_streams": running,
+            "churn": f"1 finish + 1 admission every {every} frames", "frame_ms_plain": round(plain, 3),
+            "frame_ms_with_churn": round(with_churn, 3),
+            "admission_cost_ms": round((with_churn - plain) * every, 3)}
 
 
 def main() -> None:
@@ -77,6 +109,11 @@ def main() -> None:
                      "prefill_tokens": tokens, "admit_ms_graphs": round(with_graphs, 3),
                      "admit_ms_eager": round(eager, 3), "frame_ms": round(frame, 3)})
         print(rows[-1], flush=True)
+    for pinned in (True, False):  # host-to-device copies staged in pinned memory, or pageable (synchronizing)
+        transfer.PINNED = pinned
+        rows.append(churn(runner, model, args.size, args.running, params) | {"pinned_copies": pinned})
+        print(rows[-1], flush=True)
+    transfer.PINNED = True
     write_results(rows, args.out, "python bench/prefill_stall.py " + " ".join(f"--{k} {v}" for k, v in
                                                                              vars(args).items() if k != "out"))
 

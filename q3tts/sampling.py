@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import GenerationConfig
+from .transfer import to_device
 
 _MASK32 = 0xFFFFFFFF
 
@@ -63,10 +64,10 @@ class SamplerTensors:
         names = (("subtalker_dosample", "subtalker_temperature", "subtalker_top_k", "subtalker_top_p") if subtalker
                  else ("do_sample", "temperature", "top_k", "top_p"))
         values = [[getattr(x, name) for x in params] for name in names]
-        return cls(do_sample=torch.tensor(values[0], dtype=torch.bool, device=device),
-                   temperature=torch.tensor(values[1], dtype=torch.float32, device=device),
-                   top_k=torch.tensor(values[2], dtype=torch.int64, device=device),
-                   top_p=torch.tensor(values[3], dtype=torch.float32, device=device))
+        return cls(do_sample=to_device(values[0], device, torch.bool),
+                   temperature=to_device(values[1], device, torch.float32),
+                   top_k=to_device(values[2], device, torch.int64),
+                   top_p=to_device(values[3], device, torch.float32))
 
     @classmethod
     def empty(cls, num_rows: int, device: torch.device | str) -> SamplerTensors:

@@ -19,6 +19,7 @@ from ..generate import MIN_NEW_TOKENS, suppressed_ids
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..prompt import Prompt
 from ..sampling import SamplerTensors, SamplingParams
+from ..transfer import to_device
 from .decoder import FlatDecoder, PagedCache
 from .sampler import TalkerProcessors, sample_tokens
 
@@ -123,24 +124,24 @@ class ModelRunner:
                                  f"{self.config.max_context}")
         for row, n, prm in zip(rows, lengths, params):
             self._reserve(row, n + prm.max_new_tokens)
-        idx = torch.tensor(rows, device=dev)
-        hidden = self._prefill_tokens(rows, lengths, torch.cat([p.embeds for p in prompts]).to(dev))
-        last = torch.tensor(lengths).cumsum(0).to(dev) - 1
+        idx = to_device(rows, dev)
+        hidden = self._prefill_tokens(rows, lengths, to_device(torch.cat([p.embeds for p in prompts]), dev))
+        last = to_device(torch.tensor(lengths).cumsum(0) - 1, dev)
         s.hidden[idx] = hidden[last]
-        s.positions[idx] = torch.tensor(lengths, dtype=torch.int32, device=dev)
+        s.positions[idx] = to_device(lengths, dev, torch.int32)
         s.steps[idx] = 0
         s.done[idx] = False
         s.emitted[idx] = False
         s.seen[idx] = False
-        s.max_new[idx] = torch.tensor([p.max_new_tokens for p in params], device=dev)
-        s.penalty[idx] = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=dev)
-        s.seeds[idx] = torch.tensor([p.seed for p in params], device=dev)
+        s.max_new[idx] = to_device([p.max_new_tokens for p in params], dev, s.max_new.dtype)
+        s.penalty[idx] = to_device([p.repetition_penalty for p in params], dev, torch.float32)
+        s.seeds[idx] = to_device([p.seed for p in params], dev, s.seeds.dtype)
         s.talker_sampler.assign(idx, SamplerTensors.build(params, False, dev))
         s.cp_sampler.assign(idx, SamplerTensors.build(params, True, dev))
-        s.trailing_len[idx] = torch.tensor([len(p.trailing_ids) for p in prompts], device=dev)
+        s.trailing_len[idx] = to_device([len(p.trailing_ids) for p in prompts], dev, s.trailing_len.dtype)
         for row, p in zip(rows, prompts):
             if p.trailing_ids:
-                s.trailing_ids[row, : len(p.trailing_ids)] = torch.tensor(p.trailing_ids, dtype=torch.int32)
+                s.trailing_ids[row, : len(p.trailing_ids)] = to_device(p.trailing_ids, dev, torch.int32)
 
     def _prefill_tokens(self, rows: list[int], lengths: list[int], x: torch.Tensor) -> torch.Tensor:
         """Runs the prompts' tokens (rows[i] gets lengths[i] tokens at positions 0..) through the talker and
@@ -151,12 +152,13 @@ class ModelRunner:
         flat_pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in lengths])
         bucket = next((b for b in sorted(self.config.prefill_buckets) if b >= N), None)
         if bucket is None:
-            return self.talker(x, flat_rows.to(dev), flat_pos.to(dev), self.cache)
+            return self.talker(x, to_device(flat_rows, dev), to_device(flat_pos, dev), self.cache)
         pad = bucket - N
         self.prefill_x[:N].copy_(x)
-        self.prefill_rows[:bucket].copy_(torch.cat([flat_rows, torch.full((pad,), self.config.max_rows,
-                                                                          dtype=torch.int32)]))
-        self.prefill_positions[:bucket].copy_(torch.cat([flat_pos, torch.zeros(pad, dtype=torch.int32)]))
+        padded_rows = torch.cat([flat_rows, torch.full((pad,), self.config.max_rows, dtype=torch.int32)])
+        padded_positions = torch.cat([flat_pos, torch.zeros(pad, dtype=torch.int32)])
+        self.prefill_rows[:bucket].copy_(to_device(padded_rows, dev))
+        self.prefill_positions[:bucket].copy_(to_device(padded_positions, dev))
         graph = self.prefill_graphs.get(bucket)
         if graph is not None:
             graph.replay()
@@ -173,7 +175,7 @@ class ModelRunner:
         for row in rows:
             self.free_blocks.extend(self.row_blocks[row])
             self.row_blocks[row] = []
-        idx = torch.tensor(rows, device=self.device)
+        idx = to_device(rows, self.device)
         self.cache.block_table[idx] = 0
         self.state.done[idx] = True
         self.state.positions[idx] = 0
@@ -202,7 +204,7 @@ class ModelRunner:
         start = len(self.row_blocks[row])
         self.row_blocks[row] += new
         if new:
-            self.cache.block_table[row, start:start + len(new)] = torch.tensor(new, dtype=torch.int32)
+            self.cache.block_table[row, start:start + len(new)] = to_device(new, self.device, torch.int32)
 
     # ---- the frame -------------------------------------------------------------------------------------------
 

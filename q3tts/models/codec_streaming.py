@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from ..engine.kernels import snake_beta
 from ..layers.rotary import apply_rope, rope_cos_sin
+from ..transfer import to_device
 from .codec_decoder import (
     CausalConv1d,
     CausalConvTranspose1d,
@@ -96,7 +97,7 @@ class StreamingDecoder:
 
     def reset(self, rows: list[int] | torch.Tensor) -> None:
         """Starts fresh streams in `rows` (zeros are exactly the whole-sequence decode's left padding)."""
-        rows = torch.as_tensor(rows, device=self.device)
+        rows = to_device(rows, self.device)
         for t in self.state.tensors():
             t[rows] = 0
 
@@ -107,7 +108,7 @@ class StreamingDecoder:
 
     @torch.no_grad()
     def decode_rows(self, rows: list[int] | torch.Tensor, codes: torch.Tensor, clamp: bool = True) -> torch.Tensor:
-        rows = torch.as_tensor(rows, device=self.device)
+        rows = to_device(rows, self.device)
         part = self.state.gather(rows)
         wav = self._run(codes, part, clamp)
         self.state.scatter(rows, part)
