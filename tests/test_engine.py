@@ -94,3 +94,9 @@ def test_engine_teacher_forcing_matches_reference(tts):
     assert talker.shape == ref_talker.shape and cp.shape == ref_cp.shape
     assert (talker - ref_talker).abs().max() / ref_talker.abs().max() < 1e-5
     assert (cp - ref_cp).abs().max() / ref_cp.abs().max() < 1e-5
+
+
+def test_engine_config_prefill_buckets():
+    assert EngineConfig(prefill_buckets=(128, 32)).prefill_buckets == (32, 128)
+    with pytest.raises(ValueError, match="prefill_buckets"):
+        EngineConfig(prefill_buckets=(0, 64))

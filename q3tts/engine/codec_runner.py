@@ -19,7 +19,7 @@ import torch
 from ..models.codec_decoder import CodecDecoder
 from ..models.codec_streaming import StreamingDecoder
 from ..transfer import to_device
-from .runner import capture_buckets
+from .runner import capture_buckets, replay_or_run
 
 
 class CodecRunner:
@@ -77,11 +77,7 @@ class CodecRunner:
         self.inputs[:B].copy_(self.codes[:B])
         if self._taken is not None:
             self._taken.record()
-        graph = self.graphs.get(B)
-        if graph is not None:
-            graph.replay()
-        else:
-            self._decode(B)
+        replay_or_run(self.graphs, self._decode, B)
 
     def _decode(self, B: int) -> None:
         self.pcm[:B] = self.stream.decode(self.inputs[:B, :, None]).float()

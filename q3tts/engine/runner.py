@@ -43,6 +43,9 @@ class EngineConfig:
             self.buckets = (*self.buckets, self.max_rows)
         if self.max_context % self.block_size:
             raise ValueError("max_context must be a multiple of block_size")
+        if any(b < 1 for b in self.prefill_buckets):
+            raise ValueError(f"prefill_buckets must be positive token counts, got {self.prefill_buckets}")
+        self.prefill_buckets = tuple(sorted(self.prefill_buckets))  # () captures none: every prefill runs eagerly
 
 
 class RowState:
@@ -102,7 +105,7 @@ class ModelRunner:
             -1, cfg.max_rows).contiguous()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        n = max(cfg.prefill_buckets)
+        n = max(cfg.prefill_buckets, default=0)
         self.prefill_x = torch.zeros(n, tc.hidden_size, dtype=self.dtype, device=self.device)
         self.prefill_rows = torch.full((n,), cfg.max_rows, dtype=torch.int32, device=self.device)
         self.prefill_positions = torch.zeros(n, dtype=torch.int32, device=self.device)
@@ -150,7 +153,7 @@ class ModelRunner:
         N, dev = x.shape[0], self.device
         flat_rows = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int32), torch.tensor(lengths))
         flat_pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in lengths])
-        bucket = next((b for b in sorted(self.config.prefill_buckets) if b >= N), None)
+        bucket = next((b for b in self.config.prefill_buckets if b >= N), None)
         if bucket is None:
             return self.talker(x, to_device(flat_rows, dev), to_device(flat_pos, dev), self.cache)
         pad = bucket - N
@@ -159,11 +162,7 @@ class ModelRunner:
         padded_positions = torch.cat([flat_pos, torch.zeros(pad, dtype=torch.int32)])
         self.prefill_rows[:bucket].copy_(to_device(padded_rows, dev))
         self.prefill_positions[:bucket].copy_(to_device(padded_positions, dev))
-        graph = self.prefill_graphs.get(bucket)
-        if graph is not None:
-            graph.replay()
-        else:
-            self._prefill(bucket)
+        replay_or_run(self.prefill_graphs, self._prefill, bucket)
         return self.prefill_out[:N]
 
     def _prefill(self, bucket: int) -> None:
@@ -214,12 +213,7 @@ class ModelRunner:
     @torch.no_grad()
     def step(self, num_rows: int) -> None:
         """One frame for rows 0..num_rows-1 (the padding rows of the bucket run too, harmlessly)."""
-        B = self.bucket(num_rows)
-        graph = self.graphs.get(B)
-        if graph is not None:
-            graph.replay()
-        else:
-            self._frame(B)
+        replay_or_run(self.graphs, self._frame, self.bucket(num_rows))
 
     @torch.no_grad()
     def capture_graphs(self) -> None:
@@ -342,6 +336,15 @@ def capture_buckets(run, buckets: tuple[int, ...]) -> dict[int, torch.cuda.CUDAG
         graphs[B] = graph
     torch.cuda.synchronize()
     return graphs
+
+
+def replay_or_run(graphs: dict[int, torch.cuda.CUDAGraph], run, bucket: int) -> None:
+    """Replays the bucket's captured graph of `run`, or runs it eagerly where none was captured."""
+    graph = graphs.get(bucket)
+    if graph is not None:
+        graph.replay()
+    else:
+        run(bucket)
 
 
 def _copy_into(old: RowState, new: RowState) -> RowState:
