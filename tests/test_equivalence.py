@@ -22,6 +22,7 @@ import q3tts.api
 from q3tts import TTS
 from q3tts.teacher_forcing import teacher_forced_logits
 from q3tts.tiny import write_tiny_checkpoint
+from tests.oracle.calls import audio_arg
 
 GREEDY = {"do_sample": False, "subtalker_dosample": False}
 TOL = 1e-5
@@ -161,19 +162,9 @@ def _run_ours(tts: TTS, call_spec: dict, monkeypatch) -> dict:
 
     monkeypatch.setattr(q3tts.api, "generate_codes", recording)
     monkeypatch.setattr(q3tts.api, "build_prompt", recording_build)
-    kwargs = {k: _audio_arg(v) for k, v in call_spec["kwargs"].items()}
+    kwargs = {k: audio_arg(v) for k, v in call_spec["kwargs"].items()}
     seen["wavs"], seen["sr"] = getattr(tts, call_spec["method"])(**kwargs)
     return seen
-
-
-def _audio_arg(value):
-    """{"wav": path} is passed as the path; {"array": path} as an (array, sample rate) tuple."""
-    if isinstance(value, dict) and "wav" in value:
-        return value["wav"]
-    if isinstance(value, dict) and "array" in value:
-        wav, sr = sf.read(value["array"], dtype="float32")
-        return (wav, sr)
-    return [_audio_arg(v) for v in value] if isinstance(value, list) else value
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -238,7 +229,7 @@ def _official_cp_logits(records: list, row: int, num_frames: int) -> torch.Tenso
 
 def _check_voice_items(tts: TTS, call_spec: dict, items: list[dict]) -> None:
     kw = call_spec["kwargs"]
-    voices = tts.create_voice_clone_prompt(_audio_arg(kw["ref_audio"]), kw.get("ref_text"),
+    voices = tts.create_voice_clone_prompt(audio_arg(kw["ref_audio"]), kw.get("ref_text"),
                                            kw.get("x_vector_only_mode", False))
     for voice, item in zip(voices, items):
         assert _seen("speaker embedding (rel)", _rel(voice.ref_spk_embedding, item["spk"])) < TOL

@@ -12,8 +12,8 @@ received, the prompt token ids, and for voice clone the prompt items (speaker em
 import json
 import sys
 
-import soundfile as sf
 import torch
+from calls import audio_arg  # this script's folder is on sys.path
 from qwen_tts import Qwen3TTSModel
 
 
@@ -59,7 +59,7 @@ def main(ckpt, calls_path, out_path):
     for call in calls:
         rec.clear()
         rec.update(talker_logits=[], cp_logits=[])
-        kwargs = {k: _audio(v) for k, v in call["kwargs"].items()}
+        kwargs = {k: audio_arg(v) for k, v in call["kwargs"].items()}
         if call["method"] == "create_voice_clone_prompt":
             items = tts.create_voice_clone_prompt(**kwargs)
             results.append({"items": [{"ref_code": it.ref_code, "spk": it.ref_spk_embedding} for it in items]})
@@ -74,17 +74,6 @@ def main(ckpt, calls_path, out_path):
         results.append(dict(rec))
     torch.save(results, out_path)
     print("ok", len(results))
-
-
-def _audio(value):
-    if isinstance(value, dict) and "wav" in value:
-        return value["wav"]
-    if isinstance(value, dict) and "array" in value:
-        wav, sr = sf.read(value["array"], dtype="float32")
-        return (wav, sr)
-    if isinstance(value, list):
-        return [_audio(v) for v in value]
-    return value
 
 
 if __name__ == "__main__":
