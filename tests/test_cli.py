@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import soundfile as sf
@@ -71,3 +72,15 @@ def test_console_script_runs(tmp_path):
                           env={**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr
     assert sf.info(out).frames == 2 * 1920
+
+
+def test_benchmark_modules_import():
+    """The benchmarks run only on the GPU machine; at least their imports are checked here."""
+    import importlib
+    import importlib.util
+
+    for name in ("common", "decode", "streaming"):
+        importlib.import_module(f"q3tts.benchmarks.{name}")
+    for path in sorted((Path(__file__).resolve().parent.parent / "bench").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -84,3 +84,4 @@ def test_state_size_is_bounded(decoder, codes):
     before = stream.state_numel
     stream.decode(codes[:1, :, :40])
     assert stream.state_numel == before  # independent of the stream's length
+

@@ -11,7 +11,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from q3tts.engine import kernels  # noqa: E402
+from q3tts.engine import codec_kernels, kernels  # noqa: E402
 from q3tts.engine.sampler import TalkerProcessors, sample_tokens  # noqa: E402
 from q3tts.sampling import SamplerTensors, SamplingParams  # noqa: E402
 
@@ -165,12 +165,54 @@ def test_sampling_distribution(monkeypatch):
     assert torch.allclose(freq[-3:], expected, atol=0.03)
 
 
+def _snake(C, g):
+    return codec_kernels.snake_params(0.2 * torch.randn(C, device=DEVICE, generator=g),
+                                      torch.randn(C, device=DEVICE, generator=g))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_snake_beta(monkeypatch, dtype):
-    g = torch.Generator(DEVICE).manual_seed(2)
-    x = torch.randn(2, 6, 1300, device=DEVICE, generator=g).to(dtype)
-    alpha, beta = (0.2 * torch.randn(6, device=DEVICE, generator=g)).to(dtype), torch.randn(6, device=DEVICE).to(dtype)
-    _close(kernels.snake_beta(x, alpha, beta), _twin(monkeypatch, kernels.snake_beta, x, alpha, beta), dtype)
+@pytest.mark.parametrize("k,dilation,T,residual,snake,keep_out", [
+    (7, 9, 5, False, True, False),     # fewer new steps than the kept context
+    (7, 3, 40, False, False, True),    # more
+    (1, 1, 33, True, True, True),      # the residual unit's second conv: no state, residual, both outputs
+    (3, 1, 2, False, False, True),
+])
+def test_causal_conv(monkeypatch, dtype, k, dilation, T, residual, snake, keep_out):
+    g = torch.Generator(DEVICE).manual_seed(3)
+    B, C_in, C_out, L = 3, 40, 24, (k - 1) * dilation
+    x = torch.randn(B, T, C_in, device=DEVICE, generator=g).to(dtype)
+    w = (0.2 * torch.randn(k, C_in, C_out, device=DEVICE, generator=g)).to(dtype)
+    bias = torch.randn(C_out, device=DEVICE, generator=g).to(dtype)
+    state = torch.randn(B, L, C_in, device=DEVICE, generator=g).to(dtype) if L else None
+    res = torch.randn(B, T, C_out, device=DEVICE, generator=g).to(dtype) if residual else None
+    params = _snake(C_out, g) if snake else None
+    kwargs = dict(residual=res, snake=params, keep_out=keep_out)
+    ref_state = None if state is None else state.clone()
+    out, act = codec_kernels.causal_conv(x, state, w, bias, dilation, **kwargs)
+    ref_out, ref_act = _twin(monkeypatch, codec_kernels.causal_conv, x, ref_state, w, bias, dilation, **kwargs)
+    for a, b in ((out, ref_out), (act, ref_act)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            _close(a, b, dtype)
+    if state is not None:  # advanced by T: the last L steps of [state, x]
+        assert torch.equal(state, ref_state)
+        assert torch.equal(state[:, -min(T, L):], x[:, -min(T, L):])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_conv_transpose(monkeypatch, dtype):
+    g = torch.Generator(DEVICE).manual_seed(4)
+    B, T, C_in, C_out, s = 2, 5, 32, 20, 3
+    x = torch.randn(B, T, C_in, device=DEVICE, generator=g).to(dtype)
+    w = (0.2 * torch.randn(C_in, 2 * s * C_out, device=DEVICE, generator=g)).to(dtype)
+    bias = torch.randn(C_out, device=DEVICE, generator=g).to(dtype)
+    tail = torch.randn(B, s, C_out, device=DEVICE, generator=g).to(dtype)
+    params, ref_tail = _snake(C_out, g), tail.clone()
+    out, act = codec_kernels.conv_transpose(x, tail, w, bias, s, params)
+    ref_out, ref_act = _twin(monkeypatch, codec_kernels.conv_transpose, x, ref_tail, w, bias, s, params)
+    _close(out, ref_out, dtype)
+    _close(act, ref_act, dtype)
+    assert torch.equal(tail, ref_tail)
 
 
 def test_noise_stays_strictly_inside_the_unit_interval():

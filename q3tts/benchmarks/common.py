@@ -11,10 +11,14 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
+from ..checkpoint import instantiate
+from ..config import ModelConfig, SpeechTokenizerConfig
+from ..models.codec_decoder import CodecDecoder
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..prompt import PromptSpec, build_prompt
-from ..random_model import random_model, random_prompt_ids
+from ..random_model import CONFIG_DIR, random_model, random_prompt_ids
+from ..tiny.random_init import random_state_dict
+from ..tiny.speech_tokenizer import condition_vocoder
 
 FRAME_SECONDS = 0.08  # one codec frame = 80 ms of audio
 
@@ -72,13 +76,6 @@ def random_decoder(device: torch.device, dtype: torch.dtype):
     """The full-size codec decoder with random weights, conditioned as the tiny checkpoints are (each
     upsampling block rescaled to unit output, the waveform peaking at 0.5), so that its audio is not clipped
     noise and precision comparisons mean something."""
-    from .checkpoint import instantiate
-    from .config import SpeechTokenizerConfig
-    from .models.codec_decoder import CodecDecoder
-    from .random_model import CONFIG_DIR
-    from .tiny.random_init import random_state_dict
-    from .tiny.speech_tokenizer import condition_vocoder
-
     config = SpeechTokenizerConfig.from_file(CONFIG_DIR / "speech_tokenizer.json")
     with torch.device("meta"):
         shapes = {"decoder." + k: tuple(v.shape) for k, v in CodecDecoder(config.decoder_config).state_dict().items()}

@@ -21,6 +21,7 @@ import torch
 
 from ..engine.readback import Readback
 from ..engine.runner import EngineConfig, ModelRunner
+from ..engine.sampler import sample_tokens
 from ..sampling import SamplingParams
 from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model
 
@@ -89,8 +90,6 @@ def breakdown(runner: ModelRunner, prompt, batch: int, replays: int = 50) -> dic
     logits_cp = torch.randn(B, runner.model.talker.code_predictor.config.vocab_size, device=runner.device)
 
     def sampling_only():
-        from .engine.sampler import sample_tokens
-
         s = runner.state
         sample_tokens(logits_c0, s.talker_sampler.prefix(B), s.seeds[:B], s.steps[:B])
         for g in range(15):

@@ -13,16 +13,16 @@ import torch
 
 from ..engine.readback import Readback
 from ..engine.runner import EngineConfig
+from ..models.codec_streaming import StreamingDecoder
+from ..models.speech_tokenizer import SpeechTokenizer
 from ..sampling import SamplingParams
+from ..streaming import Engine
 from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model, random_decoder
 
 
 def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple[int, ...] = (1, 16, 64),
                     reps: int = 5, log=print) -> list[dict]:
     """Time to first audio (request -> first PCM on the host) and the codec's GPU cost, per model."""
-    from .models.speech_tokenizer import SpeechTokenizer
-    from .streaming import Engine
-
     device = torch.device("cuda")
     rows: list[dict] = []
     for name in names:
@@ -135,7 +135,6 @@ def codec_precision(frames: int = 100) -> dict:
     """bf16 vs fp32 incremental decode of the same random codes (conditioned random weights; the peer
     checkpoints' unconditioned random vocoder clips to +-1 and amplifies any rounding into noise): max |diff|
     and SNR of the audio."""
-    from .models.codec_streaming import StreamingDecoder
 
     device = torch.device("cuda")
     codes = torch.randint(0, 2048, (1, 16, frames), generator=torch.Generator().manual_seed(0)).to(device)

@@ -253,38 +253,3 @@ if triton is not None:
         u = tl.load(x_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0).to(tl.float32)
         y = g / (1.0 + tl.exp(-g)) * u
         tl.store(out_ptr + row * inter + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-# ---- SnakeBeta activation (codec decoder) ---------------------------------------------------------------------
-
-def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """x + 1/(exp(beta) + 1e-9) * sin(x * exp(alpha))^2 per channel, in one pass. x: [B, C, T] contiguous."""
-    if not use_triton(x):
-        a, b = torch.exp(alpha[None, :, None].float()), torch.exp(beta[None, :, None].float())
-        xf = x.float()
-        return (xf + (1.0 / (b + 1e-9)) * torch.pow(torch.sin(xf * a), 2)).to(x.dtype)
-    B, C, T = x.shape
-    out = torch.empty_like(x)
-    BLOCK = 1024
-    # Half-precision outputs cannot tell the hardware's approximate sine from libdevice's (2^-21 abs. error).
-    fast = x.is_cuda and x.dtype != torch.float32
-    _snake_kernel[(B * C, triton.cdiv(T, BLOCK))](x, alpha, beta, out, C, T, BLOCK=BLOCK, FAST_SIN=fast,
-                                                   num_warps=4)
-    return out
-
-
-if triton is not None:
-    @triton.jit
-    def _snake_kernel(x_ptr, alpha_ptr, beta_ptr, out_ptr, C, T, BLOCK: tl.constexpr, FAST_SIN: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < T
-        a = tl.exp(tl.load(alpha_ptr + row % C).to(tl.float32))
-        inv_b = 1.0 / (tl.exp(tl.load(beta_ptr + row % C).to(tl.float32)) + 1e-9)
-        x = tl.load(x_ptr + row * T + cols, mask=mask, other=0.0).to(tl.float32)
-        if FAST_SIN:
-            s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [x * a], dtype=tl.float32,
-                                          is_pure=True, pack=1)
-        else:
-            s = tl.sin(x * a)
-        tl.store(out_ptr + row * T + cols, (x + inv_b * s * s).to(out_ptr.dtype.element_ty), mask=mask)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..engine.kernels import snake_beta
+from ..engine.codec_kernels import causal_conv, conv_transpose, snake_params
 from ..layers.rotary import apply_rope, rope_cos_sin
 from ..transfer import to_device
 from .codec_decoder import (
@@ -35,9 +35,7 @@ from .codec_decoder import (
     CodecAttention,
     CodecDecoder,
     ConvNeXtBlock,
-    DecoderBlock,
     DecoderTransformerLayer,
-    ResidualUnit,
     SnakeBeta,
 )
 
@@ -75,6 +73,9 @@ class StreamingDecoder:
         self.decoder = decoder
         weight = decoder.pre_conv.conv.weight
         self.device, self.dtype = weight.device, weight.dtype
+        # The vocoder (the convolution stack after the upsampling) runs time-major: its kept contexts are
+        # [rows, L, C]; the other stages' are [rows, C, L].
+        vocoder = {id(m) for m in decoder.decoder.modules()}
         convs = [m for m in decoder.modules() if isinstance(m, CausalConv1d) and m.left_context > 0]
         tails = [m for m in decoder.modules() if isinstance(m, CausalConvTranspose1d) and m.trim > 0]
         attn = [m for m in decoder.modules() if isinstance(m, CodecAttention)]
@@ -84,11 +85,13 @@ class StreamingDecoder:
         self.codebooks = [[layer._codebook.vectors() for layer in rvq.vq.layers]
                           for rvq in (split.rvq_first, split.rvq_rest)]
         self.state = DecoderState(
-            convs=[z(m.conv.in_channels, m.left_context) for m in convs],
-            tails=[z(m.conv.out_channels, m.trim) for m in tails],
+            convs=[z(m.left_context, m.conv.in_channels) if id(m) in vocoder else z(m.conv.in_channels, m.left_context)
+                   for m in convs],
+            tails=[z(m.trim, m.conv.out_channels) for m in tails],
             keys=[z(m.num_kv_heads, m.window - 1, m.head_dim) for m in attn],
             values=[z(m.num_kv_heads, m.window - 1, m.head_dim) for m in attn],
             lengths=torch.zeros(max_rows, dtype=torch.long, device=self.device))
+        self.vocoder = _Vocoder(decoder.decoder)
 
     @property
     def state_numel(self) -> int:
@@ -126,10 +129,8 @@ class StreamingDecoder:
         for blocks in d.upsample:
             for block in blocks:
                 hidden = self._module(block, hidden, cursor)
-        for block in d.decoder:
-            hidden = self._module(block, hidden, cursor)
+        wav = self.vocoder(hidden.transpose(1, 2).contiguous(), cursor)
         state.lengths += T
-        wav = hidden[:, 0]
         return wav.clamp(min=-1, max=1) if clamp else wav
 
     def _quantized(self, codes: torch.Tensor) -> torch.Tensor:
@@ -151,20 +152,11 @@ class StreamingDecoder:
         if isinstance(m, CausalConv1d):
             return self._conv(m, x, cursor)
         if isinstance(m, CausalConvTranspose1d):
-            return self._conv_transpose(m, x, cursor)
+            return self._conv_transpose(m, x)
         if isinstance(m, ConvNeXtBlock):
             h = self._conv(m.dwconv, x, cursor).permute(0, 2, 1)
             h = m.pwconv2(F.gelu(m.pwconv1(m.norm(h))))
             return x + (m.gamma * h).permute(0, 2, 1)
-        if isinstance(m, ResidualUnit):
-            h = self._conv(m.conv1, snake_beta(x.contiguous(), m.act1.alpha, m.act1.beta), cursor)
-            return self._conv(m.conv2, snake_beta(h, m.act2.alpha, m.act2.beta), cursor) + x
-        if isinstance(m, DecoderBlock):
-            for layer in m.block:
-                x = self._module(layer, x, cursor)
-            return x
-        if isinstance(m, SnakeBeta):
-            return snake_beta(x.contiguous(), m.alpha, m.beta)
         raise TypeError(f"no streaming rule for {type(m).__name__}")
 
     @staticmethod
@@ -189,24 +181,15 @@ class StreamingDecoder:
         return F.conv1d(full, c.weight, c.bias, c.stride, 0, c.dilation, c.groups)
 
     @staticmethod
-    def _conv_transpose(m: CausalConvTranspose1d, x: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
-        """x: [B, C, T] -> [B, C', T * stride], as one matrix product: with kernel k = stride or 2 x stride
-        each input step writes k outputs, [B * T, C] @ [C, C' * k], and the second half of step t overlaps
-        the first half of step t + 1 (the previous call's last half is kept in the state)."""
+    def _conv_transpose(m: CausalConvTranspose1d, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, C, T] -> [B, C', T * stride] with kernel = stride (no overlap, no state): one matrix product."""
         c = m.conv
         B, _, T = x.shape
-        s, k = c.stride[0], c.kernel_size[0]
-        if k not in (s, 2 * s):
-            raise NotImplementedError(f"streaming transposed conv with kernel {k} and stride {s}")
-        steps = (x.transpose(1, 2).reshape(B * T, -1) @ c.weight.view(c.in_channels, -1)).view(B, T, -1, k)
-        if k == s:
-            out = steps
-        else:
-            tail = cursor.next_tail()  # [B, C', s]: the previous step's second half
-            previous = torch.cat([tail.transpose(1, 2)[:, None], steps[:, :-1, :, s:].transpose(2, 3)], dim=1)
-            out = steps[..., :s] + previous.transpose(2, 3)  # [B, T, C', s]
-            tail.copy_(steps[:, -1, :, s:])
-        out = out.permute(0, 2, 1, 3).reshape(B, -1, T * s)
+        s = c.stride[0]
+        if c.kernel_size[0] != s:
+            raise NotImplementedError(f"streaming transposed conv with kernel {c.kernel_size[0]} and stride {s}")
+        steps = (x.transpose(1, 2).reshape(B * T, -1) @ c.weight.view(c.in_channels, -1)).view(B, T, -1, s)
+        out = steps.permute(0, 2, 1, 3).reshape(B, -1, T * s)
         return out + c.bias[None, :, None] if c.bias is not None else out
 
     def _transformer(self, x: torch.Tensor, positions: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
@@ -246,6 +229,59 @@ class StreamingDecoder:
         kwargs = {} if a.scale is None else {"scale": a.scale}
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None], **kwargs)
         return a.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class _Vocoder:
+    """The convolution stack after the upsampling (causal conv, blocks of SnakeBeta + transposed conv + residual
+    units, SnakeBeta, causal conv) with its weights packed for the time-major kernels. Every SnakeBeta runs in
+    the epilogue of the operation before it."""
+
+    def __init__(self, stack: torch.nn.ModuleList):
+        conv_in, *blocks, last_snake, conv_out = stack
+        self.conv_in, self.conv_out = _PackedConv(conv_in), _PackedConv(conv_out)
+        self.blocks = []
+        for block in blocks:
+            first, up, *units = block.block
+            w = up.conv.weight.detach()  # [C_in, C_out, 2s] -> [C_in, 2s * C_out]
+            self.blocks.append(_Block(_snake(first), w.permute(0, 2, 1).reshape(w.shape[0], -1).contiguous(),
+                                      up.conv.bias.detach(), up.conv.stride[0],
+                                      [(_snake(u.act1), _PackedConv(u.conv1), _snake(u.act2), _PackedConv(u.conv2))
+                                       for u in units]))
+        self.last_snake = _snake(last_snake)
+
+    def __call__(self, x: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
+        """x: [B, T, C] -> [B, T * samples per step]."""
+        following = [block.snake for block in self.blocks] + [self.last_snake]
+        _, act = self.conv_in(x, cursor.next_conv(), snake=following[0], keep_out=False)
+        for block, after in zip(self.blocks, following[1:]):
+            units = block.units
+            y, act = conv_transpose(act, cursor.next_tail(), block.weight, block.bias, block.stride, units[0][0])
+            for i, (_, conv1, snake2, conv2) in enumerate(units):
+                last = i + 1 == len(units)
+                _, h = conv1(act, cursor.next_conv(), snake=snake2, keep_out=False)
+                y, act = conv2(h, None, residual=y, snake=after if last else units[i + 1][0], keep_out=not last)
+        wav, _ = self.conv_out(act, cursor.next_conv())
+        return wav[..., 0]
+
+
+def _snake(m: SnakeBeta) -> tuple[torch.Tensor, torch.Tensor]:
+    return snake_params(m.alpha.detach(), m.beta.detach())
+
+
+class _Block:
+    def __init__(self, snake, weight, bias, stride, units):
+        self.snake, self.weight, self.bias, self.stride, self.units = snake, weight, bias, stride, units
+
+
+class _PackedConv:
+    """A `CausalConv1d`'s weight as [k, C_in, C_out] for `causal_conv`."""
+
+    def __init__(self, m: CausalConv1d):
+        self.weight = m.conv.weight.detach().permute(2, 1, 0).contiguous()
+        self.bias, self.dilation = m.conv.bias.detach(), m.conv.dilation[0]
+
+    def __call__(self, x: torch.Tensor, state: torch.Tensor | None, **kwargs):
+        return causal_conv(x, state, self.weight, self.bias, self.dilation, **kwargs)
 
 
 class _Cursor:

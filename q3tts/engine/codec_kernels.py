@@ -1,0 +1,217 @@
+"""Kernels of the streaming codec decoder's vocoder, time-major ([B, T, C]: channels last), each with a plain-
+PyTorch twin of the same semantics (the CPU path, and what the tests compare the kernels against).
+
+The vocoder is causal convolutions (kernel 7, dilations 1/3/9, and kernel 1), transposed convolutions with
+overlap, and SnakeBeta activations. Channel-major convolutions through cuDNN ran at a fraction of the tensor
+cores' rate and needed a concatenation per convolution to put the stream's kept context before the new samples.
+Here one kernel is one implicit matrix product: output row (b, t) = bias + sum over taps j of
+input(b, t + j * dilation - L) @ W[j], where positions before the call (negative) read the stream's kept context
+`state` [B, L, C_in] and the others the new input; rows of all streams are one M dimension, so a call of one
+frame per stream still fills the tiles. Bias, residual add and the next SnakeBeta run in the epilogue.
+
+SnakeBeta(x) = x + inv_beta * sin(alpha * x)^2 with alpha = exp(log_alpha), inv_beta = 1 / (exp(log_beta) + 1e-9)
+(`snake_params` computes the two per-channel vectors once).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernels
+from .kernels import triton
+
+if triton is not None:
+    import triton.language as tl
+
+
+def snake_params(log_alpha: torch.Tensor, log_beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel (alpha, inv_beta) in fp32 from SnakeBeta's stored log-scale parameters."""
+    return torch.exp(log_alpha.float()), 1.0 / (torch.exp(log_beta.float()) + 1e-9)
+
+
+def _snake_ref(y: torch.Tensor, snake: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    alpha, inv_beta = snake
+    return y + inv_beta * torch.sin(y * alpha) ** 2
+
+
+def _fast_sin(x: torch.Tensor) -> bool:
+    # Half-precision outputs cannot tell the hardware's approximate sine from libdevice's (2^-21 abs. error).
+    return x.is_cuda and x.dtype != torch.float32
+
+
+# ---- causal convolution ------------------------------------------------------------------------------------------
+
+def causal_conv(x: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
+                dilation: int = 1, residual: torch.Tensor | None = None,
+                snake: tuple[torch.Tensor, torch.Tensor] | None = None,
+                keep_out: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One streaming step of a causal convolution, time-major.
+
+    x: [B, T, C_in] (contiguous); state: [B, L, C_in] with L = (k - 1) * dilation, the inputs of the previous
+    calls (None when L = 0), advanced in place by T; weight: [k, C_in, C_out]; bias: [C_out].
+    y = conv + bias (+ residual [B, T, C_out]). Returns (y if keep_out, SnakeBeta(y) if snake is given).
+    """
+    B, T, C_in = x.shape
+    k, _, C_out = weight.shape
+    L = 0 if state is None else state.shape[1]
+    if L != (k - 1) * dilation:
+        raise ValueError(f"state holds {L} steps, the convolution needs {(k - 1) * dilation}")
+    if not kernels.use_triton(x):
+        full = (x if state is None else torch.cat([state, x], dim=1)).float()
+        y = sum(full[:, j * dilation: j * dilation + T] @ weight[j].float() for j in range(k)) + bias.float()
+        if residual is not None:
+            y = y + residual.float()
+        out = y.to(x.dtype) if keep_out else None
+        act = _snake_ref(y, snake).to(x.dtype) if snake is not None else None
+    else:
+        R = B * T
+        out = torch.empty(B, T, C_out, dtype=x.dtype, device=x.device) if keep_out else None
+        act = torch.empty(B, T, C_out, dtype=x.dtype, device=x.device) if snake is not None else None
+        BM, BN, BK, warps, stages = conv_config(R, k, C_in, C_out)
+        grid = (triton.cdiv(R, BM), triton.cdiv(C_out, BN))
+        _causal_conv_kernel[grid](
+            x, x if state is None else state, weight, bias, x if residual is None else residual,
+            x if out is None else out, x if act is None else act,
+            bias if snake is None else snake[0], bias if snake is None else snake[1],
+            R, T, L, C_in, C_out, dilation, KS=k, HAS_RESIDUAL=residual is not None, WRITE_OUT=keep_out,
+            WRITE_ACT=snake is not None, FAST_SIN=_fast_sin(x), IEEE=x.dtype == torch.float32,
+            BM=BM, BN=BN, BK=BK, num_warps=warps, num_stages=stages)
+    if state is not None:
+        _advance(state, x)
+    return out, act
+
+
+def _advance(state: torch.Tensor, x: torch.Tensor) -> None:
+    """state <- the last L steps of [state, x] (same stream: runs after the convolution has read the state)."""
+    L, T = state.shape[1], x.shape[1]
+    if T >= L:
+        state.copy_(x[:, T - L:])
+    else:
+        state.copy_(torch.cat([state[:, T:], x], dim=1))
+
+
+# Tile shapes (BM, BN, BK, num_warps, num_stages) of the real codec's convolutions by (k, C_in, C_out): the
+# fastest of `bench/codec_kernels.py`'s candidates at 64 streams, one frame per stream (H100); used from 256 rows.
+CONV_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
+    (7, 1024, 1536): (64, 64, 32, 4, 3),
+    (7, 768, 768): (128, 128, 32, 8, 3), (1, 768, 768): (128, 128, 32, 8, 3),
+    (7, 384, 384): (64, 128, 64, 4, 3), (1, 384, 384): (128, 64, 32, 8, 3),
+    (7, 192, 192): (64, 128, 32, 4, 3), (1, 192, 192): (64, 128, 64, 8, 3),
+    (7, 96, 96): (128, 128, 32, 4, 4), (1, 96, 96): (64, 32, 32, 4, 3),
+    (7, 96, 1): (64, 32, 32, 4, 4),
+}
+
+
+def conv_config(R: int, k: int, C_in: int, C_out: int) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, num_warps, num_stages) for R output rows, kernel k, C_in -> C_out channels."""
+    if R >= 256 and (k, C_in, C_out) in CONV_CONFIGS:
+        return CONV_CONFIGS[(k, C_in, C_out)]
+    BN = 16 if C_out <= 16 else 32 if C_out % 64 else 64 if C_out < 128 or C_out % 128 else 128
+    BK = 16 if C_in <= 16 else 32 if C_in % 64 else 64
+    BM = 128 if R >= 4096 else 64 if R >= 64 else 16
+    return BM, BN, BK, 8 if BM * BN >= 128 * 128 else 4, 3
+
+
+if triton is not None:
+    @triton.jit
+    def _causal_conv_kernel(x_ptr, state_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr, inv_beta_ptr,
+                            R, T, L, C_IN, C_OUT, DIL, KS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                            WRITE_OUT: tl.constexpr, WRITE_ACT: tl.constexpr, FAST_SIN: tl.constexpr,
+                            IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        rows = tl.program_id(0) * BM + tl.arange(0, BM)
+        cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        row_ok, col_ok = rows < R, cols < C_OUT
+        b = (rows // T).to(tl.int64)
+        t = rows % T
+        ks = tl.arange(0, BK)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        n_k = tl.cdiv(C_IN, BK)
+        for it in range(KS * n_k):
+            j = it // n_k
+            kk = (it % n_k) * BK + ks
+            k_ok = kk < C_IN
+            p = t + j * DIL - L  # position in the new input; negative: in the kept context
+            in_x = p >= 0
+            a = tl.load(x_ptr + (b * T + p)[:, None] * C_IN + kk[None, :],
+                        mask=(row_ok & in_x)[:, None] & k_ok[None, :], other=0.0)
+            a += tl.load(state_ptr + (b * L + L + p)[:, None] * C_IN + kk[None, :],
+                         mask=(row_ok & ~in_x)[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + (j * C_IN + kk)[:, None] * C_OUT + cols[None, :],
+                        mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if IEEE:
+                acc = tl.dot(a, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w, acc)
+        y = acc + tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        offs = rows.to(tl.int64)[:, None] * C_OUT + cols[None, :]
+        mask = row_ok[:, None] & col_ok[None, :]
+        if HAS_RESIDUAL:
+            y += tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if WRITE_OUT:
+            tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        if WRITE_ACT:
+            alpha = tl.load(alpha_ptr + cols, mask=col_ok, other=0.0)[None, :]
+            inv_beta = tl.load(inv_beta_ptr + cols, mask=col_ok, other=0.0)[None, :]
+            s = _sin(y * alpha, FAST_SIN)
+            tl.store(act_ptr + offs, (y + inv_beta * s * s).to(act_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _sin(x, FAST: tl.constexpr):
+        if FAST:
+            return tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        return tl.sin(x)
+
+
+# ---- transposed convolution (kernel 2 x stride) -------------------------------------------------------------------
+
+def conv_transpose(x: torch.Tensor, tail: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int,
+                   snake: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One streaming step of a transposed convolution with kernel 2 x stride, time-major.
+
+    x: [B, T, C_in]; weight: [C_in, 2 * stride * C_out] (taps major, channels minor); tail: [B, stride, C_out],
+    the previous call's last step's second half (without bias), advanced in place. Each input step writes 2s
+    outputs, one matrix product [B * T, C_in] @ [C_in, 2s * C_out]; the first half of step t adds to the second
+    half of step t - 1. Returns (y [B, T * stride, C_out], SnakeBeta(y)).
+    """
+    B, T, C_in = x.shape
+    s, C_out = stride, tail.shape[-1]
+    steps = (x.reshape(B * T, C_in) @ weight).view(B, T, 2 * s, C_out)
+    if not kernels.use_triton(x):
+        previous = torch.cat([tail[:, None], steps[:, :-1, s:]], dim=1)
+        y = (steps[:, :, :s].float() + previous.float() + bias.float()).reshape(B, T * s, C_out)
+        out, act = y.to(x.dtype), _snake_ref(y, snake).to(x.dtype)
+    else:
+        out = torch.empty(B, T * s, C_out, dtype=x.dtype, device=x.device)
+        act = torch.empty_like(out)
+        BLOCK_R, BLOCK_C = 16, triton.next_power_of_2(min(C_out, 256))
+        grid = (triton.cdiv(B * T * s, BLOCK_R), triton.cdiv(C_out, BLOCK_C))
+        _overlap_add_kernel[grid](steps, tail, bias, snake[0], snake[1], out, act, B * T * s, T, C_out, S=s,
+                                  FAST_SIN=_fast_sin(x), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, num_warps=4)
+    tail.copy_(steps[:, -1, s:])
+    return out, act
+
+
+if triton is not None:
+    @triton.jit
+    def _overlap_add_kernel(steps_ptr, tail_ptr, bias_ptr, alpha_ptr, inv_beta_ptr, out_ptr, act_ptr, N, T, C,
+                            S: tl.constexpr, FAST_SIN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # output row b * T * S + t * S + i
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        r_ok, col_ok = r < N, cols < C
+        step = (r // S).to(tl.int64)  # b * T + t
+        i = r % S
+        first = (step % T) == 0
+        mask = r_ok[:, None] & col_ok[None, :]
+        y = tl.load(steps_ptr + ((step * 2 * S + i) * C)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        y += tl.load(steps_ptr + (((step - 1) * 2 * S + S + i) * C)[:, None] + cols[None, :],
+                     mask=mask & ~first[:, None], other=0.0).to(tl.float32)
+        y += tl.load(tail_ptr + (((step // T) * S + i) * C)[:, None] + cols[None, :],
+                     mask=mask & first[:, None], other=0.0).to(tl.float32)
+        y += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        offs = r.to(tl.int64)[:, None] * C + cols[None, :]
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        alpha = tl.load(alpha_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        inv_beta = tl.load(inv_beta_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        s = _sin(y * alpha, FAST_SIN)
+        tl.store(act_ptr + offs, (y + inv_beta * s * s).to(act_ptr.dtype.element_ty), mask=mask)
