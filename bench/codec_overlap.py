@@ -1,6 +1,6 @@
 """The streaming loop's wall ms per frame step with the codec decoding on its own stream while the language
 model computes the next frame (overlap) and after it (sequential), per batch size: decides
-`CodecRunner.overlap`. Random full-size weights, EOS off. GPU machine only.
+`CodecRunner.overlap_max_rows`. Random full-size weights, EOS off. GPU machine only.
 
 usage: python bench/codec_overlap.py [--size 1.7B-Base] [--batches 16,32,64,128]
 """

@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--rates", default="10,20,40")
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--max-running", type=int, default=128)
-    parser.add_argument("--no-overlap", action="store_true", help="the codec decodes after the LM's frame, not beside")
+    parser.add_argument("--overlap-max-rows", type=int, help="the codec runner's overlap_max_rows (default: its own)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
@@ -162,7 +162,8 @@ def main() -> None:
         tts = TTS.from_pretrained(args.ckpt_root / name, device="cuda", dtype=torch.bfloat16)
         tts.model.talker.codec_head.weight.data[tts.config.talker_config.codec_eos_token_id] = 0
         engine = AsyncEngine(tts, ServingConfig(max_running=args.max_running, max_waiting=4096, max_context=512))
-        engine.codec.overlap = not args.no_overlap
+        if args.overlap_max_rows is not None:
+            engine.codec.overlap_max_rows = args.overlap_max_rows
         engine.start()
         asyncio.run(run_rate(engine, tts, 4.0, 2.0, seed=0))  # warm-up
         for rate in rates:

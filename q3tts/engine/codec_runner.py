@@ -6,9 +6,10 @@ captured as a CUDA graph per batch bucket at start-up like the language model's 
 
 On CUDA the decode runs on a second stream: it snapshots the frame's codes and decodes them while the language
 model computes the next frame; the next frame may only overwrite the codes once the snapshot is taken, so
-each step costs about max(language model, codec) instead of their sum (measured in docs/perf-notes.md: -10 to
--21% per step from 1 to 128 streams). With `overlap` off the language model waits for the decode instead. PCM
-is copied to the host from the codec's stream (`pcm_stream`) either way.
+each step costs about max(language model, codec) instead of their sum. Above `overlap_max_rows` the language
+model waits for the decode instead (measured in docs/perf-notes.md: overlap saves ~19% per step at 1 and 16
+streams, and at 64 streams ran pathologically slowly, for reasons not found yet). PCM is copied to the host
+from the codec's stream (`pcm_stream`) either way.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .runner import capture_buckets, replay_or_run
 
 class CodecRunner:
     def __init__(self, decoder: CodecDecoder, codes: torch.Tensor, buckets: tuple[int, ...],
-                 overlap: bool = True):
+                 overlap_max_rows: int = 16):
         """codes: the model runner's static [max_rows, 16] buffer of each row's newest frame."""
         self.codes, self.buckets = codes, buckets
         self.inputs = torch.zeros_like(codes)  # the snapshot the decoder reads
@@ -31,7 +32,7 @@ class CodecRunner:
         self.samples_per_frame = decoder.samples_per_frame
         self.pcm = torch.zeros(codes.shape[0], self.samples_per_frame, device=codes.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.overlap = overlap
+        self.overlap_max_rows = overlap_max_rows
         self.pcm_stream = torch.cuda.Stream() if codes.device.type == "cuda" else None
         self._ready, self._taken, self._decoded = ((torch.cuda.Event(), torch.cuda.Event(), torch.cuda.Event())
                                                    if self.pcm_stream else (None, None, None))
@@ -70,7 +71,7 @@ class CodecRunner:
             self._snapshot_and_decode(B)
             self._decoded.record()
         # The next frame may overwrite the codes once they are copied; without overlap, once they are decoded.
-        main.wait_event(self._taken if self.overlap else self._decoded)
+        main.wait_event(self._taken if self.overlap_max_rows >= B else self._decoded)
 
     def _snapshot_and_decode(self, B: int) -> None:
         self.inputs[:B].copy_(self.codes[:B])
