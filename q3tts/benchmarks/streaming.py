@@ -51,8 +51,7 @@ def _streaming_row(engine, model, name: str, batch: int, reps: int) -> dict:
     lm_ms = graph_ms(lambda: engine.runner._frame(engine.runner.bucket(batch)), 30)
     codec_ms = graph_ms(lambda: engine.codec._decode(engine.runner.bucket(batch)), 30)
     sequential = _loop_ms(engine, model, batch, False)
-    # Overlap is measured where the engine uses it (see CodecRunner.overlap_max_rows).
-    overlapped = _loop_ms(engine, model, batch, True) if batch <= engine.codec.overlap_max_rows else sequential
+    overlapped = _loop_ms(engine, model, batch, True)
     return {"engine": "q3tts", "benchmark": "streaming", "model": name, "batch": batch,
             "ms_per_frame": round(overlapped, 3), "audio_s_per_s": round(batch * FRAME_SECONDS / overlapped * 1e3, 1),
             "ttfa_ms_p50": round(statistics.median(flat), 2),

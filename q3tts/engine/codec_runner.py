@@ -7,9 +7,10 @@ captured as a CUDA graph per batch bucket at start-up like the language model's 
 On CUDA the decode runs on a second stream: it snapshots the frame's codes and decodes them while the language
 model computes the next frame; the next frame may only overwrite the codes once the snapshot is taken, so
 each step costs about max(language model, codec) instead of their sum. Above `overlap_max_rows` the language
-model waits for the decode instead (measured in docs/perf-notes.md: overlap saves ~19% per step at 1 and 16
-streams, and at 64 streams ran pathologically slowly, for reasons not found yet). PCM is copied to the host
-from the codec's stream (`pcm_stream`) either way.
+model waits for the decode instead. Measured in docs/perf-notes.md: overlap saves 10-21% per step from 1 to 128
+streams in the streaming loop, but the serving engine with overlap above 16 rows crashed under load (cause not
+found yet), so the default stays 16. PCM is copied to the host from the codec's stream (`pcm_stream`) either
+way.
 """
 
 from __future__ import annotations
