@@ -16,6 +16,11 @@ State size per stream (real config): 132 k numbers of convolution context, 9 k o
 overlap and 1.16 M of attention cache (8 layers x K and V x 16 heads x 71 frames x 64): 1.30 M numbers,
 5.2 MB in fp32 (2.6 MB in bf16), whatever the stream's length; see `state_numel`.
 
+Layout: the vocoder (the convolution stack after the upsampling, nearly all of the work) runs time-major through
+the Triton kernels of `engine/codec_kernels.py` (the PyTorch twins on the CPU); its kept contexts are
+[rows, L, C] and its transposed convolutions' tails [rows, r, C]. The stages before it are small and run
+channel-major in PyTorch.
+
 Rows: the state is [max_rows, ...]; `decode(codes)` advances rows 0..B-1 in place (static addresses, so the
 GPU path can capture it in a CUDA graph), `decode_rows(rows, codes)` any set of rows (gather/scatter; used to
 prime a stream with a voice's reference codes).
@@ -128,7 +133,7 @@ class StreamingDecoder:
         hidden = self._transformer(hidden, positions, cursor).transpose(1, 2)
         for blocks in d.upsample:
             for block in blocks:
-                hidden = self._module(block, hidden, cursor)
+                hidden = self._upsample(block, hidden, cursor)
         wav = self.vocoder(hidden.transpose(1, 2).contiguous(), cursor)
         state.lengths += T
         return wav.clamp(min=-1, max=1) if clamp else wav
@@ -148,9 +153,7 @@ class StreamingDecoder:
             out = projected if out is None else out + projected
         return out
 
-    def _module(self, m, x: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
-        if isinstance(m, CausalConv1d):
-            return self._conv(m, x, cursor)
+    def _upsample(self, m, x: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
         if isinstance(m, CausalConvTranspose1d):
             return self._conv_transpose(m, x)
         if isinstance(m, ConvNeXtBlock):
