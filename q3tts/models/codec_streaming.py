@@ -236,8 +236,9 @@ class StreamingDecoder:
 
 class _Vocoder:
     """The convolution stack after the upsampling (causal conv, blocks of SnakeBeta + transposed conv + residual
-    units, SnakeBeta, causal conv) with its weights packed for the time-major kernels. Every SnakeBeta runs in
-    the epilogue of the operation before it."""
+    units, SnakeBeta, causal conv) with its weights packed for the time-major kernels (a second copy of ~52 M
+    numbers: the whole-sequence decoder keeps the originals). Every SnakeBeta runs in the epilogue of the
+    operation before it."""
 
     def __init__(self, stack: torch.nn.ModuleList):
         conv_in, *blocks, last_snake, conv_out = stack
