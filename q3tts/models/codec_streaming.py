@@ -18,8 +18,9 @@ overlap and 1.16 M of attention cache (8 layers x K and V x 16 heads x 71 frames
 
 Layout: the vocoder (the convolution stack after the upsampling, nearly all of the work) runs time-major through
 the Triton kernels of `engine/codec_kernels.py` (the PyTorch twins on the CPU); its kept contexts are
-[rows, L, C] and its transposed convolutions' tails [rows, r, C]. The stages before it are small and run
-channel-major in PyTorch.
+[rows, L, C] and its transposed convolutions' tails [rows, r, C]. The quantizer is one lookup in the stacked
+codebooks; the pre-transformer runs like the engine's talker (fp32 residual stream, fused add + RMSNorm, fused
+projections); the upsampling runs channel-major in PyTorch.
 
 Rows: the state is [max_rows, ...]; `decode(codes)` advances rows 0..B-1 in place (static addresses, so the
 GPU path can capture it in a CUDA graph), `decode_rows(rows, codes)` any set of rows (gather/scatter; used to
@@ -32,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.codec_kernels import causal_conv, conv_transpose, snake_params
-from ..layers.rotary import apply_rope, rope_cos_sin
+from ..engine.kernels import add_rmsnorm, silu_mul
+from ..layers.rotary import rope_cos_sin, rotate_half
 from ..transfer import to_device
 from .codec_decoder import (
     CausalConv1d,
@@ -40,7 +42,7 @@ from .codec_decoder import (
     CodecAttention,
     CodecDecoder,
     ConvNeXtBlock,
-    DecoderTransformerLayer,
+    DecoderTransformer,
     SnakeBeta,
 )
 
@@ -85,10 +87,12 @@ class StreamingDecoder:
         tails = [m for m in decoder.modules() if isinstance(m, CausalConvTranspose1d) and m.trim > 0]
         attn = [m for m in decoder.modules() if isinstance(m, CodecAttention)]
         z = lambda *shape: torch.zeros(max_rows, *shape, dtype=self.dtype, device=self.device)
-        # Codebook vectors are fixed: computed once (the whole-sequence decoder recomputes them per call).
+        # Codebook vectors are fixed: stacked once, [num_quantizers * codebook_size, dim] (the whole-sequence
+        # decoder recomputes them per call), so one lookup serves all 16 codebooks.
         split = decoder.quantizer
-        self.codebooks = [[layer._codebook.vectors() for layer in rvq.vq.layers]
-                          for rvq in (split.rvq_first, split.rvq_rest)]
+        books = [layer._codebook.vectors() for rvq in (split.rvq_first, split.rvq_rest) for layer in rvq.vq.layers]
+        self.codebook = torch.cat(books)
+        self.codebook_offsets = torch.arange(len(books), device=self.device)[:, None] * books[0].shape[0]
         self.state = DecoderState(
             convs=[z(m.left_context, m.conv.in_channels) if id(m) in vocoder else z(m.conv.in_channels, m.left_context)
                    for m in convs],
@@ -96,6 +100,7 @@ class StreamingDecoder:
             keys=[z(m.num_kv_heads, m.window - 1, m.head_dim) for m in attn],
             values=[z(m.num_kv_heads, m.window - 1, m.head_dim) for m in attn],
             lengths=torch.zeros(max_rows, dtype=torch.long, device=self.device))
+        self.transformer = _Transformer(decoder.pre_transformer)
         self.vocoder = _Vocoder(decoder.decoder)
 
     @property
@@ -130,7 +135,7 @@ class StreamingDecoder:
         T = codes.shape[-1]
         hidden = self._conv(d.pre_conv, self._quantized(codes), cursor).transpose(1, 2)  # [B, T, latent]
         positions = state.lengths[:, None] + torch.arange(T, device=codes.device)  # [B, T]
-        hidden = self._transformer(hidden, positions, cursor).transpose(1, 2)
+        hidden = self.transformer(hidden, positions, cursor).transpose(1, 2)
         for blocks in d.upsample:
             for block in blocks:
                 hidden = self._upsample(block, hidden, cursor)
@@ -139,19 +144,12 @@ class StreamingDecoder:
         return wav.clamp(min=-1, max=1) if clamp else wav
 
     def _quantized(self, codes: torch.Tensor) -> torch.Tensor:
-        """SplitResidualVectorQuantizer.decode with the cached codebooks: [B, 16, T] -> [B, codebook_dim, T]."""
+        """SplitResidualVectorQuantizer.decode with the stacked codebooks: [B, 16, T] -> [B, codebook_dim, T]."""
         split = self.decoder.quantizer
         n = split.num_semantic_quantizers
-        out = None
-        for rvq, books, part in ((split.rvq_first, self.codebooks[0], codes[:, :n]),
-                                 (split.rvq_rest, self.codebooks[1], codes[:, n:])):
-            summed = None
-            for k, vectors in enumerate(books):
-                vec = F.embedding(part[:, k], vectors).transpose(1, 2)
-                summed = vec if summed is None else summed + vec
-            projected = rvq.output_proj(summed)
-            out = projected if out is None else out + projected
-        return out
+        vectors = F.embedding(codes + self.codebook_offsets, self.codebook)  # [B, 16, T, dim]
+        first, rest = vectors[:, :n].sum(1).transpose(1, 2), vectors[:, n:].sum(1).transpose(1, 2)
+        return split.rvq_first.output_proj(first) + split.rvq_rest.output_proj(rest)
 
     def _upsample(self, m, x: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
         if isinstance(m, CausalConvTranspose1d):
@@ -195,43 +193,65 @@ class StreamingDecoder:
         out = steps.permute(0, 2, 1, 3).reshape(B, -1, T * s)
         return out + c.bias[None, :, None] if c.bias is not None else out
 
-    def _transformer(self, x: torch.Tensor, positions: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
-        t = self.decoder.pre_transformer
-        cos, sin = rope_cos_sin(positions, t.inv_freq)
-        x = t.input_proj(x)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+class _Transformer:
+    """The pre-transformer for incremental steps, as the engine's talker runs: an fp32 residual stream with fused
+    add + RMSNorm, q/k/v and gate/up as single matrices, the layer scales folded into o_proj and down_proj, and
+    the window mask built once per call. Each new frame attends to the kept window of past frames and to the new
+    frames up to itself."""
+
+    def __init__(self, t: DecoderTransformer):
+        self.t = t
+        self.layers = []
         for layer in t.layers:
-            x = self._layer(layer, x, cos, sin, positions, cursor)
-        return t.output_proj(t.norm(x))
+            a, mlp = layer.self_attn, layer.mlp
+            self.layers.append(_Layer(
+                a, layer.input_layernorm, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
+                (layer.self_attn_layer_scale.scale[:, None] * a.o_proj.weight).detach(),
+                layer.post_attention_layernorm, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+                (layer.mlp_layer_scale.scale[:, None] * mlp.down_proj.weight).detach()))
 
-    def _layer(self, layer: DecoderTransformerLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               positions: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
-        attn = self._attention(layer.self_attn, layer.input_layernorm(x), cos, sin, positions, cursor)
-        x = x + layer.self_attn_layer_scale(attn)
-        return x + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(x)))
-
-    @staticmethod
-    def _attention(a: CodecAttention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                   cursor: _Cursor) -> torch.Tensor:
-        """Each new frame attends to the kept window of past frames and to the new frames up to itself."""
-        b, t, _ = x.shape
-        q = apply_rope(a.q_proj(x).view(b, t, -1, a.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rope(a.k_proj(x).view(b, t, -1, a.head_dim).transpose(1, 2), cos, sin)
-        v = a.v_proj(x).view(b, t, -1, a.head_dim).transpose(1, 2)
-        k_cache, v_cache = cursor.next_kv()
-        past = k_cache.shape[2]  # window - 1
-        keys, values = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
-        k_cache.copy_(keys[:, :, keys.shape[2] - past:])
-        v_cache.copy_(values[:, :, values.shape[2] - past:])
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
+        """x: [B, T, latent]; positions: [B, T] -> [B, T, latent]."""
+        t = self.t
+        B, T, _ = x.shape
+        h = t.input_proj(x).view(B * T, -1)
+        dtype = h.dtype
+        cos, sin = (c.to(dtype)[:, :, None] for c in rope_cos_sin(positions, t.inv_freq))  # [B, T, 1, D]
+        a = self.layers[0].attn
+        past = a.window - 1
         key_pos = torch.cat([positions[:, :1] - past + torch.arange(past, device=x.device), positions], dim=1)
         q_pos = positions[:, :, None]
-        visible = (key_pos[:, None, :] <= q_pos) & (key_pos[:, None, :] > q_pos - a.window) & (key_pos[:, None] >= 0)
-        if a.num_kv_heads != a.num_heads:
-            keys = keys.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
-            values = values.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
+        visible = ((key_pos[:, None, :] <= q_pos) & (key_pos[:, None, :] > q_pos - a.window)
+                   & (key_pos[:, None] >= 0))[:, None]  # [B, 1, T, past + T]
         kwargs = {} if a.scale is None else {"scale": a.scale}
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None], **kwargs)
-        return a.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        residual = None
+        for layer in self.layers:
+            a = layer.attn
+            y, residual = add_rmsnorm(h, residual, layer.norm1.weight, layer.norm1.eps, dtype)
+            qkv = F.linear(y, layer.qkv).view(B, T, a.num_heads + 2 * a.num_kv_heads, a.head_dim)
+            qk = qkv[:, :, :a.num_heads + a.num_kv_heads]
+            qk = qk * cos + rotate_half(qk) * sin
+            q, k = qk[:, :, :a.num_heads].transpose(1, 2), qk[:, :, a.num_heads:].transpose(1, 2)
+            v = qkv[:, :, a.num_heads + a.num_kv_heads:].transpose(1, 2)
+            k_cache, v_cache = cursor.next_kv()
+            keys, values = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+            k_cache.copy_(keys[:, :, keys.shape[2] - past:])
+            v_cache.copy_(values[:, :, values.shape[2] - past:])
+            if a.num_kv_heads != a.num_heads:
+                keys = keys.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
+                values = values.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, **kwargs)
+            h = F.linear(out.transpose(1, 2).reshape(B * T, -1), layer.o)
+            y, residual = add_rmsnorm(h, residual, layer.norm2.weight, layer.norm2.eps, dtype)
+            h = F.linear(silu_mul(F.linear(y, layer.gate_up)), layer.down)
+        y, _ = add_rmsnorm(h, residual, t.norm.weight, t.norm.eps, dtype)
+        return t.output_proj(y).view(B, T, -1)
+
+
+class _Layer:
+    def __init__(self, attn, norm1, qkv, o, norm2, gate_up, down):
+        self.attn, self.norm1, self.qkv, self.o, self.norm2, self.gate_up, self.down = (
+            attn, norm1, qkv, o, norm2, gate_up, down)
 
 
 class _Vocoder:
