@@ -85,3 +85,13 @@ def test_state_size_is_bounded(decoder, codes):
     stream.decode(codes[:1, :, :40])
     assert stream.state_numel == before  # independent of the stream's length
 
+
+
+def test_codes_outside_the_codebook_are_refused(decoder, codes):
+    stream = StreamingDecoder(decoder, max_rows=1)
+    bad = codes[:1, :, :3].clone()
+    bad[0, 0, 1] = decoder.config.codebook_size  # would read codebook 1's first vector
+    with pytest.raises(ValueError, match="codes must lie in"):
+        stream.decode(bad)
+    with pytest.raises(ValueError, match="codes must lie in"):
+        stream.decode_rows([0], bad)

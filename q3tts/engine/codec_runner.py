@@ -19,7 +19,6 @@ import torch
 
 from ..models.codec_decoder import CodecDecoder
 from ..models.codec_streaming import StreamingDecoder
-from ..transfer import to_device
 from .runner import capture_buckets, replay_or_run
 
 
@@ -46,7 +45,7 @@ class CodecRunner:
             self.stream.reset(rows)
             for row, ref in zip(rows, ref_codes):
                 if ref is not None and ref.shape[0]:
-                    self.stream.decode_rows([row], to_device(ref, self.codes.device).T[None])
+                    self.stream.decode_rows([row], ref.T[None])
 
     def move_row(self, src: int, dst: int) -> None:
         """Moves a stream's decoder state (see ModelRunner.move_row), on the codec's stream."""

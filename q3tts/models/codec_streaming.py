@@ -116,16 +116,31 @@ class StreamingDecoder:
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, clamp: bool = True) -> torch.Tensor:
-        """codes: [B, 16, T] for rows 0..B-1 -> their next T * 1920 samples [B, T * 1920]; state updated in place."""
+        """codes: [B, 16, T] for rows 0..B-1 -> their next T * 1920 samples [B, T * 1920]; state updated in place.
+        Codes on the GPU are not range-checked (that would sync every step): the engine's are valid by
+        construction."""
+        if codes.device.type == "cpu":
+            self._check_range(codes)
         return self._run(codes, self.state.view(codes.shape[0]), clamp)
 
     @torch.no_grad()
     def decode_rows(self, rows: list[int] | torch.Tensor, codes: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+        """Advances `rows` by codes [len(rows), 16, T] (e.g. a voice's reference codes). Pass them on the CPU to
+        have them range-checked without a device sync (they are then copied in stream order)."""
+        if codes.device.type == "cpu":
+            self._check_range(codes)
+            codes = to_device(codes, self.device)
         rows = to_device(rows, self.device)
         part = self.state.gather(rows)
         wav = self._run(codes, part, clamp)
         self.state.scatter(rows, part)
         return wav
+
+    def _check_range(self, codes: torch.Tensor) -> None:
+        """One lookup serves all codebooks, so a code beyond its codebook would silently read the next one."""
+        size = self.decoder.config.codebook_size
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= size):
+            raise ValueError(f"codes must lie in [0, {size}), got values in [{int(codes.min())}, {int(codes.max())}]")
 
     def _run(self, codes: torch.Tensor, state: DecoderState, clamp: bool) -> torch.Tensor:
         d = self.decoder
