@@ -12,9 +12,7 @@ import argparse
 import torch
 
 from q3tts.benchmarks.common import load_model, random_decoder
-from q3tts.benchmarks.streaming import _loop_ms
-from q3tts.engine.runner import EngineConfig
-from q3tts.streaming import Engine
+from q3tts.benchmarks.streaming import loop_ms, streaming_engine
 
 
 def main() -> None:
@@ -25,13 +23,10 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     device = torch.device("cuda")
     model = load_model(args.size, None, device)
-    engine = Engine(model, random_decoder(device, torch.bfloat16),
-                    EngineConfig(max_rows=max(batches), max_context=512, max_trailing=64,
-                                 buckets=tuple(sorted({1, 2, 4, 8, 16, 32, 64, *batches}))))
-    engine.capture_graphs()
+    engine = streaming_engine(model, random_decoder(device, torch.bfloat16), batches)
     for b in batches:
-        sequential = _loop_ms(engine, model, b, False)
-        overlapped = _loop_ms(engine, model, b, True)
+        sequential = loop_ms(engine, model, b, False)
+        overlapped = loop_ms(engine, model, b, True)
         print(f"{args.size} B={b}: {overlapped:.2f} ms per step overlapped, {sequential:.2f} sequential", flush=True)
 
 

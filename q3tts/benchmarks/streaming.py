@@ -30,9 +30,7 @@ def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple
         st_dir = Path(ckpt_root) / name / "speech_tokenizer" if ckpt_root else None
         decoder = (SpeechTokenizer.from_pretrained(st_dir, device, torch.bfloat16, load_encoder=False).decoder
                    if st_dir else random_decoder(device, torch.bfloat16))
-        engine = Engine(model, decoder, EngineConfig(max_rows=max(concurrency), max_context=512, max_trailing=64,
-                                                     buckets=tuple(sorted({1, 2, 4, 8, 16, 32, 64, *concurrency}))))
-        engine.capture_graphs()
+        engine = streaming_engine(model, decoder, concurrency)
         for batch in concurrency:
             row = _streaming_row(engine, model, name, batch, reps)
             rows.append(row)
@@ -45,13 +43,21 @@ def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple
     return rows
 
 
+def streaming_engine(model, decoder, batches) -> Engine:
+    """The streaming engine with graphs captured for `batches` (and the powers of two up to 64)."""
+    engine = Engine(model, decoder, EngineConfig(max_rows=max(batches), max_context=512, max_trailing=64,
+                                                 buckets=tuple(sorted({1, 2, 4, 8, 16, 32, 64, *batches}))))
+    engine.capture_graphs()
+    return engine
+
+
 def _streaming_row(engine, model, name: str, batch: int, reps: int) -> dict:
     first_audio_ms(engine, model, batch)  # warm-up: the first prefill of a new shape compiles and autotunes
     flat = sorted(t for _ in range(reps) for t in first_audio_ms(engine, model, batch))
     lm_ms = graph_ms(lambda: engine.runner._frame(engine.runner.bucket(batch)), 30)
     codec_ms = graph_ms(lambda: engine.codec._decode(engine.runner.bucket(batch)), 30)
-    sequential = _loop_ms(engine, model, batch, False)
-    overlapped = _loop_ms(engine, model, batch, True)
+    sequential = loop_ms(engine, model, batch, False)
+    overlapped = loop_ms(engine, model, batch, True)
     return {"engine": "q3tts", "benchmark": "streaming", "model": name, "batch": batch,
             "ms_per_frame": round(overlapped, 3), "audio_s_per_s": round(batch * FRAME_SECONDS / overlapped * 1e3, 1),
             "ttfa_ms_p50": round(statistics.median(flat), 2),
@@ -63,7 +69,7 @@ def _streaming_row(engine, model, name: str, batch: int, reps: int) -> dict:
             "step_ms_codec_sequential": round(sequential, 3), "chunk_schedule": "1,2,4,8,16"}
 
 
-def _loop_ms(engine, model, batch: int, overlap: bool, frames: int = 40) -> float:
+def loop_ms(engine, model, batch: int, overlap: bool, frames: int = 40) -> float:
     """Wall ms per frame step of the streaming loop (LM frame, codec decode, PCM to the host one frame
     behind), with the codec on its own stream (overlap) or after the LM on the same stream."""
     runner, codec = engine.runner, engine.codec
