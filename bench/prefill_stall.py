@@ -15,21 +15,15 @@ from pathlib import Path
 import torch
 
 from q3tts import transfer
-from q3tts.benchmarks.common import load_model, write_results
+from q3tts.benchmarks.common import clone_prompt, load_model, write_results
 from q3tts.engine.runner import EngineConfig, ModelRunner
-from q3tts.prompt import PromptSpec, build_prompt
-from q3tts.random_model import random_prompt_ids
 from q3tts.sampling import SamplingParams
 
 CASES = [(1, 12), (1, 40), (4, 40), (1, 120), (8, 60), (1, 400)]  # (prompts admitted, text tokens each)
 
 
 def prompt(model, text_tokens: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    spec = PromptSpec(input_ids=random_prompt_ids(model.config, text_tokens, seed=seed), language="english",
-                      non_streaming_mode=True,
-                      speaker_embedding=torch.randn(model.config.talker_config.hidden_size, generator=g))
-    return build_prompt(model.talker, model.config, spec)
+    return clone_prompt(model, text_tokens, seed=seed, non_streaming=True)
 
 
 def timed_ms(fn, repeats: int = 20) -> float:

@@ -33,11 +33,12 @@ def load_model(name: str, ckpt_root: Path | None, device: torch.device) -> Qwen3
     return model
 
 
-def clone_prompt(model: Qwen3TTSModel, num_text_tokens: int = 30):
-    """An x-vector voice-clone prompt (random speaker embedding), streaming text, English."""
-    g = torch.Generator().manual_seed(0)
-    spec = PromptSpec(input_ids=random_prompt_ids(model.config, num_text_tokens), language="english",
-                      non_streaming_mode=False,
+def clone_prompt(model: Qwen3TTSModel, num_text_tokens: int = 30, seed: int = 0, non_streaming: bool = False):
+    """An x-vector voice-clone prompt (random text ids and speaker embedding from `seed`), English; with
+    `non_streaming` the whole text is in the prefill."""
+    g = torch.Generator().manual_seed(seed)
+    spec = PromptSpec(input_ids=random_prompt_ids(model.config, num_text_tokens, seed=seed), language="english",
+                      non_streaming_mode=non_streaming,
                       speaker_embedding=torch.randn(model.config.talker_config.hidden_size, generator=g))
     return build_prompt(model.talker, model.config, spec)
 
