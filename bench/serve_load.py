@@ -56,6 +56,7 @@ async def consume(engine: AsyncEngine, tts: TTS, rng: random.Random, record: lis
     start = time.perf_counter()
     prompt, params, frames = make_request(engine, tts, rng)
     try:
+        submitted = time.perf_counter()
         stream = engine.submit(prompt, params)
     except QueueFull:
         record.append({"rejected": True})
@@ -66,7 +67,8 @@ async def consume(engine: AsyncEngine, tts: TTS, rng: random.Random, record: lis
     first = arrivals[0]
     late = max(a - (first + k * FRAME) for k, a in enumerate(arrivals))
     record.append({"ttfa": first - start, "frames": len(arrivals), "expected": frames, "late_s": late,
-                   "start": start, "end": arrivals[-1]})
+                   "start": start, "end": arrivals[-1], "prepare": submitted - start, "queue": stream.admitted,
+                   "after_admission": first - submitted - stream.admitted})
 
 
 async def consume_http(client, model: str, voice: str, rng: random.Random, record: list) -> None:
@@ -112,12 +114,18 @@ async def run_rate(engine: AsyncEngine | None, tts: TTS | None, rate: float, dur
     audio = sum(r["frames"] for r in done) * FRAME
     span = max(r["end"] for r in done) - min(r["start"] for r in done) if done else 1.0
     assert all(r["frames"] == r["expected"] for r in done), "a stream lost or gained frames"
+    parts = {}  # in-process only: where the time to first audio goes
+    for part in ("prepare", "queue", "after_admission"):
+        values = sorted(r[part] * 1e3 for r in done if part in r)
+        if values:
+            parts[f"{part}_ms_p50"] = round(statistics.median(values), 2)
+            parts[f"{part}_ms_p95"] = round(values[min(len(values) - 1, int(0.95 * len(values)))], 2)
     return {"rps": rate, "requests": len(record), "rejected": len(record) - len(done),
             "ttfa_ms_p50": round(statistics.median(ttfa), 2) if ttfa else None,
             "ttfa_ms_p95": round(q(0.95), 2) if ttfa else None, "ttfa_ms_p99": round(q(0.99), 2) if ttfa else None,
             "behind_realtime_share": round(sum(r["late_s"] > 0 for r in done) / max(len(done), 1), 4),
             "max_late_ms": round(max((r["late_s"] for r in done), default=0) * 1e3, 1),
-            "audio_s_per_s": round(audio / span, 1), "duration_s": duration}
+            "audio_s_per_s": round(audio / span, 1), "duration_s": duration, **parts}
 
 
 async def http_rates(url: str, rates: list[float], duration: float) -> list[dict]:

@@ -79,6 +79,7 @@ class RequestStream:
         except RuntimeError:
             self._loop, self._queue = None, queue.SimpleQueue()
         self.submitted = time.perf_counter()
+        self.admitted: float | None = None  # seconds from submission to admission into the batch (host clock)
         self.first_audio: float | None = None  # seconds from submission to the first frame
         self.finished = False
 
@@ -239,6 +240,9 @@ class AsyncEngine:
         start = len(self.rows)
         rows = list(range(start, start + len(seqs)))
         payloads = [s.payload for s in seqs]
+        now = time.perf_counter()
+        for p in payloads:
+            p.stream.admitted = now - p.stream.submitted
         self.runner.add_rows(rows, [p.prompt for p in payloads], [p.params for p in payloads])
         self.codec.start(rows, [p.ref_codes for p in payloads])
         self.rows.extend(seqs)
