@@ -7,14 +7,14 @@ needs from the past:
     whole-sequence decode's left padding);
   * each transposed convolution with overlap (kernel 2r, stride r): the last input step's second r output
     samples (without bias), still waiting to be added to the next step's first r;
-  * each of the 8 attention layers: the keys and values of its last `window - 1` frames;
+  * each of the 8 attention layers: the keys and values of its last `window` frames (a ring);
   * the frame count (absolute RoPE position).
 Concatenating the chunks gives the whole-sequence decode up to floating-point rounding (the overlap-adds and
 softmax sums run in another order), for any chunk schedule. Nothing is decoded twice.
 
 State size per stream (real config): 132 k numbers of convolution context, 9 k of transposed-convolution
-overlap and 1.16 M of attention cache (8 layers x K and V x 16 heads x 71 frames x 64): 1.30 M numbers,
-5.2 MB in fp32 (2.6 MB in bf16), whatever the stream's length; see `state_numel`.
+overlap and 1.18 M of attention cache (8 layers x K and V x 16 heads x 72 frames x 64): 1.32 M numbers,
+5.3 MB in fp32 (2.6 MB in bf16), whatever the stream's length; see `state_numel`.
 
 Layout: the vocoder (the convolution stack after the upsampling, nearly all of the work) runs time-major through
 the Triton kernels of `engine/codec_kernels.py` (the PyTorch twins on the CPU); its kept contexts are
@@ -97,8 +97,8 @@ class StreamingDecoder:
             convs=[z(m.left_context, m.conv.in_channels) if id(m) in vocoder else z(m.conv.in_channels, m.left_context)
                    for m in convs],
             tails=[z(m.trim, m.conv.out_channels) for m in tails],
-            keys=[z(m.num_kv_heads, m.window - 1, m.head_dim) for m in attn],
-            values=[z(m.num_kv_heads, m.window - 1, m.head_dim) for m in attn],
+            keys=[z(m.num_kv_heads, m.window, m.head_dim) for m in attn],  # a ring: see _Transformer
+            values=[z(m.num_kv_heads, m.window, m.head_dim) for m in attn],
             lengths=torch.zeros(max_rows, dtype=torch.long, device=self.device))
         self.transformer = _Transformer(decoder.pre_transformer)
         self.vocoder = _Vocoder(decoder.decoder)
@@ -233,11 +233,20 @@ class _Transformer:
         dtype = h.dtype
         cos, sin = (c.to(dtype)[:, :, None] for c in rope_cos_sin(positions, t.inv_freq))  # [B, T, 1, D]
         a = self.layers[0].attn
-        past = a.window - 1
-        key_pos = torch.cat([positions[:, :1] - past + torch.arange(past, device=x.device), positions], dim=1)
-        q_pos = positions[:, :, None]
-        visible = ((key_pos[:, None, :] <= q_pos) & (key_pos[:, None, :] > q_pos - a.window)
-                   & (key_pos[:, None] >= 0))[:, None]  # [B, 1, T, past + T]
+        W, shape = a.window, (B, a.num_kv_heads, -1, a.head_dim)
+        # The kept keys and values are a ring of `window` slots, position p in slot p % window. One new frame
+        # (the engine's step) writes its slot and attends to the whole ring (softmax does not care about order);
+        # longer calls put the past in order before the new frames and write the last `window` positions back.
+        if T == 1:
+            slot = (positions % W)[:, None, :, None].expand(shape)
+            visible = (torch.arange(W, device=x.device) <= positions)[:, None, None, :]  # slots before the start
+        else:
+            past = positions[:, :1] - (W - 1) + torch.arange(W - 1, device=x.device)  # [B, W - 1]
+            key_pos = torch.cat([past, positions], dim=1)
+            q_pos = positions[:, :, None]
+            visible = ((key_pos[:, None, :] <= q_pos) & (key_pos[:, None, :] > q_pos - W)
+                       & (key_pos[:, None] >= 0))[:, None]  # [B, 1, T, W - 1 + T]
+            take, put = (p[:, None, :, None].expand(shape) for p in (past % W, key_pos[:, -W:] % W))
         kwargs = {} if a.scale is None else {"scale": a.scale}
         residual = None
         for layer in self.layers:
@@ -248,10 +257,14 @@ class _Transformer:
             qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, :, :a.num_heads].transpose(1, 2), qk[:, :, a.num_heads:].transpose(1, 2)
             v = qkv[:, :, a.num_heads + a.num_kv_heads:].transpose(1, 2)
-            k_cache, v_cache = cursor.next_kv()
-            keys, values = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
-            k_cache.copy_(keys[:, :, keys.shape[2] - past:])
-            v_cache.copy_(values[:, :, values.shape[2] - past:])
+            k_ring, v_ring = cursor.next_kv()
+            if T == 1:
+                keys, values = k_ring.scatter_(2, slot, k), v_ring.scatter_(2, slot, v)
+            else:
+                keys = torch.cat([k_ring.gather(2, take), k], dim=2)
+                values = torch.cat([v_ring.gather(2, take), v], dim=2)
+                k_ring.scatter_(2, put, keys[:, :, -W:])
+                v_ring.scatter_(2, put, values[:, :, -W:])
             if a.num_kv_heads != a.num_heads:
                 keys = keys.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
                 values = values.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
