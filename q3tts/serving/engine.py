@@ -249,26 +249,30 @@ class AsyncEngine:
 
     def _deliver(self, out, row_map: list[Sequence]) -> None:
         now = time.perf_counter()
+        emitted, done, pcm = out.emitted.tolist(), out.done.tolist(), out.pcm.numpy()
+        outbox: list[tuple[RequestStream, object]] = []  # posted once per event loop, in order
         for i, seq in enumerate(row_map):
             payload = seq.payload
             if payload.finished:
                 continue
-            if out.emitted[i]:
+            if emitted[i]:
                 seq.frames += 1
                 self.metrics.frames += 1
                 if seq.first_audio is None:
                     seq.first_audio = now
                     payload.stream.first_audio = now - payload.stream.submitted
                     self.metrics.notify("on_first_audio", payload.stream.first_audio)
-                payload.stream._put(out.pcm[i].numpy())
-            if out.done[i]:
+                outbox.append((payload.stream, pcm[i]))
+            if done[i]:
                 self.metrics.requests_finished += 1
                 self.metrics.notify("on_finish", seq.frames * 0.08, now - payload.stream.submitted)
                 with self._cv:
-                    self._finish(seq)
+                    self._finish(seq, outbox)
+        _post(outbox)
 
-    def _finish(self, seq: Sequence) -> None:
-        """Frees the sequence's row (the last row moves into it) and ends its stream. Call with the lock."""
+    def _finish(self, seq: Sequence, outbox: list | None = None) -> None:
+        """Frees the sequence's row (the last row moves into it) and ends its stream (through `outbox` if
+        given). Call with the lock."""
         row = self.rows.index(seq)
         last = len(self.rows) - 1
         self.runner.release_rows([row])
@@ -278,14 +282,35 @@ class AsyncEngine:
             self.rows[row] = self.rows[last]
         self.rows.pop()
         self.scheduler.finish(seq.request_id)
-        self._close(seq)
+        self._close(seq, outbox)
 
     @staticmethod
-    def _close(seq: Sequence) -> None:
+    def _close(seq: Sequence, outbox: list | None = None) -> None:
         if not seq.payload.finished:
             seq.payload.finished = True
             seq.payload.stream.finished = True
-            seq.payload.stream._put(_END)
+            if outbox is None:
+                seq.payload.stream._put(_END)
+            else:
+                outbox.append((seq.payload.stream, _END))
+
+
+def _post(outbox: list[tuple[RequestStream, object]]) -> None:
+    """Hands each item to its stream, one wake-up per event loop (a frame step delivers to every running row;
+    one `call_soon_threadsafe` each would write to the loop's wake-up pipe and take the GIL once per row)."""
+    by_loop: dict = {}
+    for stream, item in outbox:
+        if stream._loop is None:
+            stream._queue.put(item)
+        else:
+            by_loop.setdefault(stream._loop, []).append((stream._queue, item))
+    for loop, items in by_loop.items():
+        loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list) -> None:
+    for q, item in items:
+        q.put_nowait(item)
 
 
 __all__ = ["AsyncEngine", "EngineError", "QueueFull", "RequestStream", "ServingConfig"]
