@@ -2,8 +2,8 @@
 
 A background thread runs the frame loop. At every frame boundary it drops cancelled requests, admits waiting
 ones chosen by the scheduler (batched prefill into free rows), advances every running row by one frame (the
-captured LM frame and codec step), and hands each row's new 80 ms of PCM to its request, one frame behind the
-device. Finished and cancelled rows leave at once; the last row moves into the hole so that the running rows
+captured LM frame and codec step), and hands each row's new 80 ms of PCM to its request while the next frame
+runs. Finished and cancelled rows leave at once; the last row moves into the hole so that the running rows
 stay 0..B-1. Each request's output depends only on its own prompt, parameters and seed.
 
 Use from asyncio (`submit` inside a running loop, then `async for pcm in stream`) or from plain threads
@@ -16,9 +16,9 @@ import asyncio
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +41,11 @@ class ServingConfig:
     max_context: int = 4096  # talker positions per request (prompt + frames)
     max_prefill_tokens: int = 4096  # prefill tokens admitted per frame boundary
     prefill_seconds_per_token: float = 1e-4  # stall estimate the scheduler weighs against the streams' lead
-    safety_seconds: float = 0.1
+    safety_seconds: float = 0.04  # lead kept beyond a stall: the next frame comes about two frame steps later
+    # The interpreter's thread switch interval while the engine runs: after each frame the engine thread may wait
+    # this long for the GIL if another thread (the server, its clients) is busy. Python's 5 ms default is half a
+    # frame step; None leaves it alone.
+    switch_interval: float | None = 0.001
 
     def __post_init__(self):
         if self.max_running < 1 or self.max_waiting < 0 or self.max_context < 64:
@@ -142,6 +146,8 @@ class AsyncEngine:
 
     def start(self) -> None:
         if self._thread is None:
+            if self.config.switch_interval is not None:
+                sys.setswitchinterval(min(sys.getswitchinterval(), self.config.switch_interval))
             self._thread = threading.Thread(target=self._run, name="q3tts-engine", daemon=True)
             self._thread.start()
 
@@ -212,11 +218,15 @@ class AsyncEngine:
                     self._close(seq)
 
     def _loop(self) -> None:
+        # Each iteration: admit, launch frame n, deliver frame n - 1 (read back earlier) while frame n runs, wait
+        # for frame n. Waiting for the frame just launched (rather than keeping the next one queued behind it)
+        # lets a request that arrived during frame n join frame n + 1: one frame step sooner to its first audio,
+        # for a GPU gap of the launch's host work between frames.
         readback = Readback(self.runner, depth=2, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
-        row_maps: deque[list[Sequence]] = deque()
+        ready = None  # (frame out, row map) of the last frame, delivered after the next launch
         while True:
             with self._cv:
-                while not (self._stopping or self.rows or self.scheduler.waiting or readback.pending):
+                while not (self._stopping or self.rows or self.scheduler.waiting or ready):
                     self._cv.wait()
                 if self._stopping:
                     return
@@ -224,19 +234,24 @@ class AsyncEngine:
                     self.metrics.requests_cancelled += 1
                     self._finish(seq)
                 admitted = self.scheduler.admit(time.perf_counter())
-            if admitted:
-                self._admit(admitted)
-            if self.rows:
+            row_map = None
+            if admitted or self.rows:
+                start = len(self.rows)
+                if admitted:
+                    self._admit(admitted)
                 B = len(self.rows)
                 self.runner.step(B)
+                if admitted:  # host work while the frame runs; the codec's stream orders it before the decode
+                    self.codec.start(list(range(start, B)), [s.payload.ref_codes for s in admitted])
                 self.codec.step(B)
                 readback.push(B)
-                row_maps.append(list(self.rows))
-            # Deliver one frame behind the device (or everything once nothing runs).
-            if readback.pending and (len(readback.pending) == readback.depth or not self.rows):
-                self._deliver(readback.pop(), row_maps.popleft())
+                row_map = list(self.rows)
+            if ready is not None:
+                self._deliver(*ready)
+            ready = (readback.pop(), row_map) if row_map is not None else None
 
     def _admit(self, seqs: list[Sequence]) -> None:
+        """Prefills `seqs` into the next free rows (the codec state is started after the frame's launch)."""
         start = len(self.rows)
         rows = list(range(start, start + len(seqs)))
         payloads = [s.payload for s in seqs]
@@ -244,7 +259,6 @@ class AsyncEngine:
         for p in payloads:
             p.stream.admitted = now - p.stream.submitted
         self.runner.add_rows(rows, [p.prompt for p in payloads], [p.params for p in payloads])
-        self.codec.start(rows, [p.ref_codes for p in payloads])
         self.rows.extend(seqs)
 
     def _deliver(self, out, row_map: list[Sequence]) -> None:

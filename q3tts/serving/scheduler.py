@@ -4,9 +4,10 @@ unit-tested on its own.
 Policy: first come, first served, bounded by free rows, a per-boundary prefill token budget, and a deadline
 rule. A running stream that has started playing has a lead: the audio it has produced minus the time since
 its first audio. Admitting requests stalls every running stream for their prefill (~tokens x seconds per
-token); a boundary admits only as much prefill as the smallest lead can absorb, keeping a safety margin, but
-always at least one request when no running stream is at risk. Requests that cannot be admitted wait in a
-bounded queue; a full queue refuses new ones (backpressure).
+token); a boundary admits only as much prefill as the smallest lead can absorb, keeping a safety margin (a
+stream's next frame comes about two frame steps after the stall), but always at least one request when no
+running stream is at risk. Requests that cannot be admitted wait in a bounded queue; a full queue refuses new
+ones (backpressure).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, max_running: int, max_waiting: int, max_prefill_tokens: int = 4096,
-                 prefill_seconds_per_token: float = 1e-4, safety_seconds: float = 0.1):
+                 prefill_seconds_per_token: float = 1e-4, safety_seconds: float = 0.04):
         if max_running < 1 or max_waiting < 0 or max_prefill_tokens < 1:
             raise ValueError("max_running and max_prefill_tokens must be >= 1, max_waiting >= 0")
         self.max_running, self.max_waiting = max_running, max_waiting
