@@ -6,11 +6,11 @@ captured as a CUDA graph per batch bucket at start-up like the language model's 
 
 On CUDA the decode runs on a second stream: it snapshots the frame's codes and decodes them while the language
 model computes the next frame; the next frame may only overwrite the codes once the snapshot is taken, so
-each step costs about max(language model, codec) instead of their sum. Above `overlap_max_rows` the language
-model waits for the decode instead. Measured in docs/perf-notes.md: overlap saves 10-21% per step from 1 to 128
-streams in the streaming loop, but the serving engine with overlap above 16 rows crashed under load (cause not
-found yet), so the default stays 16. PCM is copied to the host from the codec's stream (`pcm_stream`) either
-way.
+each step costs about max(language model, codec) instead of their sum. Above `overlap_max_rows` (if set) the
+language model waits for the decode instead. Measured in docs/perf-notes.md: overlap saves 10-21% per step from
+1 to 128 streams in the streaming loop. (An earlier serving loop, which kept the next frame queued while it
+admitted, stalled with overlap above 16 rows; the current one ran loads of up to 128 rows overlapped without a
+fault, see perf-notes entry 20.) PCM is copied to the host from the codec's stream (`pcm_stream`) either way.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .runner import capture_buckets, replay_or_run
 
 class CodecRunner:
     def __init__(self, decoder: CodecDecoder, codes: torch.Tensor, buckets: tuple[int, ...],
-                 overlap_max_rows: int = 16):
+                 overlap_max_rows: int | None = None):
         """codes: the model runner's static [max_rows, 16] buffer of each row's newest frame."""
         self.codes, self.buckets = codes, buckets
         self.inputs = torch.zeros_like(codes)  # the snapshot the decoder reads
@@ -71,7 +71,8 @@ class CodecRunner:
             self._snapshot_and_decode(B)
             self._decoded.record()
         # The next frame may overwrite the codes once they are copied; without overlap, once they are decoded.
-        main.wait_event(self._taken if self.overlap_max_rows >= B else self._decoded)
+        overlap = self.overlap_max_rows is None or self.overlap_max_rows >= B
+        main.wait_event(self._taken if overlap else self._decoded)
 
     def _snapshot_and_decode(self, B: int) -> None:
         self.inputs[:B].copy_(self.codes[:B])
