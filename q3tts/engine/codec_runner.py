@@ -88,5 +88,6 @@ class CodecRunner:
         """One graph per bucket, largest first, one pool; call before any stream starts (it resets every row)."""
         if self.codes.device.type != "cuda":
             return
-        self.graphs = capture_buckets(self._decode, self.buckets)
+        # Captured on a stream of its own (see capture_buckets): these graphs replay alongside the LM's.
+        self.graphs = capture_buckets(self._decode, self.buckets, stream=torch.cuda.Stream())
         self.stream.reset(list(range(self.codes.shape[0])))

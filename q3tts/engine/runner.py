@@ -10,6 +10,7 @@ on the device, and the host collects codes through pinned buffers and events, on
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -321,17 +322,23 @@ class ModelRunner:
         return talker_logits, torch.cat(cp_logits)
 
 
-def capture_buckets(run, buckets: tuple[int, ...]) -> dict[int, torch.cuda.CUDAGraph]:
+def capture_buckets(run, buckets: tuple[int, ...], stream: torch.cuda.Stream | None = None
+                    ) -> dict[int, torch.cuda.CUDAGraph]:
     """One CUDA graph of `run(B)` per bucket, largest first, all in one memory pool (nano-vllm's order: the
     largest bucket's allocations are reused by the smaller ones). Each is run once eagerly first, which
-    compiles the Triton kernels and lets cuBLAS and cuDNN pick their algorithms outside the capture."""
+    compiles the Triton kernels and lets cuBLAS and cuDNN pick their algorithms outside the capture.
+
+    Graphs that will replay concurrently with others must be captured on a `stream` of their own: cuBLAS keeps
+    one workspace per (handle, stream), and a graph captures the capture stream's, so two graphs captured on
+    the same stream share a workspace and race on it when they run at the same time."""
     pool = torch.cuda.graph_pool_handle()
     graphs = {}
     for B in sorted(buckets, reverse=True):
-        run(B)
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            run(B)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
             run(B)
         graphs[B] = graph
     torch.cuda.synchronize()
