@@ -7,10 +7,10 @@ captured as a CUDA graph per batch bucket at start-up like the language model's 
 On CUDA the decode runs on a second stream: it snapshots the frame's codes and decodes them while the language
 model computes the next frame; the next frame may only overwrite the codes once the snapshot is taken, so
 each step costs about max(language model, codec) instead of their sum. Above `overlap_max_rows` (if set) the
-language model waits for the decode instead. Measured in docs/perf-notes.md: overlap saves 10-21% per step from
-1 to 128 streams in the streaming loop. (An earlier serving loop, which kept the next frame queued while it
-admitted, stalled with overlap above 16 rows; the current one ran loads of up to 128 rows overlapped without a
-fault, see perf-notes entry 20.) PCM is copied to the host from the codec's stream (`pcm_stream`) either way.
+language model waits for the decode instead. Measured in docs/perf-notes.md: overlap saves 8-16% per step
+from 1 to 128 streams. The codec's graphs are captured on a stream of their own (see `capture_buckets`): captured
+on the same capture stream as the LM's, they shared its cuBLAS workspace and, overlapped, raced on it (perf-notes
+entry 22). PCM is copied to the host from the codec's stream (`pcm_stream`) either way.
 """
 
 from __future__ import annotations
