@@ -11,7 +11,7 @@ import pytest
 
 from q3tts import TTS
 from q3tts.prompt import build_prompt
-from q3tts.serving.engine import AsyncEngine, QueueFull, ServingConfig
+from q3tts.serving.engine import AsyncEngine, EngineError, QueueFull, ServingConfig
 from q3tts.tiny import tiny_checkpoint
 
 TEXTS = ["Hello world.", "Thank you very much.", "Good morning, seven bright stars.", "One two three four.",
@@ -112,3 +112,32 @@ def test_submit_from_many_threads(tts, engine):
         t.join()
     for i in range(4):
         assert np.abs(results[i] - _alone(tts, i, True)).max() < 1e-5
+
+
+def test_stop_ends_open_streams(tts):
+    """Stopping the engine ends every running and waiting request with EngineError (no consumer waits forever),
+    and later submissions are refused."""
+    eng = AsyncEngine(tts, ServingConfig(max_running=1, max_waiting=4, max_context=512))
+    eng.start()
+    streams = [eng.submit(*_request(tts, i, True, max_new=400)) for i in range(2)]
+    frames = iter(streams[0])
+    next(frames)  # the first request is running, the second waiting
+    outcomes = {}
+
+    def consume(name, it):
+        try:
+            list(it)
+            outcomes[name] = "ended"
+        except EngineError as e:
+            outcomes[name] = str(e)
+
+    readers = [threading.Thread(target=consume, args=(n, it), daemon=True)
+               for n, it in (("running", frames), ("waiting", iter(streams[1])))]
+    for r in readers:
+        r.start()
+    eng.stop()
+    for r in readers:
+        r.join(timeout=30)
+    assert outcomes == {"running": "the engine was stopped", "waiting": "the engine was stopped"}
+    with pytest.raises(EngineError, match="stopped"):
+        eng.submit(*_request(tts, 2, True))

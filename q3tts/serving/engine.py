@@ -152,12 +152,15 @@ class AsyncEngine:
             self._thread.start()
 
     def stop(self) -> None:
+        """Stops the engine for good: requests still running or waiting end with EngineError."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        else:
+            self._fail_all(EngineError("the engine was stopped"))
 
     def prepare(self, spec: PromptSpec) -> Prompt:
         """Builds a request's prompt embeddings on a stream of its own, so that they do not queue behind the
@@ -175,6 +178,8 @@ class AsyncEngine:
         cannot fit the engine's context."""
         if not self.healthy:
             raise EngineError("the engine has failed; restart the server")
+        if self._stopping:
+            raise EngineError("the engine was stopped")
         need = prompt.embeds.shape[0] + params.max_new_tokens
         if need > self.config.max_context:
             raise ValueError(f"prompt ({prompt.embeds.shape[0]} positions) + max_new_tokens "
@@ -208,21 +213,27 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             self._loop()
+            self._fail_all(EngineError("the engine was stopped"))
         except Exception as e:  # the device is in an unknown state: fail everything, refuse new work
             log.exception("engine failed")
             self.healthy = False
             self.metrics.errors += 1
-            with self._cv:
-                for seq in [*self.rows, *self.scheduler.waiting]:
-                    seq.payload.stream._put(EngineError(f"engine failed: {e}"))
-                    self._close(seq)
+            self._fail_all(EngineError(f"engine failed: {e}"))
+
+    def _fail_all(self, error: EngineError) -> None:
+        """Ends every running and waiting request's stream with `error` (the engine takes no more work)."""
+        with self._cv:
+            for seq in [*self.rows, *self.scheduler.waiting]:
+                if not seq.payload.finished:
+                    seq.payload.stream._put(error)
+                self._close(seq)
 
     def _loop(self) -> None:
         # Each iteration: admit, launch frame n, deliver frame n - 1 (read back earlier) while frame n runs, wait
         # for frame n. Waiting for the frame just launched (rather than keeping the next one queued behind it)
         # lets a request that arrived during frame n join frame n + 1: one frame step sooner to its first audio,
         # for a GPU gap of the launch's host work between frames.
-        readback = Readback(self.runner, depth=2, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
+        readback = Readback(self.runner, depth=1, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
         ready = None  # (frame out, row map) of the last frame, delivered after the next launch
         while True:
             with self._cv:
