@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 TINY_HINT = ("pass a local folder that holds a downloaded checkpoint (config.json, model.safetensors, "
-             "speech_tokenizer/), or use the built-in random model `tiny` (`--model tiny`, noise only) "
-             "to check the pipeline without weights")
+             "speech_tokenizer/), or use the built-in random model `tiny` (`--model tiny --max-new-tokens 50`, "
+             "noise only: a random model never ends on its own) to check the pipeline without weights")
 
 
 class CheckpointError(ValueError):
