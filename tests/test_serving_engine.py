@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 
@@ -116,9 +117,11 @@ def test_submit_from_many_threads(tts, engine):
 
 def test_stop_ends_open_streams(tts):
     """Stopping the engine ends every running and waiting request with EngineError (no consumer waits forever),
-    and later submissions are refused."""
+    later submissions are refused, and the interpreter's switch interval is given back."""
+    switch_interval = sys.getswitchinterval()
     eng = AsyncEngine(tts, ServingConfig(max_running=1, max_waiting=4, max_context=512))
     eng.start()
+    assert sys.getswitchinterval() == min(switch_interval, 0.001)
     streams = [eng.submit(*_request(tts, i, True, max_new=400)) for i in range(2)]
     frames = iter(streams[0])
     next(frames)  # the first request is running, the second waiting
@@ -141,3 +144,4 @@ def test_stop_ends_open_streams(tts):
     assert outcomes == {"running": "the engine was stopped", "waiting": "the engine was stopped"}
     with pytest.raises(EngineError, match="stopped"):
         eng.submit(*_request(tts, 2, True))
+    assert sys.getswitchinterval() == switch_interval

@@ -146,8 +146,9 @@ class AsyncEngine:
 
     def start(self) -> None:
         if self._thread is None:
+            self._saved_switch_interval = sys.getswitchinterval()
             if self.config.switch_interval is not None:
-                sys.setswitchinterval(min(sys.getswitchinterval(), self.config.switch_interval))
+                sys.setswitchinterval(min(self._saved_switch_interval, self.config.switch_interval))
             self._thread = threading.Thread(target=self._run, name="q3tts-engine", daemon=True)
             self._thread.start()
 
@@ -159,6 +160,7 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+            sys.setswitchinterval(self._saved_switch_interval)
         else:
             self._fail_all(EngineError("the engine was stopped"))
 
