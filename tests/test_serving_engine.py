@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import threading
 import time
@@ -98,6 +99,10 @@ def test_bounded_queue_and_context_limit(tts):
     prompt, params = _request(tts, 2, True, max_new=300)
     with pytest.raises(ValueError, match="exceed this server's 256 positions"):
         eng.submit(prompt, params)
+    prompt, params = _request(tts, 2, True)
+    long_text = dataclasses.replace(prompt, trailing_ids=[0] * (eng.runner.config.max_trailing + 1))
+    with pytest.raises(ValueError, match="text too long"):  # refused at submission, not in the engine thread
+        eng.submit(long_text, params)
 
 
 def test_submit_from_many_threads(tts, engine):

@@ -182,6 +182,9 @@ class AsyncEngine:
             raise EngineError("the engine has failed; restart the server")
         if self._stopping:
             raise EngineError("the engine was stopped")
+        if len(prompt.trailing_ids) > self.runner.config.max_trailing:  # refused here, not in the engine thread
+            raise ValueError(f"text too long for this engine ({len(prompt.trailing_ids)} text tokens after the "
+                             f"prompt; at most {self.runner.config.max_trailing})")
         need = prompt.embeds.shape[0] + params.max_new_tokens
         if need > self.config.max_context:
             raise ValueError(f"prompt ({prompt.embeds.shape[0]} positions) + max_new_tokens "
