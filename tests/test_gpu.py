@@ -126,3 +126,30 @@ def test_bf16_at_least_as_faithful_as_official(tmp_path):
         assert ours["rel_error"]["p99"] <= official["rel_error"]["p99"]
         assert ours["top1_agreement"] >= official["top1_agreement"] - 0.01
     assert max(result["ref_gpu_vs_ref_cpu"][p]["rel_error"]["max"] for p in ("talker", "code_predictor")) < 1e-4
+
+
+def test_serving_engine_with_graphs_equals_solo(tiny_cuda):
+    """fp32 on the GPU: six requests through four rows of the serving engine (captured LM and codec graphs, the
+    codec overlapped on its own stream, rows joining and leaving) each stream their solo offline audio."""
+    import asyncio
+
+    import numpy as np
+
+    from q3tts.serving.engine import AsyncEngine, ServingConfig
+    from tests.test_serving_engine import TEXTS, _alone, _request
+
+    engine = AsyncEngine(tiny_cuda, ServingConfig(max_running=4, max_waiting=8, max_context=256))
+    assert engine.codec.graphs and engine.codec.overlap_max_rows is None
+    engine.start()
+
+    async def run():
+        streams = [engine.submit(*_request(tiny_cuda, i, True)) for i in range(len(TEXTS))]
+        return await asyncio.gather(*(s.read_all() for s in streams))
+
+    try:
+        outputs = asyncio.run(run())
+    finally:
+        engine.stop()
+    for i, audio in enumerate(outputs):
+        solo = _alone(tiny_cuda, i, True)
+        assert audio.shape == solo.shape and float(np.abs(audio - solo).max()) < 1e-4, i
