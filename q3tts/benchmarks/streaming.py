@@ -140,7 +140,6 @@ def codec_precision(frames: int = 100) -> dict:
     """bf16 vs fp32 incremental decode of the same random codes (conditioned random weights; the peer
     checkpoints' unconditioned random vocoder clips to +-1 and amplifies any rounding into noise): max |diff|
     and SNR of the audio."""
-
     device = torch.device("cuda")
     codes = torch.randint(0, 2048, (1, 16, frames), generator=torch.Generator().manual_seed(0)).to(device)
     out = {}

@@ -150,17 +150,21 @@ if triton is not None:
         if WRITE_OUT:
             tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
         if WRITE_ACT:
-            alpha = tl.load(alpha_ptr + cols, mask=col_ok, other=0.0)[None, :]
-            inv_beta = tl.load(inv_beta_ptr + cols, mask=col_ok, other=0.0)[None, :]
-            s = _sin(y * alpha, FAST_SIN)
-            tl.store(act_ptr + offs, (y + inv_beta * s * s).to(act_ptr.dtype.element_ty), mask=mask)
+            act = _snake_beta(y, alpha_ptr, inv_beta_ptr, cols, col_ok, FAST_SIN)
+            tl.store(act_ptr + offs, act.to(act_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _sin(x, FAST: tl.constexpr):
-        if FAST:
-            return tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                             is_pure=True, pack=1)
-        return tl.sin(x)
+    def _snake_beta(y, alpha_ptr, inv_beta_ptr, cols, col_ok, FAST_SIN: tl.constexpr):
+        """SnakeBeta of an fp32 tile y [rows, cols] with the per-channel (alpha, inv_beta) of `cols`."""
+        alpha = tl.load(alpha_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        inv_beta = tl.load(inv_beta_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        x = y * alpha
+        if FAST_SIN:
+            s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                          pack=1)
+        else:
+            s = tl.sin(x)
+        return y + inv_beta * s * s
 
 
 # ---- transposed convolution (kernel 2 x stride) -------------------------------------------------------------------
@@ -211,7 +215,5 @@ if triton is not None:
         y += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         offs = r.to(tl.int64)[:, None] * C + cols[None, :]
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-        alpha = tl.load(alpha_ptr + cols, mask=col_ok, other=0.0)[None, :]
-        inv_beta = tl.load(inv_beta_ptr + cols, mask=col_ok, other=0.0)[None, :]
-        s = _sin(y * alpha, FAST_SIN)
-        tl.store(act_ptr + offs, (y + inv_beta * s * s).to(act_ptr.dtype.element_ty), mask=mask)
+        act = _snake_beta(y, alpha_ptr, inv_beta_ptr, cols, col_ok, FAST_SIN)
+        tl.store(act_ptr + offs, act.to(act_ptr.dtype.element_ty), mask=mask)

@@ -29,6 +29,8 @@ prime a stream with a voice's reference codes).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -276,10 +278,14 @@ class _Transformer:
         return t.output_proj(y).view(B, T, -1)
 
 
-class _Layer:
-    def __init__(self, attn, norm1, qkv, o, norm2, gate_up, down):
-        self.attn, self.norm1, self.qkv, self.o, self.norm2, self.gate_up, self.down = (
-            attn, norm1, qkv, o, norm2, gate_up, down)
+class _Layer(NamedTuple):
+    attn: CodecAttention
+    norm1: torch.nn.Module
+    qkv: torch.Tensor  # [q; k; v] rows
+    o: torch.Tensor  # o_proj with the attention layer scale folded in
+    norm2: torch.nn.Module
+    gate_up: torch.Tensor  # [gate; up] rows
+    down: torch.Tensor  # down_proj with the MLP layer scale folded in
 
 
 class _Vocoder:
@@ -320,9 +326,12 @@ def _snake(m: SnakeBeta) -> tuple[torch.Tensor, torch.Tensor]:
     return snake_params(m.alpha.detach(), m.beta.detach())
 
 
-class _Block:
-    def __init__(self, snake, weight, bias, stride, units):
-        self.snake, self.weight, self.bias, self.stride, self.units = snake, weight, bias, stride, units
+class _Block(NamedTuple):
+    snake: tuple[torch.Tensor, torch.Tensor]  # the SnakeBeta before the transposed convolution
+    weight: torch.Tensor  # the transposed convolution's, [C_in, 2s * C_out]
+    bias: torch.Tensor
+    stride: int
+    units: list  # (snake1, conv1, snake2, conv2) per residual unit
 
 
 class _PackedConv:

@@ -91,10 +91,7 @@ class RequestStream:
         self.engine.cancel(self.request_id)
 
     def _put(self, item) -> None:
-        if self._loop is None:
-            self._queue.put(item)
-        else:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        _post([(self, item)])
 
     def __iter__(self):
         while (item := self._queue.get()) is not _END:
