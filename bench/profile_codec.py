@@ -1,5 +1,5 @@
-"""Where the incremental codec decoder's GPU time goes: per-kernel profile of one frame step and graph-replay
-time per batch size (random full-size weights, bf16, one frame per row per call). GPU machine only.
+"""Where the incremental codec decoder's GPU time goes: per-kernel profile of one frame step, graph-replay
+time per batch size and per stage (random full-size weights, bf16, one frame per row per call). GPU machine only.
 
 usage: python bench/profile_codec.py [--batches 1,16,64]
 """
@@ -13,10 +13,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from q3tts.benchmarks.common import graph_ms, random_decoder
-from q3tts.models.codec_streaming import StreamingDecoder
+from q3tts.models.codec_streaming import StreamingDecoder, _Cursor
 
 
-def top_kernels(stream: StreamingDecoder, batch: int, n: int = 14) -> None:
+def top_kernels(stream: StreamingDecoder, batch: int, n: int = 24) -> None:
     codes = torch.randint(0, 2048, (batch, 16, 1), device="cuda")
     for _ in range(2):
         stream.decode(codes)
@@ -34,6 +34,31 @@ def top_kernels(stream: StreamingDecoder, batch: int, n: int = 14) -> None:
         print(f"  {t / 1e3:7.3f} ms {counts[name]:4d}x  {name[:100]}")
 
 
+def stage_ms(stream: StreamingDecoder, batch: int) -> None:
+    """Graph replay of the step cut after each stage (quantizer + pre-conv + transformer, + upsampling, + the
+    vocoder), so the differences are each stage's time."""
+    d = stream.decoder
+    codes = torch.randint(0, 2048, (batch, 16, 1), device="cuda")
+    state = stream.state.view(batch)
+
+    def prefix(stages: int) -> torch.Tensor:
+        cursor = _Cursor(state)
+        hidden = stream._conv(d.pre_conv, stream._quantized(codes), cursor).transpose(1, 2)
+        positions = state.lengths[:, None] + torch.arange(1, device="cuda")
+        hidden = stream.transformer(hidden, positions, cursor).transpose(1, 2)
+        if stages > 1:
+            for blocks in d.upsample:
+                for block in blocks:
+                    hidden = stream._upsample(block, hidden, cursor)
+        if stages > 2:
+            hidden = stream.vocoder(hidden.transpose(1, 2).contiguous(), cursor)
+        return hidden
+
+    times = [graph_ms(lambda n=n: prefix(n), 20) for n in (1, 2, 3)]
+    print(f"B={batch} stages: quantizer + transformer {times[0]:.3f} ms, upsampling {times[1] - times[0]:.3f} ms, "
+          f"vocoder {times[2] - times[1]:.3f} ms (whole {times[2]:.3f})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", default="1,16,64")
@@ -44,6 +69,7 @@ def main() -> None:
     for b in batches:
         codes = torch.randint(0, 2048, (b, 16, 1), device="cuda")
         print(f"graph replay, B={b}: {graph_ms(lambda c=codes: stream.decode(c), 20):.2f} ms per frame step")
+        stage_ms(stream, b)
 
 
 if __name__ == "__main__":

@@ -200,6 +200,34 @@ def test_causal_conv(monkeypatch, dtype, k, dilation, T, residual, snake, keep_o
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("C,dilation,T,keep_out", [
+    (24, 9, 5, True),     # fewer new steps than the kept context; C not a power of two
+    (40, 3, 37, False),   # more; rows not a multiple of the tile; the last unit (no y kept)
+    (96, 1, 70, True),    # the codec's last stage: several pointwise column tiles
+])
+def test_residual_unit(monkeypatch, dtype, C, dilation, T, keep_out):
+    g = torch.Generator(DEVICE).manual_seed(5)
+    B, L = 3, 6 * dilation
+    x = torch.randn(B, T, C, device=DEVICE, generator=g).to(dtype)
+    w1 = (0.2 * torch.randn(7, C, C, device=DEVICE, generator=g)).to(dtype)
+    w2 = (0.2 * torch.randn(1, C, C, device=DEVICE, generator=g)).to(dtype)
+    b1, b2 = (torch.randn(C, device=DEVICE, generator=g).to(dtype) for _ in range(2))
+    state = torch.randn(B, L, C, device=DEVICE, generator=g).to(dtype)
+    res = torch.randn(B, T, C, device=DEVICE, generator=g).to(dtype)
+    mid, after = _snake(C, g), _snake(C, g)
+    assert codec_kernels.unit_config(B * T, C) is not None  # the fused kernel runs, not the two-call fallback
+    ref_state = state.clone()
+    out, act = codec_kernels.residual_unit(x, state, w1, b1, mid, w2, b2, res, after, dilation, keep_out)
+    ref_out, ref_act = _twin(monkeypatch, codec_kernels.residual_unit, x, ref_state, w1, b1, mid, w2, b2, res, after,
+                             dilation, keep_out)
+    assert (out is None) == (not keep_out) and (ref_out is None) == (not keep_out)
+    if keep_out:
+        _close(out, ref_out, dtype)
+    _close(act, ref_act, dtype)
+    assert torch.equal(state, ref_state)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_conv_transpose(monkeypatch, dtype):
     g = torch.Generator(DEVICE).manual_seed(4)
     B, T, C_in, C_out, s = 2, 5, 32, 20, 3

@@ -121,6 +121,15 @@ if triton is not None:
         rows = tl.program_id(0) * BM + tl.arange(0, BM)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         row_ok, col_ok = rows < R, cols < C_OUT
+        acc = _conv_acc(x_ptr, state_ptr, w_ptr, rows, row_ok, cols, col_ok, T, L, C_IN, C_OUT, DIL, KS, IEEE,
+                        BM, BN, BK)
+        _conv_epilogue(acc, rows, row_ok, cols, col_ok, C_OUT, bias_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr,
+                       inv_beta_ptr, HAS_RESIDUAL, WRITE_OUT, WRITE_ACT, FAST_SIN)
+
+    @triton.jit
+    def _conv_acc(x_ptr, state_ptr, w_ptr, rows, row_ok, cols, col_ok, T, L, C_IN, C_OUT, DIL, KS: tl.constexpr,
+                  IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """The convolution's sum over taps and input channels for output rows x cols, fp32 [BM, BN]."""
         b = (rows // T).to(tl.int64)
         t = rows % T
         ks = tl.arange(0, BK)
@@ -138,10 +147,22 @@ if triton is not None:
                          mask=(row_ok & ~in_x)[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptr + (j * C_IN + kk)[:, None] * C_OUT + cols[None, :],
                         mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            if IEEE:
-                acc = tl.dot(a, w, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, w, acc)
+            acc = _dot(a, w, acc, IEEE)
+        return acc
+
+    @triton.jit
+    def _dot(a, b, acc, IEEE: tl.constexpr):
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        return acc
+
+    @triton.jit
+    def _conv_epilogue(acc, rows, row_ok, cols, col_ok, C_OUT, bias_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr,
+                       inv_beta_ptr, HAS_RESIDUAL: tl.constexpr, WRITE_OUT: tl.constexpr, WRITE_ACT: tl.constexpr,
+                       FAST_SIN: tl.constexpr):
+        """y = acc + bias (+ residual); stores y and/or SnakeBeta(y)."""
         y = acc + tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         offs = rows.to(tl.int64)[:, None] * C_OUT + cols[None, :]
         mask = row_ok[:, None] & col_ok[None, :]
@@ -165,6 +186,80 @@ if triton is not None:
         else:
             s = tl.sin(x)
         return y + inv_beta * s * s
+
+
+# ---- residual unit ------------------------------------------------------------------------------------------------
+
+def residual_unit(x: torch.Tensor, state: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
+                  snake_mid: tuple[torch.Tensor, torch.Tensor], w2: torch.Tensor, b2: torch.Tensor,
+                  residual: torch.Tensor, snake: tuple[torch.Tensor, torch.Tensor], dilation: int,
+                  keep_out: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """A vocoder residual unit after its first SnakeBeta: y = conv2(SnakeBeta_mid(conv1(x))) + residual, with
+    conv1 causal (w1: [k, C, C], dilated, kept context `state`) and conv2 pointwise (w2: [1, C, C]). The same as
+    two `causal_conv` calls (and that is what it runs on the CPU and for shapes without a fused config); on the
+    GPU, for C <= 256, one kernel: a program owns all C channels of its rows, so the intermediate never leaves
+    the chip (it is rounded to x's dtype before the pointwise product, as the two calls round it).
+    Returns (y if keep_out, SnakeBeta(y))."""
+    B, T, C = x.shape
+    k = w1.shape[0]
+    if w1.shape[1:] != (C, C) or w2.shape != (1, C, C) or residual.shape != x.shape:
+        raise ValueError("a residual unit maps C channels to C channels")
+    if state.shape[1] != (k - 1) * dilation:
+        raise ValueError(f"state holds {state.shape[1]} steps, the convolution needs {(k - 1) * dilation}")
+    config = unit_config(B * T, C) if kernels.use_triton(x) else None
+    if config is None:
+        _, h = causal_conv(x, state, w1, b1, dilation, snake=snake_mid, keep_out=False)
+        return causal_conv(h, None, w2, b2, residual=residual, snake=snake, keep_out=keep_out)
+    R = B * T
+    out = torch.empty(B, T, C, dtype=x.dtype, device=x.device) if keep_out else None
+    act = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
+    BM, BK, BN, warps, stages = config
+    _residual_unit_kernel[(triton.cdiv(R, BM),)](
+        x, state, w1, b1, snake_mid[0], snake_mid[1], w2, b2, residual, x if out is None else out, act,
+        snake[0], snake[1], R, T, state.shape[1], C, dilation, KS=k, WRITE_OUT=keep_out,
+        FAST_SIN=_fast_sin(x), IEEE=x.dtype == torch.float32, BM=BM, CP=triton.next_power_of_2(C), BK=BK, BN=BN,
+        num_warps=warps, num_stages=stages)
+    _advance(state, x)
+    return out, act
+
+
+# Tiles (BM, BK, BN of the pointwise product, num_warps, num_stages) by channel count: the fastest of
+# `bench/codec_kernels.py --units`' candidates at 64 streams (H100), used from 16 k rows (16 streams).
+UNIT_CONFIGS: dict[int, tuple[int, int, int, int, int]] = {}
+UNIT_MAX_CHANNELS = 256
+
+
+def unit_config(R: int, C: int) -> tuple[int, int, int, int, int] | None:
+    """(BM, BK, BN, num_warps, num_stages) of the fused residual unit for R rows of C channels; None: unfused."""
+    if C > UNIT_MAX_CHANNELS:
+        return None
+    if R >= 16384 and C in UNIT_CONFIGS:
+        return UNIT_CONFIGS[C]
+    BK = 16 if C <= 16 else 32 if C % 64 else 64
+    return (64 if R >= 64 else 16), BK, min(64, triton.next_power_of_2(C)), 8 if C > 128 else 4, 3
+
+
+if triton is not None:
+    @triton.jit
+    def _residual_unit_kernel(x_ptr, state_ptr, w1_ptr, b1_ptr, mid_alpha_ptr, mid_inv_beta_ptr, w2_ptr, b2_ptr,
+                              res_ptr, out_ptr, act_ptr, alpha_ptr, inv_beta_ptr, R, T, L, C, DIL,
+                              KS: tl.constexpr, WRITE_OUT: tl.constexpr, FAST_SIN: tl.constexpr,
+                              IEEE: tl.constexpr, BM: tl.constexpr, CP: tl.constexpr, BK: tl.constexpr,
+                              BN: tl.constexpr):
+        rows = tl.program_id(0) * BM + tl.arange(0, BM)
+        cols = tl.arange(0, CP)  # every channel: the pointwise product needs them all
+        row_ok, col_ok = rows < R, cols < C
+        acc = _conv_acc(x_ptr, state_ptr, w1_ptr, rows, row_ok, cols, col_ok, T, L, C, C, DIL, KS, IEEE,
+                        BM, CP, BK)
+        h = acc + tl.load(b1_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        mid = _snake_beta(h, mid_alpha_ptr, mid_inv_beta_ptr, cols, col_ok, FAST_SIN).to(x_ptr.dtype.element_ty)
+        for n in tl.static_range(CP // BN):
+            cols2 = n * BN + tl.arange(0, BN)
+            ok2 = cols2 < C
+            w = tl.load(w2_ptr + cols[:, None] * C + cols2[None, :], mask=col_ok[:, None] & ok2[None, :], other=0.0)
+            acc2 = _dot(mid, w, tl.zeros((BM, BN), dtype=tl.float32), IEEE)
+            _conv_epilogue(acc2, rows, row_ok, cols2, ok2, C, b2_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr,
+                           inv_beta_ptr, True, WRITE_OUT, True, FAST_SIN)
 
 
 # ---- transposed convolution (kernel 2 x stride) -------------------------------------------------------------------

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..engine.codec_kernels import causal_conv, conv_transpose, snake_params
+from ..engine.codec_kernels import causal_conv, conv_transpose, residual_unit, snake_params
 from ..engine.kernels import add_rmsnorm, silu_mul
 from ..layers.rotary import rope_cos_sin, rotate_half
 from ..transfer import to_device
@@ -316,8 +316,9 @@ class _Vocoder:
             y, act = conv_transpose(act, cursor.next_tail(), block.weight, block.bias, block.stride, units[0][0])
             for i, (_, conv1, snake2, conv2) in enumerate(units):
                 last = i + 1 == len(units)
-                _, h = conv1(act, cursor.next_conv(), snake=snake2, keep_out=False)
-                y, act = conv2(h, None, residual=y, snake=after if last else units[i + 1][0], keep_out=not last)
+                y, act = residual_unit(act, cursor.next_conv(), conv1.weight, conv1.bias, snake2, conv2.weight,
+                                       conv2.bias, y, after if last else units[i + 1][0], conv1.dilation,
+                                       keep_out=not last)
         wav, _ = self.conv_out(act, cursor.next_conv())
         return wav[..., 0]
 
