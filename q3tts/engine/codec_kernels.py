@@ -5,9 +5,12 @@ The vocoder is causal convolutions (kernel 7, dilations 1/3/9, and kernel 1), tr
 overlap, and SnakeBeta activations. Channel-major convolutions through cuDNN ran at a fraction of the tensor
 cores' rate and needed a concatenation per convolution to put the stream's kept context before the new samples.
 Here one kernel is one implicit matrix product: output row (b, t) = bias + sum over taps j of
-input(b, t + j * dilation - L) @ W[j], where positions before the call (negative) read the stream's kept context
-`state` [B, L, C_in] and the others the new input; rows of all streams are one M dimension, so a call of one
-frame per stream still fills the tiles. Bias, residual add and the next SnakeBeta run in the epilogue.
+input(b, t + j * dilation) @ W[j], over an input that holds each stream's kept context (L = (k - 1) * dilation
+steps) in front of its T new steps, [B, L + T, C_in]; rows of all streams are one M dimension, so a call of one
+frame per stream still fills the tiles. The kernel that produces a convolution's input writes it there directly:
+every producer takes `act_context`, the consuming convolution's kept context, and returns its activation as
+[B, L + T, C] with that context in front (a copy of L steps, not a concatenation of T). Bias, residual add and
+the next SnakeBeta run in the epilogue; a residual unit for C <= 256 is one kernel (`residual_unit`).
 
 SnakeBeta(x) = x + inv_beta * sin(alpha * x)^2 with alpha = exp(log_alpha), inv_beta = 1 / (exp(log_beta) + 1e-9)
 (`snake_params` computes the two per-channel vectors once).
@@ -39,65 +42,77 @@ def _fast_sin(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype != torch.float32
 
 
+def _act_buffer(like: torch.Tensor, B: int, T: int, C: int, act_context: torch.Tensor | None) -> torch.Tensor:
+    """[B, L + T, C] with the consuming convolution's kept context (L steps) in front, the rest to be written."""
+    L = 0 if act_context is None else act_context.shape[1]
+    buf = torch.empty(B, L + T, C, dtype=like.dtype, device=like.device)
+    if L:
+        buf[:, :L] = act_context
+    return buf
+
+
+def _with_context(act: torch.Tensor, act_context: torch.Tensor | None) -> torch.Tensor:
+    return act if act_context is None else torch.cat([act_context.to(act.dtype), act], dim=1)
+
+
+def _keep_last(state: torch.Tensor | None, x: torch.Tensor) -> None:
+    """state <- the last L steps of x = [kept context, new steps] (runs after the convolution has read x)."""
+    if state is not None and state.shape[1]:
+        state.copy_(x[:, x.shape[1] - state.shape[1]:])
+
+
 # ---- causal convolution ------------------------------------------------------------------------------------------
 
 def causal_conv(x: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
                 dilation: int = 1, residual: torch.Tensor | None = None,
-                snake: tuple[torch.Tensor, torch.Tensor] | None = None,
-                keep_out: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                snake: tuple[torch.Tensor, torch.Tensor] | None = None, keep_out: bool = True,
+                act_context: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """One streaming step of a causal convolution, time-major.
 
-    x: [B, T, C_in] (contiguous); state: [B, L, C_in] with L = (k - 1) * dilation, the inputs of the previous
-    calls (None when L = 0), advanced in place by T; weight: [k, C_in, C_out]; bias: [C_out].
-    y = conv + bias (+ residual [B, T, C_out]). Returns (y if keep_out, SnakeBeta(y) if snake is given).
+    x: [B, L + T, C_in] (contiguous), the stream's kept context (L = (k - 1) * dilation steps, as in `state`)
+    followed by the T new steps; state: [B, L, C_in] (None when L = 0), set to the last L steps of x;
+    weight: [k, C_in, C_out]; bias: [C_out]. y = conv + bias (+ residual [B, T, C_out]).
+    Returns (y if keep_out, SnakeBeta(y) if snake is given, with act_context [B, L', C_out] in front if given).
     """
-    B, T, C_in = x.shape
+    B, LT, C_in = x.shape
     k, _, C_out = weight.shape
     L = 0 if state is None else state.shape[1]
-    if L != (k - 1) * dilation:
-        raise ValueError(f"state holds {L} steps, the convolution needs {(k - 1) * dilation}")
+    if L != (k - 1) * dilation or LT < L:
+        raise ValueError(f"state holds {L} steps and x {LT}, the convolution needs {(k - 1) * dilation}")
+    T = LT - L
     if not kernels.use_triton(x):
-        full = (x if state is None else torch.cat([state, x], dim=1)).float()
+        full = x.float()
         y = sum(full[:, j * dilation: j * dilation + T] @ weight[j].float() for j in range(k)) + bias.float()
         if residual is not None:
             y = y + residual.float()
         out = y.to(x.dtype) if keep_out else None
-        act = _snake_ref(y, snake).to(x.dtype) if snake is not None else None
+        act = _with_context(_snake_ref(y, snake).to(x.dtype), act_context) if snake is not None else None
     else:
         R = B * T
         out = torch.empty(B, T, C_out, dtype=x.dtype, device=x.device) if keep_out else None
-        act = torch.empty(B, T, C_out, dtype=x.dtype, device=x.device) if snake is not None else None
+        act = _act_buffer(x, B, T, C_out, act_context) if snake is not None else None
+        L_act = 0 if act_context is None else act_context.shape[1]
         BM, BN, BK, warps, stages = conv_config(R, k, C_in, C_out)
         grid = (triton.cdiv(R, BM), triton.cdiv(C_out, BN))
         _causal_conv_kernel[grid](
-            x, x if state is None else state, weight, bias, x if residual is None else residual,
-            x if out is None else out, x if act is None else act,
-            bias if snake is None else snake[0], bias if snake is None else snake[1],
-            R, T, L, C_in, C_out, dilation, KS=k, HAS_RESIDUAL=residual is not None, WRITE_OUT=keep_out,
-            WRITE_ACT=snake is not None, FAST_SIN=_fast_sin(x), IEEE=x.dtype == torch.float32,
+            x, weight, bias, x if residual is None else residual, x if out is None else out,
+            x if act is None else act[:, L_act:], bias if snake is None else snake[0],
+            bias if snake is None else snake[1], R, T, LT, (L_act + T) * C_out, C_in, C_out, dilation, KS=k,
+            HAS_RESIDUAL=residual is not None, WRITE_OUT=keep_out, WRITE_ACT=snake is not None,
+            FAST_SIN=_fast_sin(x), IEEE=x.dtype == torch.float32, EVEN_K=C_in % BK == 0,
             BM=BM, BN=BN, BK=BK, num_warps=warps, num_stages=stages)
-    if state is not None:
-        _advance(state, x)
+    _keep_last(state, x)
     return out, act
-
-
-def _advance(state: torch.Tensor, x: torch.Tensor) -> None:
-    """state <- the last L steps of [state, x] (same stream: runs after the convolution has read the state)."""
-    L, T = state.shape[1], x.shape[1]
-    if T >= L:
-        state.copy_(x[:, T - L:])
-    else:
-        state.copy_(torch.cat([state[:, T:], x], dim=1))
 
 
 # Tile shapes (BM, BN, BK, num_warps, num_stages) of the real codec's convolutions by (k, C_in, C_out): the
 # fastest of `bench/codec_kernels.py`'s candidates at 64 streams, one frame per stream (H100); used from 256 rows.
 CONV_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
     (7, 1024, 1536): (64, 64, 32, 4, 3),
-    (7, 768, 768): (128, 128, 32, 8, 3), (1, 768, 768): (128, 128, 32, 8, 3),
-    (7, 384, 384): (64, 128, 64, 4, 3), (1, 384, 384): (128, 64, 32, 8, 3),
-    (7, 192, 192): (64, 128, 32, 4, 3), (1, 192, 192): (64, 128, 64, 8, 3),
-    (7, 96, 96): (128, 128, 32, 4, 4), (1, 96, 96): (64, 32, 32, 4, 3),
+    (7, 768, 768): (128, 128, 64, 8, 4), (1, 768, 768): (128, 128, 32, 8, 3),
+    (7, 384, 384): (128, 128, 64, 4, 3), (1, 384, 384): (128, 64, 32, 8, 3),
+    (7, 192, 192): (128, 64, 32, 4, 3), (1, 192, 192): (64, 128, 64, 8, 3),
+    (7, 96, 96): (128, 128, 32, 4, 3), (1, 96, 96): (64, 32, 32, 4, 3),
     (7, 96, 1): (64, 32, 32, 4, 4),
 }
 
@@ -114,39 +129,40 @@ def conv_config(R: int, k: int, C_in: int, C_out: int) -> tuple[int, int, int, i
 
 if triton is not None:
     @triton.jit
-    def _causal_conv_kernel(x_ptr, state_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr, inv_beta_ptr,
-                            R, T, L, C_IN, C_OUT, DIL, KS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    def _causal_conv_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr, inv_beta_ptr,
+                            R, T, LT, ACT_BS, C_IN, C_OUT, DIL, KS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                             WRITE_OUT: tl.constexpr, WRITE_ACT: tl.constexpr, FAST_SIN: tl.constexpr,
-                            IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                            IEEE: tl.constexpr, EVEN_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                            BK: tl.constexpr):
         rows = tl.program_id(0) * BM + tl.arange(0, BM)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         row_ok, col_ok = rows < R, cols < C_OUT
-        acc = _conv_acc(x_ptr, state_ptr, w_ptr, rows, row_ok, cols, col_ok, T, L, C_IN, C_OUT, DIL, KS, IEEE,
+        acc = _conv_acc(x_ptr, w_ptr, rows, row_ok, cols, col_ok, T, LT, C_IN, C_OUT, DIL, KS, IEEE, EVEN_K,
                         BM, BN, BK)
-        _conv_epilogue(acc, rows, row_ok, cols, col_ok, C_OUT, bias_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr,
-                       inv_beta_ptr, HAS_RESIDUAL, WRITE_OUT, WRITE_ACT, FAST_SIN)
+        _conv_epilogue(acc, rows, row_ok, cols, col_ok, T, ACT_BS, C_OUT, bias_ptr, res_ptr, out_ptr, act_ptr,
+                       alpha_ptr, inv_beta_ptr, HAS_RESIDUAL, WRITE_OUT, WRITE_ACT, FAST_SIN)
 
     @triton.jit
-    def _conv_acc(x_ptr, state_ptr, w_ptr, rows, row_ok, cols, col_ok, T, L, C_IN, C_OUT, DIL, KS: tl.constexpr,
-                  IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        """The convolution's sum over taps and input channels for output rows x cols, fp32 [BM, BN]."""
-        b = (rows // T).to(tl.int64)
-        t = rows % T
+    def _conv_acc(x_ptr, w_ptr, rows, row_ok, cols, col_ok, T, LT, C_IN, C_OUT, DIL, KS: tl.constexpr,
+                  IEEE: tl.constexpr, EVEN_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """The convolution's sum over taps and input channels for output rows x cols, fp32 [BM, BN]. Output
+        row b * T + t reads input rows b * LT + t + j * DIL (the kept context in front: no masks in time)."""
+        base = (rows // T).to(tl.int64) * LT + rows % T
         ks = tl.arange(0, BK)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         n_k = tl.cdiv(C_IN, BK)
         for it in range(KS * n_k):
             j = it // n_k
             kk = (it % n_k) * BK + ks
-            k_ok = kk < C_IN
-            p = t + j * DIL - L  # position in the new input; negative: in the kept context
-            in_x = p >= 0
-            a = tl.load(x_ptr + (b * T + p)[:, None] * C_IN + kk[None, :],
-                        mask=(row_ok & in_x)[:, None] & k_ok[None, :], other=0.0)
-            a += tl.load(state_ptr + (b * L + L + p)[:, None] * C_IN + kk[None, :],
-                         mask=(row_ok & ~in_x)[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptr + (j * C_IN + kk)[:, None] * C_OUT + cols[None, :],
-                        mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            a_ptrs = x_ptr + (base + j * DIL)[:, None] * C_IN + kk[None, :]
+            w_ptrs = w_ptr + (j * C_IN + kk)[:, None] * C_OUT + cols[None, :]
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+                w = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
+            else:
+                k_ok = kk < C_IN
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             acc = _dot(a, w, acc, IEEE)
         return acc
 
@@ -159,10 +175,10 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _conv_epilogue(acc, rows, row_ok, cols, col_ok, C_OUT, bias_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr,
-                       inv_beta_ptr, HAS_RESIDUAL: tl.constexpr, WRITE_OUT: tl.constexpr, WRITE_ACT: tl.constexpr,
-                       FAST_SIN: tl.constexpr):
-        """y = acc + bias (+ residual); stores y and/or SnakeBeta(y)."""
+    def _conv_epilogue(acc, rows, row_ok, cols, col_ok, T, ACT_BS, C_OUT, bias_ptr, res_ptr, out_ptr, act_ptr,
+                       alpha_ptr, inv_beta_ptr, HAS_RESIDUAL: tl.constexpr, WRITE_OUT: tl.constexpr,
+                       WRITE_ACT: tl.constexpr, FAST_SIN: tl.constexpr):
+        """y = acc + bias (+ residual); stores y [R, C_OUT] and/or SnakeBeta(y) (stream b's rows ACT_BS apart)."""
         y = acc + tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         offs = rows.to(tl.int64)[:, None] * C_OUT + cols[None, :]
         mask = row_ok[:, None] & col_ok[None, :]
@@ -172,7 +188,8 @@ if triton is not None:
             tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
         if WRITE_ACT:
             act = _snake_beta(y, alpha_ptr, inv_beta_ptr, cols, col_ok, FAST_SIN)
-            tl.store(act_ptr + offs, act.to(act_ptr.dtype.element_ty), mask=mask)
+            act_offs = ((rows // T).to(tl.int64) * ACT_BS + (rows % T) * C_OUT)[:, None] + cols[None, :]
+            tl.store(act_ptr + act_offs, act.to(act_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _snake_beta(y, alpha_ptr, inv_beta_ptr, cols, col_ok, FAST_SIN: tl.constexpr):
@@ -193,40 +210,44 @@ if triton is not None:
 def residual_unit(x: torch.Tensor, state: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
                   snake_mid: tuple[torch.Tensor, torch.Tensor], w2: torch.Tensor, b2: torch.Tensor,
                   residual: torch.Tensor, snake: tuple[torch.Tensor, torch.Tensor], dilation: int,
-                  keep_out: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+                  keep_out: bool = True, act_context: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """A vocoder residual unit after its first SnakeBeta: y = conv2(SnakeBeta_mid(conv1(x))) + residual, with
-    conv1 causal (w1: [k, C, C], dilated, kept context `state`) and conv2 pointwise (w2: [1, C, C]). The same as
-    two `causal_conv` calls (and that is what it runs on the CPU and for shapes without a fused config); on the
-    GPU, for C <= 256, one kernel: a program owns all C channels of its rows, so the intermediate never leaves
-    the chip (it is rounded to x's dtype before the pointwise product, as the two calls round it).
-    Returns (y if keep_out, SnakeBeta(y))."""
-    B, T, C = x.shape
-    k = w1.shape[0]
-    if w1.shape[1:] != (C, C) or w2.shape != (1, C, C) or residual.shape != x.shape:
+    conv1 causal (w1: [k, C, C], dilated; x and state as in `causal_conv`) and conv2 pointwise (w2: [1, C, C]).
+    The same as two `causal_conv` calls (and that is what it runs on the CPU and for C > `UNIT_MAX_CHANNELS`);
+    on the GPU one kernel: a program owns all C channels of its rows, so the intermediate never leaves the chip
+    (it is rounded to x's dtype before the pointwise product, as the two calls round it).
+    Returns (y if keep_out, SnakeBeta(y) with act_context in front if given)."""
+    B, LT, C = x.shape
+    k, L = w1.shape[0], state.shape[1]
+    T = LT - L
+    if w1.shape[1:] != (C, C) or w2.shape != (1, C, C) or residual.shape != (B, T, C):
         raise ValueError("a residual unit maps C channels to C channels")
-    if state.shape[1] != (k - 1) * dilation:
-        raise ValueError(f"state holds {state.shape[1]} steps, the convolution needs {(k - 1) * dilation}")
+    if L != (k - 1) * dilation or T < 0:
+        raise ValueError(f"state holds {L} steps and x {LT}, the convolution needs {(k - 1) * dilation}")
     config = unit_config(B * T, C) if kernels.use_triton(x) else None
     if config is None:
         _, h = causal_conv(x, state, w1, b1, dilation, snake=snake_mid, keep_out=False)
-        return causal_conv(h, None, w2, b2, residual=residual, snake=snake, keep_out=keep_out)
+        return causal_conv(h, None, w2, b2, residual=residual, snake=snake, keep_out=keep_out,
+                           act_context=act_context)
     R = B * T
     out = torch.empty(B, T, C, dtype=x.dtype, device=x.device) if keep_out else None
-    act = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
+    act = _act_buffer(x, B, T, C, act_context)
+    L_act = 0 if act_context is None else act_context.shape[1]
     BM, BK, BN, warps, stages = config
     _residual_unit_kernel[(triton.cdiv(R, BM),)](
-        x, state, w1, b1, snake_mid[0], snake_mid[1], w2, b2, residual, x if out is None else out, act,
-        snake[0], snake[1], R, T, state.shape[1], C, dilation, KS=k, WRITE_OUT=keep_out,
-        FAST_SIN=_fast_sin(x), IEEE=x.dtype == torch.float32, BM=BM, CP=triton.next_power_of_2(C), BK=BK, BN=BN,
-        num_warps=warps, num_stages=stages)
-    _advance(state, x)
+        x, w1, b1, snake_mid[0], snake_mid[1], w2, b2, residual, x if out is None else out, act[:, L_act:],
+        snake[0], snake[1], R, T, LT, (L_act + T) * C, C, dilation, KS=k, WRITE_OUT=keep_out,
+        FAST_SIN=_fast_sin(x), IEEE=x.dtype == torch.float32, EVEN_K=C % BK == 0, BM=BM,
+        CP=triton.next_power_of_2(C), BK=BK, BN=BN, num_warps=warps, num_stages=stages)
+    _keep_last(state, x)
     return out, act
 
 
 # Tiles (BM, BK, BN of the pointwise product, num_warps, num_stages) by channel count: the fastest of
 # `bench/codec_kernels.py --units`' candidates at 64 streams (H100), used from 16 k rows (16 streams).
-UNIT_CONFIGS: dict[int, tuple[int, int, int, int, int]] = {}
-UNIT_MAX_CHANNELS = 256
+UNIT_CONFIGS: dict[int, tuple[int, int, int, int, int]] = {96: (64, 32, 128, 4, 3), 192: (64, 32, 64, 4, 3)}
+UNIT_MAX_CHANNELS = 256  # above, two kernels are faster (a program's tile must span every channel)
 
 
 def unit_config(R: int, C: int) -> tuple[int, int, int, int, int] | None:
@@ -241,16 +262,15 @@ def unit_config(R: int, C: int) -> tuple[int, int, int, int, int] | None:
 
 if triton is not None:
     @triton.jit
-    def _residual_unit_kernel(x_ptr, state_ptr, w1_ptr, b1_ptr, mid_alpha_ptr, mid_inv_beta_ptr, w2_ptr, b2_ptr,
-                              res_ptr, out_ptr, act_ptr, alpha_ptr, inv_beta_ptr, R, T, L, C, DIL,
+    def _residual_unit_kernel(x_ptr, w1_ptr, b1_ptr, mid_alpha_ptr, mid_inv_beta_ptr, w2_ptr, b2_ptr, res_ptr,
+                              out_ptr, act_ptr, alpha_ptr, inv_beta_ptr, R, T, LT, ACT_BS, C, DIL,
                               KS: tl.constexpr, WRITE_OUT: tl.constexpr, FAST_SIN: tl.constexpr,
-                              IEEE: tl.constexpr, BM: tl.constexpr, CP: tl.constexpr, BK: tl.constexpr,
-                              BN: tl.constexpr):
+                              IEEE: tl.constexpr, EVEN_K: tl.constexpr, BM: tl.constexpr, CP: tl.constexpr,
+                              BK: tl.constexpr, BN: tl.constexpr):
         rows = tl.program_id(0) * BM + tl.arange(0, BM)
         cols = tl.arange(0, CP)  # every channel: the pointwise product needs them all
         row_ok, col_ok = rows < R, cols < C
-        acc = _conv_acc(x_ptr, state_ptr, w1_ptr, rows, row_ok, cols, col_ok, T, L, C, C, DIL, KS, IEEE,
-                        BM, CP, BK)
+        acc = _conv_acc(x_ptr, w1_ptr, rows, row_ok, cols, col_ok, T, LT, C, C, DIL, KS, IEEE, EVEN_K, BM, CP, BK)
         h = acc + tl.load(b1_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         mid = _snake_beta(h, mid_alpha_ptr, mid_inv_beta_ptr, cols, col_ok, FAST_SIN).to(x_ptr.dtype.element_ty)
         for n in tl.static_range(CP // BN):
@@ -258,20 +278,21 @@ if triton is not None:
             ok2 = cols2 < C
             w = tl.load(w2_ptr + cols[:, None] * C + cols2[None, :], mask=col_ok[:, None] & ok2[None, :], other=0.0)
             acc2 = _dot(mid, w, tl.zeros((BM, BN), dtype=tl.float32), IEEE)
-            _conv_epilogue(acc2, rows, row_ok, cols2, ok2, C, b2_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr,
-                           inv_beta_ptr, True, WRITE_OUT, True, FAST_SIN)
+            _conv_epilogue(acc2, rows, row_ok, cols2, ok2, T, ACT_BS, C, b2_ptr, res_ptr, out_ptr, act_ptr,
+                           alpha_ptr, inv_beta_ptr, True, WRITE_OUT, True, FAST_SIN)
 
 
 # ---- transposed convolution (kernel 2 x stride) -------------------------------------------------------------------
 
 def conv_transpose(x: torch.Tensor, tail: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int,
-                   snake: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                   snake: tuple[torch.Tensor, torch.Tensor], act_context: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """One streaming step of a transposed convolution with kernel 2 x stride, time-major.
 
     x: [B, T, C_in]; weight: [C_in, 2 * stride * C_out] (taps major, channels minor); tail: [B, stride, C_out],
     the previous call's last step's second half (without bias), advanced in place. Each input step writes 2s
     outputs, one matrix product [B * T, C_in] @ [C_in, 2s * C_out]; the first half of step t adds to the second
-    half of step t - 1. Returns (y [B, T * stride, C_out], SnakeBeta(y)).
+    half of step t - 1. Returns (y [B, T * stride, C_out], SnakeBeta(y) with act_context in front if given).
     """
     B, T, C_in = x.shape
     s, C_out = stride, tail.shape[-1]
@@ -279,22 +300,25 @@ def conv_transpose(x: torch.Tensor, tail: torch.Tensor, weight: torch.Tensor, bi
     if not kernels.use_triton(x):
         previous = torch.cat([tail[:, None], steps[:, :-1, s:]], dim=1)
         y = (steps[:, :, :s].float() + previous.float() + bias.float()).reshape(B, T * s, C_out)
-        out, act = y.to(x.dtype), _snake_ref(y, snake).to(x.dtype)
+        out, act = y.to(x.dtype), _with_context(_snake_ref(y, snake).to(x.dtype), act_context)
     else:
         out = torch.empty(B, T * s, C_out, dtype=x.dtype, device=x.device)
-        act = torch.empty_like(out)
+        act = _act_buffer(x, B, T * s, C_out, act_context)
+        L_act = 0 if act_context is None else act_context.shape[1]
         BLOCK_R, BLOCK_C = 16, triton.next_power_of_2(min(C_out, 256))
         grid = (triton.cdiv(B * T * s, BLOCK_R), triton.cdiv(C_out, BLOCK_C))
-        _overlap_add_kernel[grid](steps, tail, bias, snake[0], snake[1], out, act, B * T * s, T, C_out, S=s,
-                                  FAST_SIN=_fast_sin(x), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, num_warps=4)
+        _overlap_add_kernel[grid](steps, tail, bias, snake[0], snake[1], out, act[:, L_act:], B * T * s, T,
+                                  (L_act + T * s) * C_out, C_out, S=s, FAST_SIN=_fast_sin(x), BLOCK_R=BLOCK_R,
+                                  BLOCK_C=BLOCK_C, num_warps=4)
     tail.copy_(steps[:, -1, s:])
     return out, act
 
 
 if triton is not None:
     @triton.jit
-    def _overlap_add_kernel(steps_ptr, tail_ptr, bias_ptr, alpha_ptr, inv_beta_ptr, out_ptr, act_ptr, N, T, C,
-                            S: tl.constexpr, FAST_SIN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _overlap_add_kernel(steps_ptr, tail_ptr, bias_ptr, alpha_ptr, inv_beta_ptr, out_ptr, act_ptr, N, T, ACT_BS,
+                            C, S: tl.constexpr, FAST_SIN: tl.constexpr, BLOCK_R: tl.constexpr,
+                            BLOCK_C: tl.constexpr):
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # output row b * T * S + t * S + i
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         r_ok, col_ok = r < N, cols < C
@@ -311,4 +335,5 @@ if triton is not None:
         offs = r.to(tl.int64)[:, None] * C + cols[None, :]
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
         act = _snake_beta(y, alpha_ptr, inv_beta_ptr, cols, col_ok, FAST_SIN)
-        tl.store(act_ptr + offs, act.to(act_ptr.dtype.element_ty), mask=mask)
+        act_offs = ((r // (T * S)).to(tl.int64) * ACT_BS + (r % (T * S)) * C)[:, None] + cols[None, :]
+        tl.store(act_ptr + act_offs, act.to(act_ptr.dtype.element_ty), mask=mask)

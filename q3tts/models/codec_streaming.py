@@ -156,7 +156,7 @@ class StreamingDecoder:
         for blocks in d.upsample:
             for block in blocks:
                 hidden = self._upsample(block, hidden, cursor)
-        wav = self.vocoder(hidden.transpose(1, 2).contiguous(), cursor)
+        wav = self.vocoder(hidden.transpose(1, 2), cursor)
         state.lengths += T
         return wav.clamp(min=-1, max=1) if clamp else wav
 
@@ -308,18 +308,26 @@ class _Vocoder:
         self.last_snake = _snake(last_snake)
 
     def __call__(self, x: torch.Tensor, cursor: _Cursor) -> torch.Tensor:
-        """x: [B, T, C] -> [B, T * samples per step]."""
+        """x: [B, T, C] -> [B, T * samples per step]. Each convolution's input is produced with the convolution's
+        kept context in front (`act_context`), so the states are taken from the cursor one producer ahead."""
         following = [block.snake for block in self.blocks] + [self.last_snake]
-        _, act = self.conv_in(x, cursor.next_conv(), snake=following[0], keep_out=False)
-        for block, after in zip(self.blocks, following[1:]):
+        state = cursor.next_conv()
+        _, act = self.conv_in(torch.cat([state, x], dim=1), state, snake=following[0], keep_out=False)
+        for b, (block, after) in enumerate(zip(self.blocks, following[1:])):
             units = block.units
-            y, act = conv_transpose(act, cursor.next_tail(), block.weight, block.bias, block.stride, units[0][0])
+            state = cursor.next_conv()  # the first residual unit's
+            y, act = conv_transpose(act, cursor.next_tail(), block.weight, block.bias, block.stride, units[0][0],
+                                    act_context=state)
             for i, (_, conv1, snake2, conv2) in enumerate(units):
                 last = i + 1 == len(units)
-                y, act = residual_unit(act, cursor.next_conv(), conv1.weight, conv1.bias, snake2, conv2.weight,
-                                       conv2.bias, y, after if last else units[i + 1][0], conv1.dilation,
-                                       keep_out=not last)
-        wav, _ = self.conv_out(act, cursor.next_conv())
+                # The next block's transposed convolution keeps no context; the last block's last unit feeds
+                # conv_out, which does.
+                next_state = cursor.next_conv() if not last or b + 1 == len(self.blocks) else None
+                y, act = residual_unit(act, state, conv1.weight, conv1.bias, snake2, conv2.weight, conv2.bias, y,
+                                       after if last else units[i + 1][0], conv1.dilation, keep_out=not last,
+                                       act_context=next_state)
+                state = next_state
+        wav, _ = self.conv_out(act, state)
         return wav[..., 0]
 
 
