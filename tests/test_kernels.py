@@ -218,6 +218,7 @@ def test_causal_conv(monkeypatch, dtype, k, dilation, T, residual, snake, keep_o
     (24, 9, 5, True, 18),    # fewer new steps than the kept context; C not a power of two
     (40, 3, 37, False, 0),   # more; rows not a multiple of the tile; the last unit (no y kept)
     (96, 1, 70, True, 54),   # the codec's last stage: several pointwise column tiles
+    (4, 1, 9, True, 6),      # fewer channels than the smallest matrix-product tile (the tiny codec's)
 ])
 def test_residual_unit(monkeypatch, dtype, C, dilation, T, keep_out, context):
     g = torch.Generator(DEVICE).manual_seed(5)
@@ -258,6 +259,29 @@ def test_conv_transpose(monkeypatch, dtype, context):
     _close(out, ref_out, dtype)
     _check_act(act, ref_act, ctx, dtype)
     assert torch.equal(tail, ref_tail)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_heads,num_kv", [(4, 4), (4, 2)])
+def test_ring_attention_step(monkeypatch, dtype, num_heads, num_kv):
+    g = torch.Generator(DEVICE).manual_seed(6)
+    B, W, D = 4, 7, 16
+    positions = torch.tensor([0, 3, 6, 40], device=DEVICE)  # a fresh stream, part-filled, just full, wrapped
+    qkv = torch.randn(B, (num_heads + 2 * num_kv) * D, device=DEVICE, generator=g).to(dtype)
+    k_ring = torch.randn(B, num_kv, W, D, device=DEVICE, generator=g).to(dtype)
+    v_ring = torch.randn(B, num_kv, W, D, device=DEVICE, generator=g).to(dtype)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, D, 2, device=DEVICE).float() / D)
+    rings = (k_ring.clone(), v_ring.clone())
+    out = codec_kernels.ring_attention_step(qkv, positions, k_ring, v_ring, inv_freq, num_heads, None)
+    ref = _twin(monkeypatch, codec_kernels.ring_attention_step, qkv, positions, *rings, inv_freq, num_heads, None)
+    _close(out, ref, dtype)
+    for ring, ref_ring in zip((k_ring, v_ring), rings):
+        _close(ring, ref_ring, dtype)
+    # only each row's slot (position % W) was written
+    slot = positions % W
+    for b in range(B):
+        others = torch.arange(W, device=DEVICE) != slot[b]
+        assert torch.equal(k_ring[b][:, others], rings[0][b][:, others])
 
 
 def test_noise_stays_strictly_inside_the_unit_interval():

@@ -1,5 +1,6 @@
-"""Kernels of the streaming codec decoder's vocoder, time-major ([B, T, C]: channels last), each with a plain-
-PyTorch twin of the same semantics (the CPU path, and what the tests compare the kernels against).
+"""Kernels of the streaming codec decoder, each with a plain-PyTorch twin of the same semantics (the CPU path,
+and what the tests compare the kernels against): the vocoder's, time-major ([B, T, C]: channels last), and the
+pre-transformer's one-frame attention step over its ring of kept keys and values (`ring_attention_step`).
 
 The vocoder is causal convolutions (kernel 7, dilations 1/3/9, and kernel 1), transposed convolutions with
 overlap, and SnakeBeta activations. Channel-major convolutions through cuDNN ran at a fraction of the tensor
@@ -239,7 +240,7 @@ def residual_unit(x: torch.Tensor, state: torch.Tensor, w1: torch.Tensor, b1: to
         x, w1, b1, snake_mid[0], snake_mid[1], w2, b2, residual, x if out is None else out, act[:, L_act:],
         snake[0], snake[1], R, T, LT, (L_act + T) * C, C, dilation, KS=k, WRITE_OUT=keep_out,
         FAST_SIN=_fast_sin(x), IEEE=x.dtype == torch.float32, EVEN_K=C % BK == 0, BM=BM,
-        CP=triton.next_power_of_2(C), BK=BK, BN=BN, num_warps=warps, num_stages=stages)
+        CP=max(16, triton.next_power_of_2(C)), BK=BK, BN=BN, num_warps=warps, num_stages=stages)
     _keep_last(state, x)
     return out, act
 
@@ -257,7 +258,7 @@ def unit_config(R: int, C: int) -> tuple[int, int, int, int, int] | None:
     if R >= 16384 and C in UNIT_CONFIGS:
         return UNIT_CONFIGS[C]
     BK = 16 if C <= 16 else 32 if C % 64 else 64
-    return (64 if R >= 64 else 16), BK, min(64, triton.next_power_of_2(C)), 8 if C > 128 else 4, 3
+    return (64 if R >= 64 else 16), BK, min(64, max(16, triton.next_power_of_2(C))), 8 if C > 128 else 4, 3
 
 
 if triton is not None:
@@ -337,3 +338,91 @@ if triton is not None:
         act = _snake_beta(y, alpha_ptr, inv_beta_ptr, cols, col_ok, FAST_SIN)
         act_offs = ((r // (T * S)).to(tl.int64) * ACT_BS + (r % (T * S)) * C)[:, None] + cols[None, :]
         tl.store(act_ptr + act_offs, act.to(act_ptr.dtype.element_ty), mask=mask)
+
+
+# ---- the pre-transformer's attention for one new frame per row ----------------------------------------------------
+
+def ring_attention_step(qkv: torch.Tensor, positions: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor,
+                        inv_freq: torch.Tensor, num_heads: int, scale: float | None) -> torch.Tensor:
+    """qkv: [B, (H + 2 Hkv) * D], one new frame per row at `positions` [B]; k_ring, v_ring: [B, Hkv, W, D], the
+    last W positions' keys and values, position p in slot p % W. Rotates q and k (rotate-half RoPE), writes k and
+    v to their slot, and attends to every filled slot (softmax does not care about order; slots after the
+    position are empty while it is < W - 1); scale None: D^-0.5. Returns [B, H * D] in qkv's dtype. One kernel
+    on the GPU (RoPE in fp32 there; the twin rotates in qkv's dtype as the official code does)."""
+    B = qkv.shape[0]
+    _, num_kv, W, D = k_ring.shape
+    if not kernels.use_triton(qkv):
+        return _ring_attention_step_ref(qkv, positions, k_ring, v_ring, inv_freq, num_heads, scale)
+    out = torch.empty(B, num_heads * D, dtype=qkv.dtype, device=qkv.device)
+    _ring_attention_kernel[(B, num_heads)](
+        qkv, positions, k_ring, v_ring, inv_freq, out, D**-0.5 if scale is None else scale, k_ring.stride(0),
+        k_ring.stride(1), W,
+        NUM_HEADS=num_heads, NUM_KV=num_kv, D=D, BLOCK_W=triton.next_power_of_2(W), num_warps=4)
+    return out
+
+
+def _ring_attention_step_ref(qkv, positions, k_ring, v_ring, inv_freq, num_heads, scale):
+    from ..layers.rotary import rope_cos_sin, rotate_half
+
+    B = qkv.shape[0]
+    _, num_kv, W, D = k_ring.shape
+    qkv = qkv.view(B, 1, num_heads + 2 * num_kv, D)
+    cos, sin = (c.to(qkv.dtype)[:, :, None] for c in rope_cos_sin(positions[:, None], inv_freq))  # [B, 1, 1, D]
+    qk = qkv[:, :, :num_heads + num_kv]
+    qk = qk * cos + rotate_half(qk) * sin
+    q, k = qk[:, :, :num_heads].transpose(1, 2), qk[:, :, num_heads:].transpose(1, 2)
+    v = qkv[:, :, num_heads + num_kv:].transpose(1, 2)
+    slot = (positions % W)[:, None, None, None].expand(B, num_kv, 1, D)
+    keys, values = k_ring.scatter_(2, slot, k), v_ring.scatter_(2, slot, v)
+    if num_kv != num_heads:
+        keys = keys.repeat_interleave(num_heads // num_kv, dim=1)
+        values = values.repeat_interleave(num_heads // num_kv, dim=1)
+    visible = (torch.arange(W, device=qkv.device) <= positions[:, None])[:, None, None, :]
+    out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale)
+    return out.transpose(1, 2).reshape(B, num_heads * D)
+
+
+if triton is not None:
+    @triton.jit
+    def _ring_attention_kernel(qkv_ptr, pos_ptr, k_ptr, v_ptr, inv_freq_ptr, out_ptr, scale, ring_s0, ring_s1, W,
+                               NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
+                               BLOCK_W: tl.constexpr):
+        # One program per (row, query head); W x D multiply-adds, no tensor cores needed.
+        b = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        kv = h // (NUM_HEADS // NUM_KV)
+        half = tl.arange(0, D // 2)
+        base = qkv_ptr + b * (NUM_HEADS + 2 * NUM_KV) * D
+        pos = tl.load(pos_ptr + b)
+        freqs = pos.to(tl.float32) * tl.load(inv_freq_ptr + half)
+        cos, sin = tl.cos(freqs), tl.sin(freqs)
+        q1 = tl.load(base + h * D + half).to(tl.float32)
+        q2 = tl.load(base + h * D + D // 2 + half).to(tl.float32)
+        q1, q2 = q1 * cos - q2 * sin, q2 * cos + q1 * sin
+        k1 = tl.load(base + (NUM_HEADS + kv) * D + half).to(tl.float32)
+        k2 = tl.load(base + (NUM_HEADS + kv) * D + D // 2 + half).to(tl.float32)
+        k1, k2 = (k1 * cos - k2 * sin).to(k_ptr.dtype.element_ty), (k2 * cos + k1 * sin).to(k_ptr.dtype.element_ty)
+        v1 = tl.load(base + (NUM_HEADS + NUM_KV + kv) * D + half)
+        v2 = tl.load(base + (NUM_HEADS + NUM_KV + kv) * D + D // 2 + half)
+        slot = pos % W
+        ring = b * ring_s0 + kv * ring_s1
+        if h % (NUM_HEADS // NUM_KV) == 0:  # one writer per KV head
+            tl.store(k_ptr + ring + slot * D + half, k1)
+            tl.store(k_ptr + ring + slot * D + D // 2 + half, k2)
+            tl.store(v_ptr + ring + slot * D + half, v1)
+            tl.store(v_ptr + ring + slot * D + D // 2 + half, v2)
+        w = tl.arange(0, BLOCK_W)
+        in_ring = w < W
+        rows = ring + w[:, None] * D + half[None, :]
+        new = (w == slot)[:, None]  # this frame's slot: from registers (the store above may not be visible)
+        K1 = tl.where(new, k1[None, :], tl.load(k_ptr + rows, mask=in_ring[:, None], other=0.0)).to(tl.float32)
+        K2 = tl.where(new, k2[None, :], tl.load(k_ptr + rows + D // 2, mask=in_ring[:, None], other=0.0))
+        s = tl.sum(K1 * q1[None, :] + K2.to(tl.float32) * q2[None, :], axis=1) * scale  # [BLOCK_W]
+        s = tl.where(in_ring & (w <= pos), s, float("-inf"))
+        p = tl.exp(s - tl.max(s, axis=0))
+        p = p / tl.sum(p, axis=0)
+        V1 = tl.where(new, v1[None, :], tl.load(v_ptr + rows, mask=in_ring[:, None], other=0.0)).to(tl.float32)
+        V2 = tl.where(new, v2[None, :], tl.load(v_ptr + rows + D // 2, mask=in_ring[:, None], other=0.0))
+        o = out_ptr + b * NUM_HEADS * D + h * D
+        tl.store(o + half, tl.sum(p[:, None] * V1, axis=0).to(out_ptr.dtype.element_ty))
+        tl.store(o + D // 2 + half, tl.sum(p[:, None] * V2.to(tl.float32), axis=0).to(out_ptr.dtype.element_ty))

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..engine.codec_kernels import causal_conv, conv_transpose, residual_unit, snake_params
+from ..engine.codec_kernels import causal_conv, conv_transpose, residual_unit, ring_attention_step, snake_params
 from ..engine.kernels import add_rmsnorm, silu_mul
 from ..layers.rotary import rope_cos_sin, rotate_half
 from ..transfer import to_device
@@ -233,49 +233,54 @@ class _Transformer:
         B, T, _ = x.shape
         h = t.input_proj(x).view(B * T, -1)
         dtype = h.dtype
-        cos, sin = (c.to(dtype)[:, :, None] for c in rope_cos_sin(positions, t.inv_freq))  # [B, T, 1, D]
-        a = self.layers[0].attn
-        W, shape = a.window, (B, a.num_kv_heads, -1, a.head_dim)
-        # The kept keys and values are a ring of `window` slots, position p in slot p % window. One new frame
-        # (the engine's step) writes its slot and attends to the whole ring (softmax does not care about order);
-        # longer calls put the past in order before the new frames and write the last `window` positions back.
-        if T == 1:
-            slot = (positions % W)[:, None, :, None].expand(shape)
-            visible = (torch.arange(W, device=x.device) <= positions)[:, None, None, :]  # slots before the start
-        else:
-            past = positions[:, :1] - (W - 1) + torch.arange(W - 1, device=x.device)  # [B, W - 1]
-            key_pos = torch.cat([past, positions], dim=1)
-            q_pos = positions[:, :, None]
-            visible = ((key_pos[:, None, :] <= q_pos) & (key_pos[:, None, :] > q_pos - W)
-                       & (key_pos[:, None] >= 0))[:, None]  # [B, 1, T, W - 1 + T]
-            take, put = (p[:, None, :, None].expand(shape) for p in (past % W, key_pos[:, -W:] % W))
-        kwargs = {} if a.scale is None else {"scale": a.scale}
         residual = None
+        attend = self._one_frame if T == 1 else self._frames(positions, dtype)
         for layer in self.layers:
-            a = layer.attn
             y, residual = add_rmsnorm(h, residual, layer.norm1.weight, layer.norm1.eps, dtype)
-            qkv = F.linear(y, layer.qkv).view(B, T, a.num_heads + 2 * a.num_kv_heads, a.head_dim)
-            qk = qkv[:, :, :a.num_heads + a.num_kv_heads]
-            qk = qk * cos + rotate_half(qk) * sin
-            q, k = qk[:, :, :a.num_heads].transpose(1, 2), qk[:, :, a.num_heads:].transpose(1, 2)
-            v = qkv[:, :, a.num_heads + a.num_kv_heads:].transpose(1, 2)
-            k_ring, v_ring = cursor.next_kv()
-            if T == 1:
-                keys, values = k_ring.scatter_(2, slot, k), v_ring.scatter_(2, slot, v)
-            else:
-                keys = torch.cat([k_ring.gather(2, take), k], dim=2)
-                values = torch.cat([v_ring.gather(2, take), v], dim=2)
-                k_ring.scatter_(2, put, keys[:, :, -W:])
-                v_ring.scatter_(2, put, values[:, :, -W:])
-            if a.num_kv_heads != a.num_heads:
-                keys = keys.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
-                values = values.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, **kwargs)
-            h = F.linear(out.transpose(1, 2).reshape(B * T, -1), layer.o)
+            out = attend(F.linear(y, layer.qkv), positions, layer.attn, *cursor.next_kv())
+            h = F.linear(out, layer.o)
             y, residual = add_rmsnorm(h, residual, layer.norm2.weight, layer.norm2.eps, dtype)
             h = F.linear(silu_mul(F.linear(y, layer.gate_up)), layer.down)
         y, _ = add_rmsnorm(h, residual, t.norm.weight, t.norm.eps, dtype)
         return t.output_proj(y).view(B, T, -1)
+
+    # The kept keys and values are a ring of `window` slots, position p in slot p % window. One new frame (the
+    # engine's step) writes its slot and attends to the whole ring (`ring_attention_step`); longer calls put the
+    # past in order before the new frames and write the last `window` positions back.
+    def _one_frame(self, qkv: torch.Tensor, positions: torch.Tensor, a: CodecAttention, k_ring: torch.Tensor,
+                   v_ring: torch.Tensor) -> torch.Tensor:
+        return ring_attention_step(qkv, positions[:, 0], k_ring, v_ring, self.t.inv_freq, a.num_heads, a.scale)
+
+    def _frames(self, positions: torch.Tensor, dtype: torch.dtype):
+        """The attention of a call of T > 1 frames per row (masks and ring indices built once for all layers)."""
+        B, T = positions.shape
+        a = self.layers[0].attn
+        W, shape = a.window, (B, a.num_kv_heads, -1, a.head_dim)
+        cos, sin = (c.to(dtype)[:, :, None] for c in rope_cos_sin(positions, self.t.inv_freq))  # [B, T, 1, D]
+        past = positions[:, :1] - (W - 1) + torch.arange(W - 1, device=positions.device)  # [B, W - 1]
+        key_pos = torch.cat([past, positions], dim=1)
+        q_pos = positions[:, :, None]
+        visible = ((key_pos[:, None, :] <= q_pos) & (key_pos[:, None, :] > q_pos - W)
+                   & (key_pos[:, None] >= 0))[:, None]  # [B, 1, T, W - 1 + T]
+        take, put = (p[:, None, :, None].expand(shape) for p in (past % W, key_pos[:, -W:] % W))
+
+        def attend(qkv, positions, a, k_ring, v_ring):
+            qkv = qkv.view(B, T, a.num_heads + 2 * a.num_kv_heads, a.head_dim)
+            qk = qkv[:, :, :a.num_heads + a.num_kv_heads]
+            qk = qk * cos + rotate_half(qk) * sin
+            q, k = qk[:, :, :a.num_heads].transpose(1, 2), qk[:, :, a.num_heads:].transpose(1, 2)
+            v = qkv[:, :, a.num_heads + a.num_kv_heads:].transpose(1, 2)
+            keys = torch.cat([k_ring.gather(2, take), k], dim=2)
+            values = torch.cat([v_ring.gather(2, take), v], dim=2)
+            k_ring.scatter_(2, put, keys[:, :, -W:])
+            v_ring.scatter_(2, put, values[:, :, -W:])
+            if a.num_kv_heads != a.num_heads:
+                keys = keys.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
+                values = values.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=a.scale)
+            return out.transpose(1, 2).reshape(B * T, -1)
+
+        return attend
 
 
 class _Layer(NamedTuple):
