@@ -18,9 +18,10 @@ overlap and 1.18 M of attention cache (8 layers x K and V x 16 heads x 72 frames
 
 Layout: the vocoder (the convolution stack after the upsampling, nearly all of the work) runs time-major through
 the Triton kernels of `engine/codec_kernels.py` (the PyTorch twins on the CPU); its kept contexts are
-[rows, L, C] and its transposed convolutions' tails [rows, r, C]. The quantizer is one lookup in the stacked
-codebooks; the pre-transformer runs like the engine's talker (fp32 residual stream, fused add + RMSNorm, fused
-projections); the upsampling runs channel-major in PyTorch.
+[rows, L, C] (each convolution's input is built with its context in front) and its transposed convolutions'
+tails [rows, r, C]. The quantizer is one lookup in the stacked codebooks; the pre-transformer runs like the
+engine's talker (fp32 residual stream, fused add + RMSNorm, fused projections; a one-frame step's attention is
+one kernel); the upsampling runs channel-major in PyTorch.
 
 Rows: the state is [max_rows, ...]; `decode(codes)` advances rows 0..B-1 in place (static addresses, so the
 GPU path can capture it in a CUDA graph), `decode_rows(rows, codes)` any set of rows (gather/scatter; used to
