@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from ..layers.rotary import rope_cos_sin, rotate_half
 from . import kernels
 from .kernels import triton
 
@@ -53,7 +54,7 @@ def _act_buffer(like: torch.Tensor, B: int, T: int, C: int, act_context: torch.T
 
 
 def _with_context(act: torch.Tensor, act_context: torch.Tensor | None) -> torch.Tensor:
-    return act if act_context is None else torch.cat([act_context.to(act.dtype), act], dim=1)
+    return act if act_context is None else torch.cat([act_context, act], dim=1)
 
 
 def _keep_last(state: torch.Tensor | None, x: torch.Tensor) -> None:
@@ -357,30 +358,40 @@ def ring_attention_step(qkv: torch.Tensor, positions: torch.Tensor, k_ring: torc
     out = torch.empty(B, num_heads * D, dtype=qkv.dtype, device=qkv.device)
     _ring_attention_kernel[(B, num_heads)](
         qkv, positions, k_ring, v_ring, inv_freq, out, D**-0.5 if scale is None else scale, k_ring.stride(0),
-        k_ring.stride(1), W,
-        NUM_HEADS=num_heads, NUM_KV=num_kv, D=D, BLOCK_W=triton.next_power_of_2(W), num_warps=4)
+        k_ring.stride(1), W, NUM_HEADS=num_heads, NUM_KV=num_kv, D=D, BLOCK_W=triton.next_power_of_2(W),
+        num_warps=4)
     return out
 
 
 def _ring_attention_step_ref(qkv, positions, k_ring, v_ring, inv_freq, num_heads, scale):
-    from ..layers.rotary import rope_cos_sin, rotate_half
-
     B = qkv.shape[0]
     _, num_kv, W, D = k_ring.shape
-    qkv = qkv.view(B, 1, num_heads + 2 * num_kv, D)
     cos, sin = (c.to(qkv.dtype)[:, :, None] for c in rope_cos_sin(positions[:, None], inv_freq))  # [B, 1, 1, D]
-    qk = qkv[:, :, :num_heads + num_kv]
-    qk = qk * cos + rotate_half(qk) * sin
-    q, k = qk[:, :, :num_heads].transpose(1, 2), qk[:, :, num_heads:].transpose(1, 2)
-    v = qkv[:, :, num_heads + num_kv:].transpose(1, 2)
+    q, k, v = split_rotate(qkv.view(B, 1, num_heads + 2 * num_kv, D), cos, sin, num_heads)
     slot = (positions % W)[:, None, None, None].expand(B, num_kv, 1, D)
     keys, values = k_ring.scatter_(2, slot, k), v_ring.scatter_(2, slot, v)
-    if num_kv != num_heads:
-        keys = keys.repeat_interleave(num_heads // num_kv, dim=1)
-        values = values.repeat_interleave(num_heads // num_kv, dim=1)
     visible = (torch.arange(W, device=qkv.device) <= positions[:, None])[:, None, None, :]
-    out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale)
-    return out.transpose(1, 2).reshape(B, num_heads * D)
+    return attend(q, keys, values, visible, scale).transpose(1, 2).reshape(B, num_heads * D)
+
+
+def split_rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv: [B, T, H + 2 Hkv, D]; cos, sin: [B, T, 1, D] in qkv's dtype -> q [B, H, T, D], k and v [B, Hkv, T, D],
+    q and k rotated (rotate-half) in qkv's dtype, as the official code rounds them."""
+    num_kv = (qkv.shape[2] - num_heads) // 2
+    qk = qkv[:, :, :num_heads + num_kv]
+    qk = qk * cos + rotate_half(qk) * sin
+    v = qkv[:, :, num_heads + num_kv:]
+    return qk[:, :, :num_heads].transpose(1, 2), qk[:, :, num_heads:].transpose(1, 2), v.transpose(1, 2)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
+           scale: float | None) -> torch.Tensor:
+    """SDPA of q [B, H, T, D] over keys and values [B, Hkv, S, D], each KV head serving H / Hkv query heads."""
+    if keys.shape[1] != q.shape[1]:
+        keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)
+        values = values.repeat_interleave(q.shape[1] // values.shape[1], dim=1)
+    return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale)
 
 
 if triton is not None:

@@ -35,9 +35,17 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..engine.codec_kernels import causal_conv, conv_transpose, residual_unit, ring_attention_step, snake_params
+from ..engine.codec_kernels import (
+    attend,
+    causal_conv,
+    conv_transpose,
+    residual_unit,
+    ring_attention_step,
+    snake_params,
+    split_rotate,
+)
 from ..engine.kernels import add_rmsnorm, silu_mul
-from ..layers.rotary import rope_cos_sin, rotate_half
+from ..layers.rotary import rope_cos_sin
 from ..transfer import to_device
 from .codec_decoder import (
     CausalConv1d,
@@ -265,23 +273,15 @@ class _Transformer:
                    & (key_pos[:, None] >= 0))[:, None]  # [B, 1, T, W - 1 + T]
         take, put = (p[:, None, :, None].expand(shape) for p in (past % W, key_pos[:, -W:] % W))
 
-        def attend(qkv, positions, a, k_ring, v_ring):
-            qkv = qkv.view(B, T, a.num_heads + 2 * a.num_kv_heads, a.head_dim)
-            qk = qkv[:, :, :a.num_heads + a.num_kv_heads]
-            qk = qk * cos + rotate_half(qk) * sin
-            q, k = qk[:, :, :a.num_heads].transpose(1, 2), qk[:, :, a.num_heads:].transpose(1, 2)
-            v = qkv[:, :, a.num_heads + a.num_kv_heads:].transpose(1, 2)
+        def frames(qkv, positions, a, k_ring, v_ring):
+            q, k, v = split_rotate(qkv.view(B, T, -1, a.head_dim), cos, sin, a.num_heads)
             keys = torch.cat([k_ring.gather(2, take), k], dim=2)
             values = torch.cat([v_ring.gather(2, take), v], dim=2)
             k_ring.scatter_(2, put, keys[:, :, -W:])
             v_ring.scatter_(2, put, values[:, :, -W:])
-            if a.num_kv_heads != a.num_heads:
-                keys = keys.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
-                values = values.repeat_interleave(a.num_heads // a.num_kv_heads, dim=1)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=a.scale)
-            return out.transpose(1, 2).reshape(B * T, -1)
+            return attend(q, keys, values, visible, a.scale).transpose(1, 2).reshape(B * T, -1)
 
-        return attend
+        return frames
 
 
 class _Layer(NamedTuple):
