@@ -34,7 +34,9 @@ def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple
         for batch in concurrency:
             row = _streaming_row(engine, model, name, batch, reps)
             rows.append(row)
-            log(f"{name} B={batch}: first audio p50 {row['ttfa_ms_p50']} ms p95 {row['ttfa_ms_p95']} ms; LM "
+            parts = ", ".join(f"{k} {row[f'ttfa_{k}_ms_p50']}" for k in ("prompt", "prefill", "frame", "decode"))
+            log(f"{name} B={batch}: first audio p50 {row['ttfa_ms_p50']} ms p95 {row['ttfa_ms_p95']} ms ({parts} ms "
+                f"synchronised); LM "
                 f"{row['lm_frame_gpu_ms']} ms + codec {row['codec_frame_gpu_ms']} ms per frame step "
                 f"({row['codec_share_of_lm']:.0%}); streaming loop {row['step_ms_codec_overlapped']} ms per step "
                 f"with the codec overlapped, {row['step_ms_codec_sequential']} ms sequential")
@@ -54,6 +56,9 @@ def streaming_engine(model, decoder, batches) -> Engine:
 def _streaming_row(engine, model, name: str, batch: int, reps: int) -> dict:
     first_audio_ms(engine, model, batch)  # warm-up: the first prefill of a new shape compiles and autotunes
     flat = sorted(t for _ in range(reps) for t in first_audio_ms(engine, model, batch))
+    phases = [{} for _ in range(reps)]
+    for ph in phases:
+        first_audio_ms(engine, model, batch, ph)
     lm_ms = graph_ms(lambda: engine.runner._frame(engine.runner.bucket(batch)), 30)
     codec_ms = graph_ms(lambda: engine.codec._decode(engine.runner.bucket(batch)), 30)
     sequential = loop_ms(engine, model, batch, False)
@@ -66,7 +71,8 @@ def _streaming_row(engine, model, name: str, batch: int, reps: int) -> dict:
             "lm_frame_gpu_ms": round(lm_ms, 3), "codec_frame_gpu_ms": round(codec_ms, 3),
             "codec_gpu_ms_per_audio_s": round(codec_ms / (batch * FRAME_SECONDS), 3),
             "codec_share_of_lm": round(codec_ms / lm_ms, 3), "step_ms_codec_overlapped": round(overlapped, 3),
-            "step_ms_codec_sequential": round(sequential, 3), "chunk_schedule": "1,2,4,8,16"}
+            "step_ms_codec_sequential": round(sequential, 3), "chunk_schedule": "1,2,4,8,16",
+            **{f"ttfa_{k}_ms_p50": round(statistics.median(ph[k] for ph in phases), 2) for k in phases[0]}}
 
 
 def loop_ms(engine, model, batch: int, overlap: bool, frames: int = 40) -> float:
@@ -115,22 +121,37 @@ def peer_streaming_rows(paths: list[Path]) -> list[dict]:
     return rows
 
 
-def first_audio_ms(engine, model, batch: int) -> list[float]:
+def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = None) -> list[float]:
     """`batch` requests submitted together: ms from submission (text ids in hand) to each stream's first PCM
-    on the host (prompt building, prefill, first frame, its decode and the copy included)."""
+    on the host (prompt building, prefill, first frame, its decode and the copy included). With `phases` (a dict
+    to fill) the GPU is synchronised after each phase and its ms recorded: prompt building, prefill (row setup
+    included), the first frame, its decode + copy (the syncs keep the GPU from running ahead, so the phases add
+    up to a little more than an unsynchronised run)."""
     runner, codec = engine.runner, engine.codec
     torch.cuda.synchronize()
     start = time.perf_counter()
+    marks = [start]
+
+    def phase(name: str) -> None:
+        if phases is not None:
+            torch.cuda.synchronize()
+            marks.append(time.perf_counter())
+            phases[name] = (marks[-1] - marks[-2]) * 1e3
+
     prompts = [clone_prompt(model) for _ in range(batch)]
+    phase("prompt")
     rows = list(range(batch))
     runner.add_rows(rows, prompts, [SamplingParams(max_new_tokens=20, seed=i) for i in rows])
     codec.start(rows, [None] * batch)
+    phase("prefill")
     readback = Readback(runner, depth=2, pcm=codec.pcm, pcm_stream=codec.pcm_stream)
     runner.step(batch)
+    phase("frame")
     codec.step(batch)
     readback.push(batch)
     out = readback.pop()
     arrived = (time.perf_counter() - start) * 1e3
+    phase("decode")
     assert bool(out.emitted.all()) and out.pcm.abs().sum() > 0
     runner.release_rows(rows)
     return [arrived] * batch
