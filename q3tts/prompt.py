@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from .config import ModelConfig
 from .models.talker import Talker
+from .transfer import to_device
 
 
 @dataclass
@@ -46,9 +48,10 @@ def language_id(config: ModelConfig, language: str, speaker: str | None) -> int 
 def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Prompt:
     tc = config.talker_config
     device = talker.codec_head.weight.device
-    ids = lambda values: torch.tensor(values, dtype=torch.long, device=device)
+    ids = lambda values: to_device(values, device, torch.long)  # no device sync per request
     tp, ec = talker.embed_text, talker.embed_codec
-    bos, eos, pad = tp(ids([config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]))
+    bos, eos, pad = _fixed_projection(talker, (config.tts_bos_token_id, config.tts_eos_token_id,
+                                               config.tts_pad_token_id))
     input_ids = ids(spec.input_ids)
 
     lid = language_id(config, spec.language, spec.speaker)
@@ -58,19 +61,19 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Promp
     if spec.speaker:
         codec.append(ec(ids([tc.spk_id[spec.speaker]])))
     if spec.speaker_embedding is not None:
-        codec.append(spec.speaker_embedding.to(device=device, dtype=pad.dtype)[None])
+        codec.append(to_device(spec.speaker_embedding.to(pad.dtype), device)[None])
     codec.append(ec(ids([tc.codec_pad_id, tc.codec_bos_id])))
     codec = torch.cat(codec)
     n = codec.shape[0]
 
     parts = [tp(ids(spec.instruct_ids))] if spec.instruct_ids else []
-    parts.append(tp(input_ids[:3]))  # <|im_start|>assistant\n
+    parts.append(_fixed_projection(talker, tuple(spec.input_ids[:3])))  # <|im_start|>assistant\n
     # The final codec_bos is held back: it goes with the first text position below.
     parts.append(torch.cat([pad.expand(n - 2, -1), bos[None]]) + codec[:-1])
     text = input_ids[3:-5]
     if spec.ref_codes is not None:
-        icl, trailing, tail = _icl_part(talker, tc, ids(spec.ref_ids)[3:-2], text, spec.ref_codes.to(device), eos,
-                                        pad, spec.non_streaming_mode)
+        icl, trailing, tail = _icl_part(talker, tc, ids(spec.ref_ids)[3:-2], text, ids(spec.ref_codes), eos, pad,
+                                        spec.non_streaming_mode)
         parts.append(icl)
         # Streaming ICL trails whatever text did not fit beside the reference frames.
         icl_text = spec.ref_ids[3:-2] + spec.input_ids[3:-5] + [config.tts_eos_token_id]
@@ -86,13 +89,32 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Promp
     return Prompt(embeds=torch.cat(parts), trailing=trailing, pad=pad, trailing_ids=trailing_ids)
 
 
+_FIXED: weakref.WeakKeyDictionary[Talker, dict] = weakref.WeakKeyDictionary()
+
+
+def _fixed_projection(talker: Talker, token_ids: tuple[int, ...]) -> torch.Tensor:
+    """tp(token_ids) for the token sequences every prompt has (the special tokens, the assistant header),
+    computed by the same call as before and kept per talker until its text embedding or projection changes."""
+    params = [talker.model.text_embedding.weight, *talker.text_projection.parameters()]
+    weights = tuple((p.data_ptr(), p._version) for p in params)
+    cache = _FIXED.setdefault(talker, {})
+    hit = cache.get(token_ids)
+    if hit is None or hit[0] != weights:
+        device = talker.codec_head.weight.device
+        projected = talker.embed_text(to_device(list(token_ids), device, torch.long))
+        if device.type == "cuda":  # complete before a prompt built on another stream reads it
+            torch.cuda.current_stream(device).synchronize()
+        hit = cache[token_ids] = (weights, projected)
+    return hit[1]
+
+
 def _icl_part(talker: Talker, tc, ref_text: torch.Tensor, text: torch.Tensor, ref_codes: torch.Tensor,
               eos: torch.Tensor, pad: torch.Tensor,
               non_streaming: bool) -> tuple[torch.Tensor, torch.Tensor, int | None]:
     """Voice-clone ICL block: reference + target text against codec_bos + reference frames. Returns the block,
     the trailing embeddings and where the trailing text starts in the ICL text (None: TTS_PAD only)."""
     text_embed = torch.cat([talker.embed_text(torch.cat([ref_text, text])), eos[None]])  # [T1, H]
-    bos = talker.embed_codec(torch.tensor([tc.codec_bos_id], device=ref_codes.device))
+    bos = talker.embed_codec(to_device([tc.codec_bos_id], ref_codes.device, torch.long))
     codec_embed = torch.cat([bos, talker.embed_frame(ref_codes)])  # [T2, H]
     t1, t2 = text_embed.shape[0], codec_embed.shape[0]
     if non_streaming:

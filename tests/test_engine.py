@@ -100,3 +100,26 @@ def test_engine_config_prefill_buckets():
     assert EngineConfig(prefill_buckets=(128, 32)).prefill_buckets == (32, 128)
     with pytest.raises(ValueError, match="prefill_buckets"):
         EngineConfig(prefill_buckets=(0, 64))
+
+
+def test_prompt_reuses_fixed_projections_until_the_weights_change(tts):
+    """The special tokens' and the assistant header's text projections are computed once per set of weights:
+    a second prompt is identical, and one built after the projection changes in place uses the new weights."""
+    talker, spec = tts.model.talker, tts._spec("Hello there.", "english", False, speaker="ryan")
+    first, again = build_prompt(talker, tts.config, spec), build_prompt(talker, tts.config, spec)
+    assert torch.equal(first.embeds, again.embeds) and torch.equal(first.pad, again.pad)
+    bias = talker.text_projection.linear_fc2.bias
+    saved = bias.detach().clone()
+    try:
+        with torch.no_grad():
+            bias += 1.0
+        changed = build_prompt(talker, tts.config, spec)
+        c = tts.config
+        with torch.no_grad():  # the projection of the three special tokens together, as the prompt builds it
+            assert torch.equal(changed.pad, talker.embed_text(torch.tensor(
+                [c.tts_bos_token_id, c.tts_eos_token_id, c.tts_pad_token_id]))[2])
+        assert not torch.equal(changed.pad, first.pad)
+    finally:
+        with torch.no_grad():
+            bias.copy_(saved)
+    assert torch.equal(build_prompt(talker, tts.config, spec).embeds, first.embeds)
