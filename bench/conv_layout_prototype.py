@@ -1,10 +1,10 @@
 """The prototype behind the vocoder's context-in-front layout (docs/perf-notes.md entry 24): the k = 7 causal
-convolution with each stream's kept context stored in front of its new steps ([B, L + T, C]), read with plain
-pointer loads (no time masks, no second load from a separate state) and with TMA tensor descriptors, against
-`causal_conv` (since commit 7324cf2 the production form of the pointer variant; at commit 5bdca69, which read
-the context from a separate state with a second masked load, the same script measured 1.6-2.5x slower convs:
-perf-notes entry 24). Kernels without bias or activation; times per call of 20 eager calls (fine for these
-50-120 us kernels; shorter ones need CUDA-graph timing as in bench/codec_kernels.py). GPU machine only.
+convolution with each stream's kept context stored in front of its new steps ([B, L + T, C]) read through TMA
+tensor descriptors, against `causal_conv`. The prototype's other variant, plain pointer loads with no time
+masks, became `causal_conv` itself in commit 7324cf2 (measured then 1.6-2.5x faster than the kernel of commit
+5bdca69, which read the context from a separate state with a second masked load); the TMA variant was no
+faster. Kernel without bias or activation; times per call of 20 eager calls (fine for these 50-120 us
+kernels; shorter ones need CUDA-graph timing as in bench/codec_kernels.py). GPU machine only.
 
 usage: python bench/conv_layout_prototype.py
 """
@@ -19,28 +19,6 @@ import triton
 import triton.language as tl
 
 from q3tts.engine import codec_kernels
-
-
-@triton.jit
-def conv_padded(x_ptr, w_ptr, out_ptr, R, T, LT, C_IN, C_OUT, DIL, KS: tl.constexpr, BM: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr):
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    row_ok, col_ok = rows < R, cols < C_OUT
-    b = (rows // T).to(tl.int64)
-    t = rows % T
-    base = b * LT + t  # padded row of tap 0
-    ks = tl.arange(0, BK)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    n_k = tl.cdiv(C_IN, BK)
-    for it in range(KS * n_k):
-        j = it // n_k
-        kk = (it % n_k) * BK + ks
-        a = tl.load(x_ptr + (base + j * DIL)[:, None] * C_IN + kk[None, :], mask=row_ok[:, None], other=0.0)
-        w = tl.load(w_ptr + (j * C_IN + kk)[:, None] * C_OUT + cols[None, :], mask=col_ok[None, :], other=0.0)
-        acc = tl.dot(a, w, acc)
-    offs = rows.to(tl.int64)[:, None] * C_OUT + cols[None, :]
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -82,6 +60,7 @@ def time_ms(fn, reps=20):
 CFGS = [(bm, bn, bk, w, s) for bm, bn, bk, (w, s) in
         itertools.product((64, 128), (64, 128), (32, 64), ((4, 3), (8, 4)))]
 
+
 def main() -> None:
     # device-side TMA descriptors need scratch memory
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -100,35 +79,27 @@ def main() -> None:
         cur = time_ms(functools.partial(codec_kernels.causal_conv, xp, state, w, bias, d, keep_out=True))
         ref, _ = codec_kernels.causal_conv(xp, xp[:, :L].clone(), w, bias, d, keep_out=True)
         res = {}
-        for variant, cfg in itertools.product(("ptr", "tma"), CFGS):
+        for cfg in CFGS:
             BM, BN, BK, nw, ns = cfg
-            if BN > 2 * C_out or C_in % BK:  # (the prototypes do not mask a partial channel block)
+            if BN > 2 * C_out or C_in % BK:  # (the prototype does not mask a partial channel block)
                 continue
-            R = Bs * T
-            if variant == "ptr":
-                grid = (triton.cdiv(R, BM), triton.cdiv(C_out, BN))
-                fn = functools.partial(conv_padded[grid], xp, w, out, R, T, L + T, C_in, C_out, d, KS=k, BM=BM, BN=BN,
-                                       BK=BK, num_warps=nw, num_stages=ns)
-            else:
-                grid = (Bs * triton.cdiv(T, BM), triton.cdiv(C_out, BN))
-                fn = functools.partial(conv_tma[grid], xp, w, out, Bs, T, L + T, C_in, C_out, d, KS=k, BM=BM, BN=BN,
-                                       BK=BK, num_warps=nw, num_stages=ns)
+            grid = (Bs * triton.cdiv(T, BM), triton.cdiv(C_out, BN))
+            fn = functools.partial(conv_tma[grid], xp, w, out, Bs, T, L + T, C_in, C_out, d, KS=k, BM=BM, BN=BN,
+                                   BK=BK, num_warps=nw, num_stages=ns)
             try:
                 out.fill_(0)
                 fn()
                 e = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
                 if e > 2e-2:
-                    print(f"  {variant} {cfg}: WRONG err {e:.2e}")
+                    print(f"  tma {cfg}: WRONG err {e:.2e}")
                     continue
-                res[(variant, cfg)] = time_ms(fn)
+                res[cfg] = time_ms(fn)
             except Exception as ex:  # noqa: BLE001
-                print(f"  {variant} {cfg}: {type(ex).__name__} {str(ex)[:80]}")
-        line = f"{name}: current {cur * 1e3:.1f} us ({flops / cur / 1e9:.0f} TF/s)"
-        for variant in ("ptr", "tma"):
-            cands = {c: t for (v, c), t in res.items() if v == variant}
-            if cands:
-                best = min(cands, key=cands.get)
-                line += f"; {variant} best {best} {cands[best] * 1e3:.1f} us ({flops / cands[best] / 1e9:.0f} TF/s)"
+                print(f"  tma {cfg}: {type(ex).__name__} {str(ex)[:80]}")
+        line = f"{name}: causal_conv {cur * 1e3:.1f} us ({flops / cur / 1e9:.0f} TF/s)"
+        if res:
+            best = min(res, key=res.get)
+            line += f"; tma best {best} {res[best] * 1e3:.1f} us ({flops / res[best] / 1e9:.0f} TF/s)"
         print(line, flush=True)
 
 
