@@ -16,7 +16,8 @@ import torch
 
 from q3tts import transfer
 from q3tts.benchmarks.common import clone_prompt, load_model, write_results
-from q3tts.engine.runner import EngineConfig, ModelRunner
+from q3tts.engine import EngineConfig
+from q3tts.engine.runner import ModelRunner
 from q3tts.sampling import SamplingParams
 
 CASES = [(1, 12), (1, 40), (4, 40), (1, 120), (8, 60), (1, 400)]  # (prompts admitted, text tokens each)
@@ -52,6 +53,7 @@ def churn(runner, model, size: str, running: int, params, frames: int = 200, eve
             if admit and i % every == 0:
                 runner.release_rows([running - 1])
                 runner.add_rows([running - 1], [prompts[i // every]], [params])
+                runner.grow(running - 1, prompts[i // every].num_positions + frames + 1)
             runner.step(running)
             events.append(torch.cuda.Event())
             events[-1].record()
@@ -80,6 +82,8 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=1000, seed=1)
     base = [prompt(model, 12, seed=i) for i in range(args.running)]
     runner.add_rows(list(range(args.running)), base, [params] * args.running)
+    for row, p in enumerate(base):  # the engine grows rows a block at a time; here every block up front
+        runner.grow(row, p.num_positions + 1000)
     for _ in range(3):
         runner.step(args.running)
     frame = timed_ms(lambda: runner.step(args.running))

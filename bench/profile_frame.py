@@ -13,7 +13,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from q3tts.benchmarks.common import clone_prompt, load_model
-from q3tts.engine.runner import EngineConfig, ModelRunner
+from q3tts.engine import EngineConfig
+from q3tts.engine.runner import ModelRunner
 from q3tts.sampling import SamplingParams
 
 
@@ -30,6 +31,8 @@ def main() -> None:
                                              buckets=tuple(batches)))
     for B in batches:
         runner.add_rows(list(range(B)), [prompt] * B, [SamplingParams(max_new_tokens=100, seed=i) for i in range(B)])
+        for row in range(B):
+            runner.grow(row, prompt.num_positions + 101)
         for _ in range(3):
             runner._frame(B)
         torch.cuda.synchronize()

@@ -30,8 +30,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from q3tts import TTS, Voice
-from q3tts.serving.engine import AsyncEngine, QueueFull, ServingConfig
+from q3tts import TTS, EngineConfig, QueueFull, Voice
 
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "bright", "stars",
          "shine", "above", "quiet", "hills", "and", "rivers", "hello", "world", "this", "is", "a", "test", "of",
@@ -40,24 +39,24 @@ FRAME = 0.08
 BYTES_PER_FRAME = 1920 * 2  # 24 kHz 16-bit mono
 
 
-def make_request(engine: AsyncEngine, tts: TTS, rng: random.Random):
+def make_request(tts: TTS, rng: random.Random):
     embedding = torch.randn(tts.config.talker_config.hidden_size,
                             generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
     voice = Voice(ref_code=None, ref_spk_embedding=embedding, x_vector_only_mode=True, icl_mode=False,
                   model_size=tts.config.tts_model_size)
     text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 35))) + "."
     frames = rng.randint(75, 175)  # 6-14 s
-    spec, params = tts._request(text, None, voice, None, "english", None, rng.randrange(1 << 30),
-                                {"max_new_tokens": frames + 1})
-    return engine.prepare(spec), params, frames
+    request = tts.request(text, voice=voice, language="english", seed=rng.randrange(1 << 30),
+                          max_new_tokens=frames + 1)
+    return request, tts.prepare(request), frames
 
 
-async def consume(engine: AsyncEngine, tts: TTS, rng: random.Random, record: list) -> None:
+async def consume(tts: TTS, rng: random.Random, record: list) -> None:
     start = time.perf_counter()
-    prompt, params, frames = make_request(engine, tts, rng)
+    request, prompt, frames = make_request(tts, rng)
     try:
         submitted = time.perf_counter()
-        stream = engine.submit(prompt, params)
+        stream = tts.engine.submit(prompt, request.params, asyncio_loop=True)
     except QueueFull:
         record.append({"rejected": True})
         return
@@ -67,8 +66,8 @@ async def consume(engine: AsyncEngine, tts: TTS, rng: random.Random, record: lis
     first = arrivals[0]
     late = max(a - (first + k * FRAME) for k, a in enumerate(arrivals))
     record.append({"ttfa": first - start, "frames": len(arrivals), "expected": frames, "late_s": late,
-                   "start": start, "end": arrivals[-1], "prepare": submitted - start, "queue": stream.admitted,
-                   "after_admission": first - submitted - stream.admitted})
+                   "start": start, "end": arrivals[-1], "prepare": submitted - start,
+                   "queue": stream.channel.admitted, "after_admission": first - submitted - stream.channel.admitted})
 
 
 async def consume_http(client, model: str, voice: str, rng: random.Random, record: list) -> None:
@@ -93,7 +92,7 @@ async def consume_http(client, model: str, voice: str, rng: random.Random, recor
                    "start": start, "end": now})
 
 
-async def run_rate(engine: AsyncEngine | None, tts: TTS | None, rate: float, duration: float, seed: int,
+async def run_rate(tts: TTS | None, rate: float, duration: float, seed: int,
                    http: tuple | None = None) -> dict:
     """Poisson arrivals at `rate` for `duration` s, in-process (engine) or over HTTP (http = client, model,
     voice)."""
@@ -104,7 +103,7 @@ async def run_rate(engine: AsyncEngine | None, tts: TTS | None, rate: float, dur
     next_arrival = t0
     while next_arrival - t0 < duration:
         await asyncio.sleep(max(0.0, next_arrival - time.perf_counter()))
-        job = consume_http(*http, rng, record) if http else consume(engine, tts, rng, record)
+        job = consume_http(*http, rng, record) if http else consume(tts, rng, record)
         tasks.append(asyncio.create_task(job))
         next_arrival += rng.expovariate(rate)
     await asyncio.gather(*tasks)
@@ -142,10 +141,10 @@ async def http_rates(url: str, rates: list[float], duration: float) -> list[dict
                                     data={"x_vector_only_mode": "true", "name": "load"})
         created.raise_for_status()
         voice = created.json()["id"]
-        await run_rate(None, None, 4.0, 2.0, 0, http=(client, model, voice))  # warm-up
+        await run_rate(None, 4.0, 2.0, 0, http=(client, model, voice))  # warm-up
         rows = []
         for rate in rates:
-            result = await run_rate(None, None, rate, duration, int(rate), http=(client, model, voice))
+            result = await run_rate(None, rate, duration, int(rate), http=(client, model, voice))
             rows.append({"engine": "q3tts-serve (HTTP, pcm)", "benchmark": "serving", "model": model,
                          "batch": None, "ms_per_frame": None, "gpu_mem_gb": None,
                          "request_mix": "x-vector clone, English, 6-14 s uniform", **result})
@@ -167,21 +166,22 @@ def main() -> None:
     rates = [float(r) for r in args.rates.split(",")]
     rows = asyncio.run(http_rates(args.http, rates, args.duration)) if args.http else []
     for name in [] if args.http else args.sizes.split(","):
-        tts = TTS.from_pretrained(args.ckpt_root / name, device="cuda", dtype=torch.bfloat16)
+        tts = TTS.from_pretrained(args.ckpt_root / name, device="cuda", dtype=torch.bfloat16,
+                                  engine_config=EngineConfig(max_rows=args.max_running, max_waiting=4096,
+                                                             gpu_memory_utilization=0.9))
         tts.model.talker.codec_head.weight.data[tts.config.talker_config.codec_eos_token_id] = 0
-        engine = AsyncEngine(tts, ServingConfig(max_running=args.max_running, max_waiting=4096, max_context=512))
+        engine = tts.prepare_engine()
         if args.overlap_max_rows is not None:
             engine.codec.overlap_max_rows = args.overlap_max_rows
-        engine.start()
-        asyncio.run(run_rate(engine, tts, 4.0, 2.0, seed=0))  # warm-up
+        asyncio.run(run_rate(tts, 4.0, 2.0, seed=0))  # warm-up
         for rate in rates:
-            result = asyncio.run(run_rate(engine, tts, rate, args.duration, seed=int(rate)))
+            result = asyncio.run(run_rate(tts, rate, args.duration, seed=int(rate)))
             row = {"engine": "q3tts", "benchmark": "serving", "model": name, "batch": args.max_running,
                    "ms_per_frame": None, "gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
                    "request_mix": "x-vector clone, English, 6-14 s uniform, EOS off", **result}
             rows.append(row)
             print(json.dumps(row), flush=True)
-        engine.stop()
+        tts.close()
         del engine, tts
         torch.cuda.empty_cache()
     if args.out:

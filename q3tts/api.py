@@ -1,41 +1,47 @@
-"""`TTS`: the Python API. A drop-in for the official `Qwen3TTSModel` (same methods, arguments, defaults and
-return values) plus a small API of our own (`synthesize`, `create_voice`, `Voice`, per-request seeds)."""
+"""`TTS`: the Python API, a thin facade over one loaded checkpoint and its engine.
+
+Which path runs: every entry point (`synthesize`, `synthesize_all`, `stream`, `astream` and the official
+drop-in methods of `q3tts.official`) submits its requests to the model's one engine (`q3tts.engine`):
+continuous batching on the model's device, CUDA graphs on a GPU, plain PyTorch on the CPU. Calls from any
+number of threads or event loops batch together. `TTS(reference=True)` (or `from_pretrained(...,
+reference=True)`) runs the offline entry points on the eager fp32 reference loop (`q3tts.reference`) instead,
+the implementation the engine is tested against; streaming always runs on the engine.
+"""
 
 from __future__ import annotations
 
+import threading
 import time
-import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .audio import load_audio, resample
 from .checkpoint import resolve_model_dir
 from .config import GenerationConfig, ModelConfig
-from .engine.runner import EngineConfig
-from .generate import generate_codes
+from .engine import Engine, EngineConfig, QueueFull, RequestStream
+from .engine.sequence import Prompt
+from .errors import RequestError
 from .models.qwen3_tts import Qwen3TTSModel
-from .models.speaker_encoder import compute_speaker_embedding
 from .models.speech_tokenizer import SpeechTokenizer
-from .prompt import PromptSpec, build_prompt
-from .sampling import SamplingParams
-from .streaming import DEFAULT_SCHEDULE, AudioChunk, Engine, astream, stream_one
-from .text_tokenizer import TextTokenizer, assistant_text, instruct_text, ref_text
-from .voice import Voice
+from .official import OfficialAPI
+from .prompt import build_prompt
+from .reference import generate_codes
+from .request import Request, RequestBuilder
+from .streaming import DEFAULT_SCHEDULE, AudioStream, check_chunking
+from .text_tokenizer import TextTokenizer
+from .voice import Voice, clone_voices
 
-MAX_TEXT_TOKENS = 4096  # per request; documented in the README
-SAMPLING_ARGS = {f.name for f in fields(SamplingParams)}
 
-
-class TTS:
-    """A loaded Qwen3-TTS checkpoint (any of Base, CustomVoice, VoiceDesign; 0.6B or 1.7B)."""
+class TTS(OfficialAPI):
+    """A loaded Qwen3-TTS checkpoint (any of Base, CustomVoice, VoiceDesign; 0.6B or 1.7B) and its engine."""
 
     def __init__(self, model: Qwen3TTSModel, speech_tokenizer: SpeechTokenizer, text_tokenizer: TextTokenizer,
-                 generation_config: GenerationConfig):
+                 generation_config: GenerationConfig, engine_config: EngineConfig | None = None,
+                 reference: bool = False):
         self.model = model
         self.config: ModelConfig = model.config
         self.speech_tokenizer = speech_tokenizer
@@ -43,258 +49,238 @@ class TTS:
         self.generation_config = generation_config
         self.device = model.talker.codec_head.weight.device
         self.sample_rate = speech_tokenizer.sample_rate
-        self.engine: Engine | None = None  # the fast path, built by prepare_engine
+        self.engine_config = engine_config or EngineConfig()
+        self.reference = reference
+        self.requests = RequestBuilder(self.config, text_tokenizer, generation_config, self._context_limit)
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()
+        self._prompt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device | None = None,
                         dtype: torch.dtype | str | None = None, *, device_map: str | torch.device | None = None,
                         torch_dtype: torch.dtype | str | None = None, revision: str | None = None,
-                        cache_dir: str | Path | None = None, attn_implementation: str | None = None) -> TTS:
+                        cache_dir: str | Path | None = None, attn_implementation: str | None = None,
+                        max_rows: int | None = None, max_context: int | None = None,
+                        kv_cache_gb: float | None = None, gpu_memory_utilization: float | None = None,
+                        engine_config: EngineConfig | None = None, reference: bool = False) -> TTS:
         """Loads a local checkpoint folder, a hub id (fetched through huggingface_hub, `HF_HUB_OFFLINE`
         respected) or a built-in tiny random model (`"tiny"`, `"tiny-base"`, ...; noise only).
 
         `device_map`, `torch_dtype`/`dtype` and `attn_implementation` are accepted as the official
-        `from_pretrained` accepts them; attention always runs on q3tts's own kernels."""
+        `from_pretrained` accepts them; attention always runs on q3tts's own kernels. The default dtype is
+        bfloat16 on a GPU and float32 on the CPU. The engine's size: `max_rows` (requests decoded together,
+        default 64), `max_context` (positions per request, default the model's 32,768), and its KV cache's
+        memory, `kv_cache_gb` or `gpu_memory_utilization` (the fraction of the GPU this process may hold); or an
+        `engine_config` with every setting (see `q3tts.engine.EngineConfig`)."""
         del attn_implementation
+        options = {k: v for k, v in dict(max_rows=max_rows, max_context=max_context, kv_cache_gb=kv_cache_gb,
+                                         gpu_memory_utilization=gpu_memory_utilization).items() if v is not None}
+        engine_config = replace(engine_config or EngineConfig(), **options)
         folder = _resolve(name_or_path, revision, cache_dir)
         device = _device(device if device is not None else device_map)
-        dtype = _dtype(dtype if dtype is not None else torch_dtype)
+        dtype = _dtype(dtype if dtype is not None else torch_dtype, device)
         config = ModelConfig.from_file(folder / "config.json")
         model = Qwen3TTSModel.from_folder(folder, config, device=device, dtype=dtype)
         speech_tokenizer = SpeechTokenizer.from_pretrained(folder / "speech_tokenizer", device=device, dtype=dtype,
                                                            load_encoder=config.is_base)
         return cls(model, speech_tokenizer, TextTokenizer.from_folder(folder),
-                   GenerationConfig.from_file(folder / "generation_config.json"))
+                   GenerationConfig.from_file(folder / "generation_config.json"), engine_config, reference)
 
-    # ---- the official API -------------------------------------------------------------------------------
+    # ---- the engine ---------------------------------------------------------------------------------------
 
-    def get_supported_speakers(self) -> list[str]:
-        return self.config.supported_speakers
+    @property
+    def engine(self) -> Engine:
+        """The model's engine, built on first use (on a GPU that captures its CUDA graphs: seconds)."""
+        if self._engine is None:
+            with self._engine_lock:
+                if self._engine is None:
+                    self._engine = Engine(self.model, self.speech_tokenizer.decoder, self.engine_config)
+        return self._engine
 
-    def get_supported_languages(self) -> list[str]:
-        return self.config.supported_languages
+    def prepare_engine(self) -> Engine:
+        """Builds the engine now (fused weights, KV cache sized from the memory budget, CUDA graphs of every batch
+        bucket) and starts its thread, rather than on the first request."""
+        self.engine.start()
+        return self.engine
 
-    def generate_custom_voice(self, text: str | list[str], speaker: str | list[str],
-                              language: str | list[str] | None = None, instruct: str | list[str] | None = None,
-                              non_streaming_mode: bool = True, **kwargs) -> tuple[list[np.ndarray], int]:
-        """Preset speaker (CustomVoice checkpoints), with an optional instruction on 1.7B."""
-        self._require("custom_voice", "generate_custom_voice")
-        texts = _as_list(text, "text")
-        speakers = _broadcast(speaker, len(texts), "speaker")
-        instructs = _broadcast(instruct, len(texts), "instruct")
-        if not self.config.supports_instruct and any(instructs):
-            warnings.warn("this 0.6B CustomVoice checkpoint ignores `instruct` (the official API drops it too)",
-                          stacklevel=2)
-            instructs = [None] * len(texts)
-        specs = [self._spec(t, lang, non_streaming_mode, instruct=ins, speaker=self._speaker(spk))
-                 for t, lang, spk, ins in zip(texts, self._languages(language, len(texts)), speakers, instructs)]
-        return self._synthesize(specs, self._sampling(kwargs, len(texts))), self.sample_rate
+    @property
+    def has_engine(self) -> bool:
+        """Whether the engine is built (it is built on first use)."""
+        return self._engine is not None
 
-    def generate_voice_design(self, text: str | list[str], instruct: str | list[str],
-                              language: str | list[str] | None = None, non_streaming_mode: bool = True,
-                              **kwargs) -> tuple[list[np.ndarray], int]:
-        """A voice described in words (VoiceDesign checkpoints)."""
-        self._require("voice_design", "generate_voice_design")
-        texts = _as_list(text, "text")
-        instructs = _broadcast(instruct, len(texts), "instruct")
-        specs = [self._spec(t, lang, non_streaming_mode, instruct=ins)
-                 for t, lang, ins in zip(texts, self._languages(language, len(texts)), instructs)]
-        return self._synthesize(specs, self._sampling(kwargs, len(texts))), self.sample_rate
+    def configure_engine(self, config: EngineConfig) -> None:
+        """Sets the engine's settings before it is built (after `close()`, for the next one)."""
+        with self._engine_lock:
+            if self._engine is not None:
+                raise RuntimeError("the engine is already built: close() it first")
+            self.engine_config = config
 
-    def generate_voice_clone(self, text: str | list[str], language: str | list[str] | None = None,
-                             ref_audio: Any = None, ref_text: str | list[str | None] | None = None,
-                             x_vector_only_mode: bool | list[bool] = False,
-                             voice_clone_prompt: Voice | list[Voice] | dict | None = None,
-                             non_streaming_mode: bool = False, **kwargs) -> tuple[list[np.ndarray], int]:
-        """Voice cloning (Base checkpoints) from reference audio or from prepared voices."""
-        self._require("base", "generate_voice_clone")
-        texts = _as_list(text, "text")
-        languages = self._languages(language, len(texts))
-        sampling = self._sampling(kwargs, len(texts))
-        if voice_clone_prompt is None:
-            if ref_audio is None:
-                raise ValueError("generate_voice_clone needs `ref_audio` or `voice_clone_prompt`")
-            voices = self.create_voice_clone_prompt(ref_audio, ref_text, x_vector_only_mode)
-        else:
-            voices = _voices_from_prompt(voice_clone_prompt)
-        voices = _broadcast(voices, len(texts), "voice_clone_prompt")
-        specs = [self._spec(t, lang, non_streaming_mode, voice=self._check_voice(v))
-                 for t, lang, v in zip(texts, languages, voices)]
-        return self._synthesize(specs, sampling), self.sample_rate
+    def close(self) -> None:
+        """Stops the engine (requests still open end with EngineError) and lets it go; the model stays loaded and
+        the next request builds a new engine."""
+        with self._engine_lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.stop()
 
-    def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str | list[str | None] | None = None,
-                                  x_vector_only_mode: bool | list[bool] = False) -> list[Voice]:
-        """Reference audio (path, URL, bytes, base64, or (array, sample_rate)) -> voices, as the official API."""
-        self._require("base", "create_voice_clone_prompt")
-        audios = ref_audio if isinstance(ref_audio, list) else [ref_audio]
-        texts = _broadcast(ref_text, len(audios), "ref_text")
-        xvec = _broadcast(x_vector_only_mode, len(audios), "x_vector_only_mode")
-        for i, (t, x) in enumerate(zip(texts, xvec)):
-            if not x and (t is None or not str(t).strip()):
-                raise ValueError(f"ref_text is required for in-context voice cloning (x_vector_only_mode=False); "
-                                 f"missing for reference {i}")
-        loaded = [load_audio(a) for a in audios]
-        # The official code encodes same-rate references as one padded batch (which can change the last
-        # reference frame of shorter items) and mixed rates one by one; so do we.
-        if len({sr for _, sr in loaded}) == 1:
-            codes = self.speech_tokenizer.encode([resample(w, sr, self.sample_rate) for w, sr in loaded])
-        else:
-            codes = [self.speech_tokenizer.encode([resample(w, sr, self.sample_rate)])[0] for w, sr in loaded]
-        target_sr = self.config.speaker_encoder_config.sample_rate
-        return [Voice(ref_code=None if x else c, icl_mode=not x, x_vector_only_mode=bool(x), ref_text=t,
-                      ref_spk_embedding=compute_speaker_embedding(self.model.speaker_encoder,
-                                                                  resample(w, sr, target_sr)),
-                      model_size=self.config.tts_model_size)
-                for (w, sr), c, t, x in zip(loaded, codes, texts, xvec)]
+    def _context_limit(self) -> tuple[int, str | None]:
+        if self.reference:
+            return self.config.talker_config.max_position_embeddings, None
+        return self.engine.context_limit()
+
+    # ---- requests -----------------------------------------------------------------------------------------
+
+    def request(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
+                instruct: str | None = None, language: str = "auto", non_streaming_mode: bool | None = None,
+                seed: int | None = None, **sampling: Any) -> Request:
+        """Validates one request against this checkpoint and engine (raises RequestError naming the argument at
+        fault). `voice` is a Voice or a saved voice file (Base checkpoints); `speaker` a preset speaker
+        (CustomVoice); `instruct` a style (1.7B CustomVoice) or the voice's description (VoiceDesign).
+        `sampling`: any generation_config field (`do_sample`, `temperature`, `top_k`, `top_p`,
+        `repetition_penalty`, the `subtalker_*` ones, `max_new_tokens`); unset ones take the checkpoint's."""
+        return self.requests.build(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
+                                   non_streaming_mode=non_streaming_mode, seed=seed, sampling=sampling)
+
+    def prepare(self, request: Request) -> Prompt:
+        """The request's prompt embeddings, built on a CUDA stream of their own (so that they do not queue behind
+        the frames the engine has in flight)."""
+        if self._prompt_stream is None:
+            return build_prompt(self.model.talker, self.config, request.spec)
+        with torch.cuda.stream(self._prompt_stream):
+            prompt = build_prompt(self.model.talker, self.config, request.spec)
+        self._prompt_stream.synchronize()
+        return prompt
+
+    def submit(self, request: Request, request_id: str | None = None, asyncio_loop: bool = False) -> RequestStream:
+        """Queues a request on the engine; returns its stream of 1920-sample float32 frames (`asyncio_loop=True`
+        from a running event loop: read it with `async for`). Raises QueueFull when the engine's queue is at its
+        limit."""
+        return self.engine.submit(self.prepare(request), request.params, request.spec.ref_codes, request_id,
+                                  asyncio_loop)
 
     # ---- our API ------------------------------------------------------------------------------------------
 
     def create_voice(self, ref_audio: Any, ref_text: str | None = None, x_vector_only: bool = False) -> Voice:
-        """One voice from one reference recording; save it with `voice.save(path)`."""
-        return self.create_voice_clone_prompt(ref_audio, ref_text, x_vector_only)[0]
+        """One voice from one reference recording (Base checkpoints); save it with `voice.save(path)`."""
+        self.require("base", "create_voice")
+        return clone_voices(self.speech_tokenizer, self.model.speaker_encoder, self.config, [ref_audio], [ref_text],
+                            [x_vector_only])[0]
 
     def synthesize(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
                    instruct: str | None = None, language: str = "auto", non_streaming_mode: bool | None = None,
                    seed: int | None = None, on_frame: Callable[[int], None] | None = None,
                    **sampling: Any) -> np.ndarray:
-        """One utterance as float32 audio at `self.sample_rate`, in whatever mode the checkpoint offers."""
-        spec, params = self._request(text, speaker, voice, instruct, language, non_streaming_mode, seed, sampling)
-        return self._synthesize([spec], [params], on_frame)[0]
+        """One utterance as float32 audio at `self.sample_rate`, in whatever mode the checkpoint offers (see
+        `request` for the arguments). `on_frame(n)` is called as frames are produced (n: frames so far)."""
+        request = self.request(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
+                               non_streaming_mode=non_streaming_mode, seed=seed, **sampling)
+        return self.synthesize_all([request], on_frame)[0]
+
+    def synthesize_all(self, requests: list[Request], on_frame: Callable[[int], None] | None = None
+                       ) -> list[np.ndarray]:
+        """Many requests (from `request`) at once: they run as rows of one batch, and beyond the engine's rows
+        through continuous batching. Returns their audio in order."""
+        return self._render(requests, official_cut=False, on_frame=on_frame)
 
     def stream(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
                instruct: str | None = None, language: str = "auto", non_streaming_mode: bool | None = None,
                seed: int | None = None, chunk_schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
-               pcm_format: str = "float32", **sampling: Any) -> Iterator[AudioChunk]:
+               pcm_format: str = "float32", **sampling: Any) -> AudioStream:
         """Like `synthesize`, but yields `AudioChunk`s while the speech is generated (frames per chunk follow
-        `chunk_schedule`; the last value repeats). Bad input raises here, before the stream opens. Runs on the
-        fast path (`prepare_engine`); the concatenated chunks equal that path's offline decode."""
+        `chunk_schedule`; the last value repeats). Bad input raises here, before the stream opens. The
+        concatenated chunks equal `synthesize`'s audio. Leaving the loop early (or `close()`) frees the row."""
         started = time.perf_counter()
-        spec, params = self._request(text, speaker, voice, instruct, language, non_streaming_mode, seed, sampling)
-        self._check_budget(spec, params)
-        prompt = build_prompt(self.model.talker, self.config, spec)
-        engine = self.engine or self.prepare_engine()
-        return stream_one(engine, prompt, params, spec.ref_codes, tuple(chunk_schedule), pcm_format, started)
+        schedule = check_chunking(chunk_schedule, pcm_format)
+        request = self.request(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
+                               non_streaming_mode=non_streaming_mode, seed=seed, **sampling)
+        return AudioStream(lambda: self.submit(request), schedule, pcm_format, self.sample_rate, started)
 
-    async def astream(self, text: str, **kwargs: Any) -> AsyncIterator[AudioChunk]:
-        """`stream` for asyncio: the same chunks, produced in a worker thread."""
-        async for chunk in astream(self.stream(text, **kwargs)):
-            yield chunk
+    def astream(self, text: str, **kwargs: Any) -> AudioStream:
+        """`stream` for asyncio: `async for chunk in tts.astream(...)`, the same chunks, no thread per stream."""
+        started = time.perf_counter()
+        pcm_format = kwargs.pop("pcm_format", "float32")
+        schedule = check_chunking(kwargs.pop("chunk_schedule", DEFAULT_SCHEDULE), pcm_format)
+        request = self.request(text, **kwargs)
+        return AudioStream(lambda: self.submit(request, asyncio_loop=True), schedule, pcm_format, self.sample_rate,
+                           started, submit_now=_loop_running())
 
-    def prepare_engine(self, max_rows: int = 4, max_context: int = 4096) -> Engine:
-        """Builds the fast path once: fused weights, paged KV cache, and on a GPU the CUDA graphs of every batch
-        bucket (captured now, never under traffic). `stream` calls it with the defaults if needed."""
-        config = EngineConfig(max_rows=max_rows, max_context=max_context, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
-        engine = Engine(self.model, self.speech_tokenizer.decoder, config)
-        engine.capture_graphs()
-        self.engine = engine
-        return engine
+    # ---- rendering ----------------------------------------------------------------------------------------
 
-    # ---- internals ----------------------------------------------------------------------------------------
+    def _render(self, requests: list[Request], official_cut: bool,
+                on_frame: Callable[[int], None] | None = None) -> list[np.ndarray]:
+        """The audio of `requests`. `official_cut`: an in-context voice's reference share is cut as the
+        official code does (float truncation, which can keep the reference audio's last sample)."""
+        if self.reference:
+            return self._render_reference(requests, official_cut, on_frame)
+        streams = self._submit_all(requests)
+        wavs = []
+        for request, stream in zip(requests, streams):
+            frames = []
+            for frame in stream:
+                frames.append(frame)
+                if on_frame is not None:
+                    on_frame(len(frames))
+            wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
+            ref = request.spec.ref_codes
+            if official_cut and ref is not None and _official_extra(ref.shape[0], len(frames), self._spf):
+                wav = np.concatenate([stream.channel.ref_tail.numpy(), wav])
+            wavs.append(wav)
+        return wavs
 
-    def _request(self, text: str, speaker: str | None, voice: Voice | str | Path | None, instruct: str | None,
-                 language: str, non_streaming_mode: bool | None, seed: int | None,
-                 sampling: dict[str, Any]) -> tuple[PromptSpec, SamplingParams]:
-        """Validates one request of our own API against the checkpoint's mode."""
-        if isinstance(voice, (str, Path)):
-            voice = Voice.load(voice)
-        kind = self.config.tts_model_type
-        if kind == "base" and voice is None:
-            raise ValueError("this Base checkpoint clones voices: pass `voice` (see TTS.create_voice)")
-        if kind != "base" and voice is not None:
-            raise ValueError(f"this {kind} checkpoint cannot clone voices; use a Base checkpoint")
-        if kind == "custom_voice" and not speaker:
-            raise ValueError(f"this CustomVoice checkpoint needs `speaker`, one of {self.get_supported_speakers()}")
-        if kind != "custom_voice" and speaker:
-            raise ValueError(f"`speaker` needs a CustomVoice checkpoint (this one is {kind})")
-        if kind == "voice_design" and not instruct:
-            raise ValueError("this VoiceDesign checkpoint needs `instruct`, a description of the voice")
-        if instruct and kind == "base":
-            raise ValueError("Base checkpoints take no `instruct`")
-        if instruct and not self.config.supports_instruct:
-            warnings.warn("this 0.6B CustomVoice checkpoint ignores `instruct`", stacklevel=3)
-            instruct = None
-        non_streaming = non_streaming_mode if non_streaming_mode is not None else kind != "base"
-        spec = self._spec(text, self._languages(language, 1)[0], non_streaming, instruct=instruct,
-                          speaker=self._speaker(speaker) if speaker else None,
-                          voice=self._check_voice(voice) if voice is not None else None)
-        return spec, self._sampling({**sampling, "seed": seed}, 1)[0]
+    def _submit_all(self, requests: list[Request]) -> list[RequestStream]:
+        """Submits every request; when the engine's queue is full, waits for earlier ones before going on."""
+        streams: list[RequestStream] = []
+        for request in requests:
+            while True:
+                try:
+                    streams.append(self.submit(request))
+                    break
+                except QueueFull:
+                    if all(s.finished for s in streams):
+                        raise
+                    time.sleep(0.01)
+        return streams
 
-    def _synthesize(self, specs: list[PromptSpec], params: list[SamplingParams],
-                    on_frame: Callable[[int], None] | None = None) -> list[np.ndarray]:
-        for spec, p in zip(specs, params):
-            self._check_budget(spec, p)
-        talker = self.model.talker
-        prompts = [build_prompt(talker, self.config, s) for s in specs]
-        codes = generate_codes(talker, prompts, params, on_frame)
-        refs = [s.ref_codes for s in specs]
+    def _render_reference(self, requests: list[Request], official_cut: bool,
+                          on_frame: Callable[[int], None] | None) -> list[np.ndarray]:
+        prompts = [build_prompt(self.model.talker, self.config, r.spec) for r in requests]
+        steps = iter(range(1, 1 << 62))
+        codes = generate_codes(self.model.talker, prompts, [r.params for r in requests],
+                               on_frame and (lambda _: on_frame(next(steps))))
+        refs = [r.spec.ref_codes for r in requests]
         full = [torch.cat([r.cpu(), c]) if r is not None else c for r, c in zip(refs, codes)]
         wavs = self.speech_tokenizer.decode(full)
-        # ICL: the reference's share of the audio is cut exactly as the official code does (float truncation).
-        return [w[int(r.shape[0] / max(f.shape[0], 1) * w.shape[0]):] if r is not None else w
-                for w, r, f in zip(wavs, refs, full)]
+        cuts = [0 if r is None else r.shape[0] * self._spf - (official_cut and _official_extra(
+                r.shape[0], c.shape[0], self._spf)) for r, c in zip(refs, codes)]
+        return [w[cut:] for w, cut in zip(wavs, cuts)]
 
-    def _spec(self, text: str, language: str, non_streaming_mode: bool, instruct: str | None = None,
-              speaker: str | None = None, voice: Voice | None = None) -> PromptSpec:
-        input_ids = self.text_tokenizer.encode(assistant_text(_check_text(text, "text")))
-        if len(input_ids) - 8 > MAX_TEXT_TOKENS:
-            raise ValueError(f"text is {len(input_ids) - 8} tokens long; the limit is {MAX_TEXT_TOKENS} per request")
-        instruct_ids = self.text_tokenizer.encode(instruct_text(instruct)) if instruct else None
-        icl = voice is not None and voice.icl_mode
-        return PromptSpec(
-            input_ids=input_ids, language=language, non_streaming_mode=bool(non_streaming_mode),
-            instruct_ids=instruct_ids, speaker=speaker,
-            speaker_embedding=voice.ref_spk_embedding if voice is not None else None,
-            ref_ids=self.text_tokenizer.encode(ref_text(voice.ref_text)) if icl else None,
-            ref_codes=voice.ref_code if icl else None)
+    @property
+    def _spf(self) -> int:
+        return self.speech_tokenizer.decoder.samples_per_frame
 
-    def _check_budget(self, spec: PromptSpec, params: SamplingParams) -> None:
-        limit = self.config.talker_config.max_position_embeddings
-        prompt_len = len(spec.input_ids) + len(spec.instruct_ids or ()) + 8
-        if spec.ref_codes is not None:
-            prompt_len += len(spec.ref_ids) + spec.ref_codes.shape[0]
-        if prompt_len + params.max_new_tokens > limit:
-            raise ValueError(f"prompt (~{prompt_len} positions) + max_new_tokens ({params.max_new_tokens}) exceed "
-                             f"the model's {limit} positions; lower max_new_tokens or shorten the input")
-
-    def _require(self, kind: str, method: str) -> None:
+    def require(self, kind: str, method: str) -> None:
+        """Raises RequestError if this checkpoint is not of `kind` (base, custom_voice, voice_design)."""
         if self.config.tts_model_type != kind:
-            raise ValueError(f"{method} needs a {kind} checkpoint; this one is {self.config.tts_model_type} "
-                             f"({self.config.tts_model_size})")
+            raise RequestError(f"{method} needs a {kind} checkpoint; this one is {self.config.tts_model_type} "
+                               f"({self.config.tts_model_size})")
 
-    def _languages(self, language: str | list[str] | None, n: int) -> list[str]:
-        languages = _broadcast(language if language is not None else "auto", n, "language")
-        supported = self.get_supported_languages()
-        for lang in languages:
-            if not isinstance(lang, str) or lang.lower() not in supported:
-                raise ValueError(f"unsupported language {lang!r}; supported: {supported}")
-        return [lang.lower() for lang in languages]
 
-    def _speaker(self, speaker: str | None) -> str:
-        supported = self.get_supported_speakers()
-        if not isinstance(speaker, str) or speaker.lower() not in supported:
-            raise ValueError(f"unknown speaker {speaker!r}; supported: {supported}")
-        return speaker.lower()
+def _official_extra(ref_frames: int, new_frames: int, samples_per_frame: int) -> bool:
+    """Whether the official in-context cut, int(ref / total * len(audio)) in floating point, keeps one sample of
+    the reference's audio (the product can round just below ref * samples_per_frame; never by more than one)."""
+    total = ref_frames + new_frames
+    return int(ref_frames / total * (total * samples_per_frame)) < ref_frames * samples_per_frame
 
-    def _check_voice(self, voice: Voice) -> Voice:
-        if not isinstance(voice, Voice):
-            raise TypeError(f"expected a Voice / VoiceClonePromptItem, got {type(voice).__name__}")
-        hidden = self.config.talker_config.hidden_size
-        if voice.ref_spk_embedding.numel() != hidden or (voice.model_size not in (None, self.config.tts_model_size)):
-            raise ValueError(f"this voice was made for a {voice.model_size or 'different'} model "
-                             f"(embedding size {voice.ref_spk_embedding.numel()}); this checkpoint is "
-                             f"{self.config.tts_model_size} with embedding size {hidden}: create it again")
-        if voice.icl_mode and (voice.ref_code is None or not voice.ref_text):
-            raise ValueError("an in-context voice needs reference codes and reference text")
-        return voice
 
-    def _sampling(self, kwargs: dict[str, Any], n: int) -> list[SamplingParams]:
-        unknown = sorted(set(kwargs) - SAMPLING_ARGS)
-        if unknown:
-            raise TypeError(f"unexpected generation arguments {unknown}; accepted: {sorted(SAMPLING_ARGS)}")
-        defaults = {f.name: getattr(self.generation_config, f.name) for f in fields(GenerationConfig)}
-        merged = {**defaults, **{k: v for k, v in kwargs.items() if v is not None and k != "seed"}}
-        seeds = _broadcast(kwargs.get("seed"), n, "seed")
-        return [SamplingParams(**merged, seed=s) for s in seeds]
+def _loop_running() -> bool:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
 
 
 def _resolve(name_or_path: str | Path, revision: str | None, cache_dir: str | Path | None) -> Path:
@@ -310,55 +296,26 @@ def _device(device: str | torch.device | None) -> torch.device:
         raise ValueError("device_map as a dict (model sharding) is not supported: pass one device, e.g. 'cuda:0'")
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} asked for, but this machine has no usable CUDA GPU "
+                         f"(torch {torch.__version__}); use device 'cpu'")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"device {str(device)!r} asked for, but this machine has {torch.cuda.device_count()} GPU(s)")
+    return device
 
 
-def _dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+def _dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
     if dtype is None or dtype == "auto":
-        return torch.float32
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, str):
         value = getattr(torch, dtype.removeprefix("torch."), None)
         if not isinstance(value, torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}")
+            raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
         dtype = value
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype {dtype} is not supported (float32, bfloat16, float16)")
     return dtype
-
-
-def _check_text(text: Any, name: str) -> str:
-    if not isinstance(text, str):
-        raise TypeError(f"{name} must be a string, got {type(text).__name__}")
-    if not text.strip():
-        raise ValueError(f"{name} is empty")
-    return text
-
-
-def _as_list(value: Any, name: str) -> list:
-    values = value if isinstance(value, list) else [value]
-    if not values:
-        raise ValueError(f"{name} is an empty list")
-    return values
-
-
-def _broadcast(value: Any, n: int, name: str) -> list:
-    """A scalar or a 1-element list applies to every item; otherwise the list length must match."""
-    values = value if isinstance(value, list) else [value]
-    if len(values) == 1:
-        return values * n
-    if len(values) != n:
-        raise ValueError(f"batch size mismatch: {n} texts but {len(values)} values for {name}")
-    return values
-
-
-def _voices_from_prompt(prompt: Voice | Sequence[Voice] | dict) -> list[Voice]:
-    """Accepts our Voice objects and the official `voice_clone_prompt` dict of lists."""
-    if isinstance(prompt, Voice):
-        return [prompt]
-    if isinstance(prompt, dict):
-        n = len(prompt["ref_spk_embedding"])
-        codes = prompt.get("ref_code") or [None] * n
-        return [Voice(ref_code=codes[i], ref_spk_embedding=prompt["ref_spk_embedding"][i],
-                      x_vector_only_mode=bool(prompt["x_vector_only_mode"][i]), icl_mode=bool(prompt["icl_mode"][i]),
-                      ref_text=(prompt.get("ref_text") or [None] * n)[i]) for i in range(n)]
-    return list(prompt)

@@ -9,8 +9,19 @@ import sys
 import time
 from pathlib import Path
 
+from .errors import RequestError
+
 DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
 DEFAULT_SPEAKER = "ryan"
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "repetition_penalty", "subtalker_temperature", "subtalker_top_k",
+                  "subtalker_top_p", "max_new_tokens")
+# Python argument names in error messages -> this command line's flags.
+FLAG_NAMES = {name: "--" + name.replace("_", "-") for name in (*SAMPLING_FLAGS, "max_context", "kv_cache_gb",
+                                                               "gpu_memory_utilization", "ref_text", "ref_audio")}
+FLAG_NAMES |= {"do_sample=False": "--greedy", "do_sample": "--greedy", "subtalker_dosample": "--greedy",
+               "x_vector_only_mode=False": "without --x-vector-only", "x_vector_only_mode": "--x-vector-only",
+               "text": "the text", "speaker": "--speaker", "voice": "--voice", "instruct": "--instruct",
+               "language": "--language", "seed": "--seed"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,9 +32,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.run(args)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except RequestError as e:
+        print(f"q3tts: error: {e.renamed(FLAG_NAMES)}", file=sys.stderr)
+    except (ValueError, TypeError, OSError, MemoryError) as e:  # AudioError, CheckpointError, ConfigError, ...
         print(f"q3tts: error: {e}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        print("q3tts: interrupted", file=sys.stderr)
+        return 130
+    return 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("text", help="the text to speak (use '-' to read it from standard input)")
     say.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default: out.wav)")
     _model_args(say)
+    _memory_args(say, None)
     say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER})")
     say.add_argument("--instruct", help="style instruction (1.7B CustomVoice) or voice description (VoiceDesign)")
     say.add_argument("--language", default="auto", help="language name, or 'auto' (default)")
@@ -81,19 +98,30 @@ def _parser() -> argparse.ArgumentParser:
     streaming.add_argument("--out", type=Path)
     streaming.set_defaults(run=_bench_streaming)
 
+    api = bench.add_parser("api", help="every entry point (drop-in methods, synthesize, stream) on one checkpoint")
+    api.add_argument("--sizes", default="0.6B-Base,1.7B-Base")
+    api.add_argument("--ckpt-root", type=Path, required=True,
+                     help="checkpoint folders <root>/<size> in the official layout (the peer harness builds them)")
+    api.add_argument("--n-short", type=int, default=50)
+    api.add_argument("--n-long", type=int, default=125, help="frames per text of the long runs (125: 10 s)")
+    api.add_argument("--reps", type=int, default=2)
+    api.add_argument("--peer-results", type=Path, nargs="*", default=[],
+                     help="the peer harness's peer_<config>.json files of the same run")
+    api.add_argument("--out", type=Path)
+    api.set_defaults(run=_bench_api)
+
     serve = sub.add_parser("serve", help="run the HTTP server: OpenAI-compatible speech API, voices, WebSocket "
                            "text streaming, /health, /ready, /metrics (needs `pip install 'q3tts[server]'`)")
     serve.add_argument("model", help="checkpoint folder, hub id, or a built-in tiny model ('tiny', 'tiny-base', ...)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="default: 8000")
     serve.add_argument("--device", help="one device per process: cuda, cuda:1, cpu (default: cuda if available)")
-    serve.add_argument("--dtype", help="float32 (default), bfloat16 or float16")
+    serve.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on a GPU, float32 on the CPU)")
     serve.add_argument("--max-running", type=int, default=64, help="concurrent streams (default: 64)")
     serve.add_argument("--max-waiting", type=int, default=256,
                        help="queued requests; more are refused with 429 (default: 256)")
     serve.add_argument("--max-input-chars", type=int, default=4096, help="longest input text (default: 4096)")
-    serve.add_argument("--max-context", type=int, default=4096,
-                       help="talker positions per request, prompt + frames (default: 4096)")
+    _memory_args(serve, 0.9)
     serve.add_argument("--api-key", default=os.environ.get("Q3TTS_API_KEY"),
                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $Q3TTS_API_KEY, else none)")
     serve.add_argument("--voices-dir", type=Path, help="folder where uploaded voices persist (default: memory only)")
@@ -115,7 +143,18 @@ def _model_args(p: argparse.ArgumentParser, default: str = DEFAULT_MODEL) -> Non
                    help=f"checkpoint folder, hub id, or 'tiny' / 'tiny-base' / 'tiny-voice-design' (built-in random "
                         f"models that produce noise, for smoke tests) (default: {default})")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--dtype", help="float32 (default), bfloat16 or float16")
+    p.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on a GPU, float32 on the CPU)")
+
+
+def _memory_args(p: argparse.ArgumentParser, utilization_default: float | None) -> None:
+    p.add_argument("--max-context", type=int,
+                   help="talker positions per request, prompt + frames (default: the model's 32768)")
+    p.add_argument("--kv-cache-gb", type=float,
+                   help="the KV cache's size in GiB (default: see --gpu-memory-utilization)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=utilization_default,
+                   help="fraction of the GPU's memory this process may hold; the KV cache gets what the model and "
+                        "its CUDA graphs leave (default: "
+                        + (f"{utilization_default})" if utilization_default else "a 2 GiB KV cache)"))
 
 
 def _reference_args(p: argparse.ArgumentParser, required: bool = False) -> None:
@@ -124,48 +163,68 @@ def _reference_args(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding alone")
 
 
-def _load(args):
+def _load(args, **engine):
     from .api import TTS
 
     print(f"loading {args.model} ...", file=sys.stderr)
-    return TTS.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+    return TTS.from_pretrained(args.model, device=args.device, dtype=args.dtype, **engine)
 
 
 def _say(args) -> int:
+    """Everything that needs no model is checked first; then the model loads and the audio streams to the
+    file as it is generated."""
+    import numpy as np
     import soundfile as sf
 
+    from .api import _device, _dtype
+    from .request import check_text
+    from .sampling import SamplingParams
     from .voice import Voice
 
-    text = sys.stdin.read() if args.text == "-" else args.text
-    tts = _load(args)
-    kind = tts.config.tts_model_type
-    voice = Voice.load(args.voice) if args.voice else None
-    if kind == "base" and voice is None:
-        if not args.ref_audio:
-            raise ValueError("this Base checkpoint clones a voice: give --ref-audio (and --ref-text) or --voice")
-        voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
-    speaker = args.speaker or (DEFAULT_SPEAKER if kind == "custom_voice" else None)
-    sampling = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "repetition_penalty",
-                                              "subtalker_temperature", "subtalker_top_k", "subtalker_top_p",
-                                              "max_new_tokens")}
+    text = check_text(sys.stdin.read() if args.text == "-" else args.text)
+    output = Path(args.output)
+    if not output.parent.is_dir():
+        raise FileNotFoundError(f"-o {args.output}: the folder {str(output.parent)!r} does not exist")
+    sampling = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     if args.greedy:
         sampling.update(do_sample=False, subtalker_dosample=False)
-    progress = _Progress(tts.speech_tokenizer.config.frame_rate)
-    wav = tts.synthesize(text, speaker=speaker, voice=voice, instruct=args.instruct, language=args.language,
-                         non_streaming_mode=args.non_streaming_mode, seed=args.seed, on_frame=progress, **sampling)
+    SamplingParams(**sampling, seed=args.seed)  # bad numbers are refused before the model loads
+    _dtype(args.dtype, _device(args.device))
+    voice = Voice.load(args.voice) if args.voice else None
+    tts = _load(args, max_rows=1, max_context=args.max_context, kv_cache_gb=args.kv_cache_gb,
+                gpu_memory_utilization=args.gpu_memory_utilization)
+    kind = tts.config.tts_model_type
+    if kind == "base" and voice is None:
+        if not args.ref_audio:
+            raise RequestError("this Base checkpoint clones a voice: give --ref-audio (and --ref-text) or --voice",
+                               "voice")
+        voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
+    speaker = args.speaker or (DEFAULT_SPEAKER if kind == "custom_voice" else None)
+    request = tts.request(text, speaker=speaker, voice=voice, instruct=args.instruct, language=args.language,
+                          non_streaming_mode=args.non_streaming_mode, seed=args.seed, **sampling)
+    progress = _Progress(request.text_tokens, request.params.max_new_tokens)
+    frames = []
+    for frame in tts.submit(request):
+        frames.append(frame)
+        progress.frame()
     progress.close()
-    sf.write(args.output, wav, tts.sample_rate)
+    wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
+    sf.write(output, wav, tts.sample_rate)
     print(f"wrote {args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
           + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
     return 0
 
 
 def _voice_create(args) -> int:
+    from .voice import size_name
+
+    if not Path(args.output).parent.is_dir():
+        raise FileNotFoundError(f"-o {args.output}: the folder {str(Path(args.output).parent)!r} does not exist")
     tts = _load(args)
     voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
     voice.save(args.output)
     mode = "x-vector only" if voice.x_vector_only_mode else f"in-context, {voice.ref_code.shape[0]} reference frames"
-    print(f"wrote {args.output} ({mode}, {tts.config.tts_model_size})", file=sys.stderr)
+    print(f"wrote {args.output} ({mode}, {size_name(tts.config.tts_model_size)})", file=sys.stderr)
     return 0
 
 
@@ -178,6 +237,7 @@ def _serve(args) -> int:
     config = ServerConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                           max_running=args.max_running, max_waiting=args.max_waiting,
                           max_input_chars=args.max_input_chars, max_context=args.max_context,
+                          kv_cache_gb=args.kv_cache_gb, gpu_memory_utilization=args.gpu_memory_utilization,
                           api_key=args.api_key or None, voices_dir=args.voices_dir,
                           served_model_name=args.served_model_name)
     serve(config, log_level=args.log_level)
@@ -223,24 +283,49 @@ def _bench_streaming(args) -> int:
     return 0
 
 
+def _bench_api(args) -> int:
+    from .benchmarks.api import bench_api, peer_api_rows, table
+    from .benchmarks.common import write_results
+
+    rows = bench_api(args.sizes.split(","), args.ckpt_root, args.n_short, args.n_long, args.reps,
+                     log=lambda m: print(m, file=sys.stderr, flush=True))
+    peers = peer_api_rows(args.peer_results)
+    if args.out:
+        write_results(rows, args.out, "q3tts " + " ".join(sys.argv[1:]), peers)
+    print(table(rows + peers))
+    return 0
+
+
 class _Progress:
-    """A one-line progress display on stderr for long synthesis (frames, audio seconds, speed)."""
+    """Progress on stderr: frames, audio seconds and speed, against the length the text usually takes (~3.5
+    frames per text token; the model decides when it ends). Redrawn in place on a terminal, a line every few
+    seconds otherwise."""
 
-    def __init__(self, frame_rate: float):
-        self.frame_rate, self.frames, self.start, self.shown = frame_rate, 0, time.perf_counter(), False
+    FRAMES_PER_TOKEN = 3.5
 
-    def __call__(self, num_rows: int) -> None:
+    def __init__(self, text_tokens: int, max_frames: int):
+        self.expected = min(max(1, round(text_tokens * self.FRAMES_PER_TOKEN)), max_frames)
+        self.frames, self.start, self.last = 0, time.perf_counter(), 0.0
+        self.tty = sys.stderr.isatty()
+
+    def frame(self) -> None:
         self.frames += 1
-        elapsed = time.perf_counter() - self.start
-        if self.frames % 10 == 0 and elapsed > 1.0 and sys.stderr.isatty():
-            audio = self.frames / self.frame_rate
-            print(f"\r{self.frames} frames, {audio:.1f} s of audio, {audio / elapsed:.2f}x real time",
-                  end="", file=sys.stderr, flush=True)
-            self.shown = True
+        now = time.perf_counter()
+        if now - self.last >= (0.25 if self.tty else 5.0) and now - self.start > 1.0:
+            self.last = now
+            self._show(now)
+
+    def _show(self, now: float) -> None:
+        audio, elapsed = self.frames * 0.08, now - self.start
+        line = (f"{audio:.1f} s of audio (~{self.expected * 0.08:.0f} s expected), {self.frames} frames, "
+                f"{audio / elapsed:.1f}x real time")
+        print(f"\r{line}   " if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        if self.shown:
-            print(file=sys.stderr)
+        if self.last:
+            self._show(time.perf_counter())
+            if self.tty:
+                print(file=sys.stderr)
 
 
 if __name__ == "__main__":

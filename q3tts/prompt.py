@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import ModelConfig
+from .engine.sequence import Prompt
 from .models.talker import Talker
 from .transfer import to_device
 
@@ -26,14 +27,6 @@ class PromptSpec:
     ref_codes: torch.Tensor | None = None  # [T_ref, 16] (ICL)
 
 
-@dataclass
-class Prompt:
-    embeds: torch.Tensor  # [L, H] prefill input
-    trailing: torch.Tensor  # [N, H] added to the frame embedding at decode step s < N, TTS_PAD after that
-    pad: torch.Tensor  # [H] TTS_PAD
-    trailing_ids: list[int]  # text ids whose projections are `trailing` (the engine projects them per step)
-
-
 def language_id(config: ModelConfig, language: str, speaker: str | None) -> int | None:
     """The codec language tag, with the official dialect rule for CustomVoice speakers."""
     tc = config.talker_config
@@ -42,6 +35,18 @@ def language_id(config: ModelConfig, language: str, speaker: str | None) -> int 
     if language in ("chinese", "auto") and dialect:
         lid = tc.codec_language_id[dialect]
     return lid
+
+
+def prompt_length(config: ModelConfig, spec: PromptSpec) -> int:
+    """The number of talker positions `build_prompt` gives `spec`, without building it."""
+    n = len(spec.instruct_ids or ()) + 3  # instruction, assistant header
+    n += (3 if language_id(config, spec.language, spec.speaker) is None else 4) + 1  # control tags, codec_pad
+    n += (spec.speaker is not None) + (spec.speaker_embedding is not None)
+    text = len(spec.input_ids) - 8
+    if spec.ref_codes is not None:
+        t1, t2 = len(spec.ref_ids) - 5 + text + 1, 1 + spec.ref_codes.shape[0]
+        return n + (t1 + t2 if spec.non_streaming_mode else t2)
+    return n + (text + 2 if spec.non_streaming_mode else 1)
 
 
 @torch.no_grad()

@@ -12,15 +12,20 @@ whatever else is in the batch.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from dataclasses import dataclass
 
 import torch
 
 from .config import GenerationConfig
+from .errors import RequestError
 from .transfer import to_device
 
 _MASK32 = 0xFFFFFFFF
+MIN_NEW_TOKENS = 2  # EOS cannot be drawn in the first steps (the official generate's min_new_tokens)
+NUM_CONTROL_IDS = 1024  # the talker vocabulary's last ids: control tokens, never sampled except EOS
 
 
 @dataclass
@@ -31,23 +36,40 @@ class SamplingParams(GenerationConfig):
 
     def __post_init__(self):
         for prefix in ("", "subtalker_"):
-            temperature, top_k, top_p = (getattr(self, prefix + n) for n in ("temperature", "top_k", "top_p"))
-            if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
-                raise ValueError(f"{prefix}top_k must be an integer >= 0 (0 disables it), got {top_k!r}")
-            if not 0.0 < float(top_p) <= 1.0:
-                raise ValueError(f"{prefix}top_p must be in (0, 1], got {top_p!r}")
-            if not float(temperature) > 0.0:
-                raise ValueError(f"{prefix}temperature must be > 0, got {temperature!r} (use do_sample=False "
-                                 "for greedy decoding)")
-        if not float(self.repetition_penalty) > 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) \
-                or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+            for name in ("temperature", "top_k", "top_p"):
+                _check(self, prefix + name)
+        for name in ("repetition_penalty", "max_new_tokens", "do_sample", "subtalker_dosample"):
+            _check(self, name)
         if self.seed is None:
             self.seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
-        elif not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        elif not _is_int(self.seed) or not 0 <= self.seed < 2**63:
+            raise RequestError(f"seed must be a non-negative integer, got {self.seed!r}", param="seed")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(params: SamplingParams, name: str) -> None:
+    """Raises RequestError naming `name` if its value is out of range."""
+    value, base = getattr(params, name), name.removeprefix("subtalker_")
+    if base in ("do_sample", "dosample"):
+        ok, rule = isinstance(value, bool) or (_is_int(value) and value in (0, 1)), "must be True or False"
+    elif base == "top_k":
+        ok, rule = _is_int(value) and value >= 0, "must be an integer >= 0 (0 disables it)"
+    elif base == "top_p":
+        ok, rule = _is_number(value) and 0.0 < value <= 1.0, "must be in (0, 1]"
+    elif base == "temperature" or base == "repetition_penalty":
+        ok, rule = _is_number(value) and value > 0.0, "must be > 0"
+    else:  # max_new_tokens
+        ok, rule = _is_int(value) and value >= 1, "must be a positive integer"
+    if not ok:
+        hint = " (use do_sample=False for greedy decoding)" if base == "temperature" else ""
+        raise RequestError(f"{name} {rule}, got {value!r}{hint}", param=name)
 
 
 @dataclass
@@ -77,6 +99,9 @@ class SamplerTensors:
                    top_k=torch.zeros(num_rows, dtype=torch.int64, device=device),
                    top_p=torch.ones(num_rows, device=device))
 
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.do_sample, self.temperature, self.top_k, self.top_p]
+
     def select(self, rows: torch.Tensor) -> SamplerTensors:
         return SamplerTensors(self.do_sample[rows], self.temperature[rows], self.top_k[rows], self.top_p[rows])
 
@@ -85,8 +110,16 @@ class SamplerTensors:
         return SamplerTensors(self.do_sample[:n], self.temperature[:n], self.top_k[:n], self.top_p[:n])
 
     def assign(self, rows: torch.Tensor, values: SamplerTensors) -> None:
-        for name in ("do_sample", "temperature", "top_k", "top_p"):
-            getattr(self, name)[rows] = getattr(values, name)
+        for target, value in zip(self.tensors(), values.tensors()):
+            target[rows] = value
+
+
+def suppressed_ids(vocab_size: int, eos_id: int, device: torch.device | str) -> torch.Tensor:
+    """[V] bool: the last NUM_CONTROL_IDS ids of the codec vocabulary (control tokens) except EOS."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    mask[vocab_size - NUM_CONTROL_IDS:] = True
+    mask[eos_id] = False
+    return mask
 
 
 def apply_talker_processors(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor, steps: torch.Tensor,

@@ -9,12 +9,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from .audio import load_audio, resample
+from .config import ModelConfig
+from .errors import RequestError
+from .models.speaker_encoder import compute_speaker_embedding
+
 FORMAT = "q3tts.voice.v1"
+SIZE_NAMES = {"0b6": "0.6B", "1b7": "1.7B"}  # config.json's tts_model_size -> what users call the model
+
+
+def size_name(model_size: str) -> str:
+    return SIZE_NAMES.get(model_size, model_size)
 
 
 @dataclass
@@ -41,17 +52,39 @@ class Voice:
             raise FileNotFoundError(f"{path}: voice file not found")
         try:
             tensors = load_file(str(path))
-            from safetensors import safe_open
-
             with safe_open(str(path), framework="pt") as f:
                 meta = json.loads((f.metadata() or {}).get("q3tts", "{}"))
         except (SafetensorError, json.JSONDecodeError, OSError) as e:
-            raise ValueError(f"{path}: not a q3tts voice file ({e})") from e
+            raise RequestError(f"{path}: not a q3tts voice file ({e})", "voice") from e
         if meta.get("format") != FORMAT or "ref_spk_embedding" not in tensors:
-            raise ValueError(f"{path}: not a q3tts voice file (format {meta.get('format')!r})")
+            raise RequestError(f"{path}: not a q3tts voice file (format {meta.get('format')!r})", "voice")
         return cls(ref_code=tensors.get("ref_code"), ref_spk_embedding=tensors["ref_spk_embedding"],
                    x_vector_only_mode=bool(meta["x_vector_only_mode"]), icl_mode=bool(meta["icl_mode"]),
                    ref_text=meta.get("ref_text"), model_size=meta.get("model_size"))
 
 
 VoiceClonePromptItem = Voice
+
+
+def clone_voices(speech_tokenizer, speaker_encoder, config: ModelConfig, ref_audio: list[Any],
+                 ref_texts: list[str | None], x_vector_only: list[bool]) -> list[Voice]:
+    """Voices from reference recordings (path, URL, bytes, base64, or (array, sample_rate)), as the official
+    `create_voice_clone_prompt` makes them: the speaker embedding, and for in-context cloning the reference
+    codes and transcript."""
+    for i, (text, xvec) in enumerate(zip(ref_texts, x_vector_only)):
+        if not xvec and (text is None or not str(text).strip()):
+            raise RequestError(f"ref_text is required for in-context voice cloning (x_vector_only_mode=False); "
+                               f"missing for reference {i}", "ref_text")
+    loaded = [load_audio(a) for a in ref_audio]
+    rate = speech_tokenizer.sample_rate
+    # The official code encodes same-rate references as one padded batch (which can change the last reference
+    # frame of shorter items) and mixed rates one by one; so do we.
+    if len({sr for _, sr in loaded}) == 1:
+        codes = speech_tokenizer.encode([resample(w, sr, rate) for w, sr in loaded])
+    else:
+        codes = [speech_tokenizer.encode([resample(w, sr, rate)])[0] for w, sr in loaded]
+    encoder_rate = config.speaker_encoder_config.sample_rate
+    return [Voice(ref_code=None if xvec else c, icl_mode=not xvec, x_vector_only_mode=bool(xvec), ref_text=text,
+                  ref_spk_embedding=compute_speaker_embedding(speaker_encoder, resample(w, sr, encoder_rate)),
+                  model_size=config.tts_model_size)
+            for (w, sr), c, text, xvec in zip(loaded, codes, ref_texts, x_vector_only)]

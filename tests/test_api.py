@@ -65,6 +65,7 @@ def no_compute(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("generation started for an invalid request")
 
+    monkeypatch.setattr(q3tts.api.TTS, "submit", refuse)
     monkeypatch.setattr(q3tts.api, "generate_codes", refuse)
 
 
@@ -181,7 +182,9 @@ def test_bytes_and_base64_reference_audio(base, ref_wav):
     ({"temperature": 0.0}, ValueError, "temperature must be > 0"),
     ({"top_p": 1.5}, ValueError, "top_p must be in"),
     ({"max_new_tokens": 0}, ValueError, "max_new_tokens must be a positive integer"),
-    ({"max_new_tokens": 40000}, ValueError, "exceed the model's 32768 positions"),
+    ({"max_new_tokens": 40000}, ValueError, "does not fit: .* of the model's 32768 positions"),
+    ({"do_sample": "yes"}, ValueError, "do_sample must be True or False"),
+    ({"top_k": 2.5}, ValueError, "top_k must be an integer"),
     ({"seed": -1}, ValueError, "seed must be a non-negative integer"),
     ({"temprature": 0.5}, TypeError, "unexpected generation arguments"),
 ])
@@ -229,7 +232,7 @@ def test_reference_audio_errors(base, tmp_path, no_compute):
 def test_voice_for_another_model_size_is_refused(base, base_large, ref_wav, tmp_path, no_compute):
     voice = base_large.create_voice(str(ref_wav), "Good morning.")
     voice.save(tmp_path / "large.voice")
-    with pytest.raises(ValueError, match="made for a 1b7 model"):
+    with pytest.raises(ValueError, match="made for a 1.7B model.* this checkpoint is 0.6B"):
         base.synthesize("Hello.", voice=tmp_path / "large.voice")
     with pytest.raises(ValueError, match="an in-context voice needs reference codes and reference text"):
         base.synthesize("Hello.", voice=Voice(None, torch.zeros(64), False, True))

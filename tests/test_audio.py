@@ -208,10 +208,11 @@ def test_audio_error_is_a_value_error():
     assert issubclass(AudioError, ValueError)
 
 
-def test_missing_file_names_the_path(tmp_path):
+def test_missing_file_names_the_path(tmp_path, monkeypatch):
     missing = tmp_path / "nope.wav"
     _raises(str(missing), "not found", str(missing))
     _raises(missing, "not found", str(missing))
+    monkeypatch.chdir(tmp_path)  # a relative name, in a folder known to be empty (not wherever pytest runs)
     _raises("hello.wav", "not found", "hello.wav", "base64")
 
 

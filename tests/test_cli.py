@@ -79,7 +79,7 @@ def test_benchmark_modules_import():
     import importlib
     import importlib.util
 
-    for name in ("common", "decode", "streaming"):
+    for name in ("api", "common", "decode", "streaming"):
         importlib.import_module(f"q3tts.benchmarks.{name}")
     for path in sorted((Path(__file__).resolve().parent.parent / "bench").glob("*.py")):
         spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)

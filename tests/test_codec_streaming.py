@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from q3tts.models.codec_streaming import StreamingDecoder
+from q3tts.engine.codec_stream import StreamingDecoder
 from q3tts.models.speech_tokenizer import SpeechTokenizer
 from q3tts.tiny.speech_tokenizer import write_tiny_speech_tokenizer
 

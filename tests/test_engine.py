@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from q3tts import TTS
+from q3tts.engine import EngineConfig
 from q3tts.engine.readback import Readback
-from q3tts.engine.runner import EngineConfig, ModelRunner
-from q3tts.generate import generate_codes
-from q3tts.prompt import build_prompt
+from q3tts.engine.runner import ModelRunner
+from q3tts.prompt import build_prompt, prompt_length
+from q3tts.reference import generate_codes
 from q3tts.sampling import SamplingParams
 from q3tts.teacher_forcing import teacher_forced_logits
 from q3tts.tiny import tiny_checkpoint
@@ -20,10 +21,13 @@ def tts(tmp_path_factory) -> TTS:
     return TTS.from_pretrained(tiny_checkpoint("tiny", tmp_path_factory.mktemp("cache")), device="cpu")
 
 
+def _spec(tts: TTS, text: str, non_streaming: bool, speaker: str):
+    return tts.request(text, speaker=speaker, language="english", non_streaming_mode=non_streaming).spec
+
+
 def _requests(tts: TTS):
     texts = ["Hello world, this is a test.", "Thank you.", "Good morning, seven bright stars shine above."]
-    specs = [tts._spec(t, "english", ns, speaker=spk) for t, ns, spk in
-             zip(texts, [False, True, False], ["ryan", "eric", "serena"])]
+    specs = [_spec(tts, t, ns, spk) for t, ns, spk in zip(texts, [False, True, False], ["ryan", "eric", "serena"])]
     prompts = [build_prompt(tts.model.talker, tts.config, s) for s in specs]
     params = [SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=14, seed=1),
               SamplingParams(max_new_tokens=9, seed=5),
@@ -33,12 +37,17 @@ def _requests(tts: TTS):
 
 
 def _run_engine(runner: ModelRunner, prompts, params) -> list[torch.Tensor]:
+    """The engine's loop in its simplest form: every row grows its KV blocks before each frame."""
     rows = list(range(len(prompts)))
     runner.add_rows(rows, prompts, params)
     readback = Readback(runner)
     frames: list[list[torch.Tensor]] = [[] for _ in rows]
     done = torch.zeros(len(rows), dtype=torch.bool)
+    step = 0
     while not done.all():
+        for r, p in zip(rows, prompts):
+            runner.grow(r, p.num_positions + step + 1)
+        step += 1
         runner.step(len(rows))
         readback.push(len(rows))
         out = readback.pop()
@@ -74,6 +83,7 @@ def test_engine_hidden_states_match_teacher_forcing(tts):
     greedy = [SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=6, seed=0)]
     runner = ModelRunner(tts.model, EngineConfig(max_rows=2, max_context=128, block_size=16, max_trailing=64))
     runner.add_rows([0], prompts[:1], greedy)
+    runner.grow(0, prompts[0].num_positions + 6)
     logits, frames = [], []
     for _ in range(5):
         logits.append(runner._head(runner.state.hidden[:1], tts.model.talker.codec_head.weight)[0])
@@ -105,7 +115,7 @@ def test_engine_config_prefill_buckets():
 def test_prompt_reuses_fixed_projections_until_the_weights_change(tts):
     """The special tokens' and the assistant header's text projections are computed once per set of weights:
     a second prompt is identical, and one built after the projection changes in place uses the new weights."""
-    talker, spec = tts.model.talker, tts._spec("Hello there.", "english", False, speaker="ryan")
+    talker, spec = tts.model.talker, _spec(tts, "Hello there.", False, "ryan")
     first, again = build_prompt(talker, tts.config, spec), build_prompt(talker, tts.config, spec)
     assert torch.equal(first.embeds, again.embeds) and torch.equal(first.pad, again.pad)
     bias = talker.text_projection.linear_fc2.bias
@@ -123,3 +133,26 @@ def test_prompt_reuses_fixed_projections_until_the_weights_change(tts):
         with torch.no_grad():
             bias.copy_(saved)
     assert torch.equal(build_prompt(talker, tts.config, spec).embeds, first.embeds)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-base", "tiny-voice-design"])
+def test_prompt_length_is_known_before_building(name, tmp_path_factory):
+    """The request builder checks the length budget from `prompt_length`, before any prompt is built: it must
+    be the built prompt's length in every mode."""
+    from tests.test_equivalence import speech_like
+
+    tts = TTS.from_pretrained(tiny_checkpoint(name, tmp_path_factory.mktemp("cache")), device="cpu")
+    kinds = {"tiny": [{"speaker": "ryan"}, {"speaker": "eric", "instruct": "Slowly."},
+                      {"speaker": "dylan", "language": "chinese"}, {"speaker": "ryan", "language": "auto"}],
+             "tiny-voice-design": [{"instruct": "A calm voice."}, {"instruct": "Warm.", "language": "english"}]}
+    if name == "tiny-base":
+        audio = (speech_like(1.0, 24000, 3), 24000)
+        kinds[name] = [{"voice": tts.create_voice(audio, "Good morning.")},
+                       {"voice": tts.create_voice(audio, "A much longer transcript than the reference frames, one "
+                                                         "that keeps going for a while.")},
+                       {"voice": tts.create_voice(audio, x_vector_only=True)}]
+    for kwargs in kinds[name]:
+        for non_streaming in (False, True):
+            spec = tts.request("Hello world, how are you?", non_streaming_mode=non_streaming, **kwargs).spec
+            built = build_prompt(tts.model.talker, tts.config, spec)
+            assert prompt_length(tts.config, spec) == built.embeds.shape[0], (kwargs, non_streaming)

@@ -104,7 +104,12 @@ class CaseSet:
     folder: Path
     calls: list[dict]
     oracle: list[dict] = field(default_factory=list)
-    tts: TTS | None = None
+    paths: dict[str, TTS] = field(default_factory=dict)  # "engine" (the default) and "reference" (the eager loop)
+
+    def tts(self, path: str) -> TTS:
+        if path not in self.paths:
+            self.paths[path] = TTS.from_pretrained(self.folder, reference=path == "reference")
+        return self.paths[path]
 
 
 @pytest.fixture(scope="session")
@@ -134,7 +139,7 @@ def case_sets(tmp_path_factory, audio_dir, oracle):
             calls_path, out = folder / "calls.json", folder / "oracle.pt"
             calls_path.write_text(json.dumps(calls))
             oracle.run("generate.py", folder, calls_path, out)
-            cache[name] = CaseSet(folder, calls, torch.load(out, weights_only=False), TTS.from_pretrained(folder))
+            cache[name] = CaseSet(folder, calls, torch.load(out, weights_only=False))
         return cache[name]
 
     return get
@@ -148,22 +153,41 @@ def _scale_eos_row(folder: Path, scale: float) -> None:
 
 
 def _run_ours(tts: TTS, call_spec: dict, monkeypatch) -> dict:
-    """Runs our drop-in method with the same arguments and records prompts and codes."""
-    seen = {"specs": []}
-    original, original_build = q3tts.api.generate_codes, q3tts.api.build_prompt
+    """Runs our drop-in method with the same arguments and records each row's spec, prompt and codes."""
+    seen: dict = {"specs": [], "prompts": []}
+    if tts.reference:
+        original_generate, original_build = q3tts.api.generate_codes, q3tts.api.build_prompt
 
-    def recording(talker, prompts, params, on_frame=None):
-        seen["prompts"], seen["codes"] = prompts, original(talker, prompts, params, on_frame)
-        return seen["codes"]
+        def generate(talker, prompts, params, on_frame=None):
+            seen["codes"] = original_generate(talker, prompts, params, on_frame)
+            return seen["codes"]
 
-    def recording_build(talker, config, spec):
-        seen["specs"].append(spec)
-        return original_build(talker, config, spec)
+        def build(talker, config, spec):
+            seen["specs"].append(spec)
+            seen["prompts"].append(original_build(talker, config, spec))
+            return seen["prompts"][-1]
 
-    monkeypatch.setattr(q3tts.api, "generate_codes", recording)
-    monkeypatch.setattr(q3tts.api, "build_prompt", recording_build)
+        monkeypatch.setattr(q3tts.api, "generate_codes", generate)
+        monkeypatch.setattr(q3tts.api, "build_prompt", build)
+    else:
+        streams, original_prepare, original_submit = [], TTS.prepare, TTS.submit
+
+        def prepare(self, request):
+            seen["specs"].append(request.spec)
+            seen["prompts"].append(original_prepare(self, request))
+            return seen["prompts"][-1]
+
+        def submit(self, request, *args, **kwargs):
+            streams.append(original_submit(self, request, *args, **kwargs))
+            return streams[-1]
+
+        monkeypatch.setattr(TTS, "prepare", prepare)
+        monkeypatch.setattr(TTS, "submit", submit)
     kwargs = {k: audio_arg(v) for k, v in call_spec["kwargs"].items()}
     seen["wavs"], seen["sr"] = getattr(tts, call_spec["method"])(**kwargs)
+    if not tts.reference:
+        seen["codes"] = [torch.from_numpy(np.stack(s.channel.codes)) if s.channel.codes
+                         else torch.zeros(0, 16, dtype=torch.long) for s in streams]
     return seen
 
 
@@ -174,11 +198,15 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 ALL_CASES = [(name, i) for name, (_, _, _, calls) in CASES.items() for i in range(len(calls))]
 
 
+@pytest.mark.parametrize("path", ["engine", "reference"])
 @pytest.mark.parametrize(("name", "index"), ALL_CASES, ids=[f"{n}-{i}" for n, i in ALL_CASES])
-def test_matches_official(case_sets, name, index, monkeypatch):
+def test_matches_official(case_sets, name, index, path, monkeypatch):
+    """Both of our paths through the public drop-in methods: the engine (what runs by default) and the eager
+    reference loop."""
     cs = case_sets(name)
     ref = cs.oracle[index]
-    ours = _run_ours(cs.tts, cs.calls[index], monkeypatch)
+    tts = cs.tts(path)
+    ours = _run_ours(tts, cs.calls[index], monkeypatch)
     B = len(ref["codes"])
     assert len(ours["codes"]) == B and ours["sr"] == ref["sr"] == 24000
 
@@ -205,7 +233,7 @@ def test_matches_official(case_sets, name, index, monkeypatch):
         assert torch.equal(ours["codes"][b], codes.cpu())
 
         # Teacher-forced logits, fed the official history.
-        talker_logits, cp_logits = teacher_forced_logits(cs.tts.model.talker, prompt, codes)
+        talker_logits, cp_logits = teacher_forced_logits(tts.model.talker, prompt, codes)
         official_talker = torch.stack([step[b] for step in ref["talker_logits"][:codes.shape[0] + 1]])
         assert _seen("talker logits, teacher-forced (rel)", _rel(talker_logits, official_talker)) < TOL
         official_cp = _official_cp_logits(ref["cp_logits"], b, codes.shape[0])
@@ -216,7 +244,7 @@ def test_matches_official(case_sets, name, index, monkeypatch):
         assert wav.shape == official_wav.shape
         assert _seen("audio (abs)", float(np.abs(wav - official_wav).max(initial=0.0))) < TOL
     if "items" in ref:
-        _check_voice_items(cs.tts, cs.calls[index], ref["items"])
+        _check_voice_items(tts, cs.calls[index], ref["items"])
 
 
 def _official_cp_logits(records: list, row: int, num_frames: int) -> torch.Tensor:

@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from q3tts import TTS
-from q3tts.engine.runner import EngineConfig, ModelRunner
-from q3tts.generate import generate_codes
+from q3tts.engine import EngineConfig
+from q3tts.engine.runner import ModelRunner
 from q3tts.prompt import build_prompt
 from q3tts.random_model import random_model, random_prompt_ids
+from q3tts.reference import generate_codes
 from q3tts.sampling import SamplingParams
 from q3tts.teacher_forcing import teacher_forced_logits
+from tests import test_entry_points as entry
 from tests.test_engine import _requests, _run_engine
 
 pytestmark = pytest.mark.gpu
@@ -27,10 +29,25 @@ def exact_fp32():
 
 
 @pytest.fixture(scope="module")
-def tiny_cuda(tmp_path_factory):
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def load(name: str, cache, **kwargs) -> TTS:
     from q3tts.tiny import tiny_checkpoint
 
-    return TTS.from_pretrained(tiny_checkpoint("tiny", tmp_path_factory.mktemp("cache")), device="cuda")
+    return TTS.from_pretrained(tiny_checkpoint(name, cache), device="cuda", dtype=torch.float32, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def tiny_cuda(cache):
+    return load("tiny", cache)
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """The entry-point checks of tests/test_entry_points.py, with the GPU's fp32 tolerance."""
+    monkeypatch.setitem(entry.CURRENT, "device", "cuda")
 
 
 def test_graphs_match_reference_loop(tiny_cuda):
@@ -87,17 +104,64 @@ def test_bf16_graph_path_runs_and_stays_close():
         assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.8
 
 
-def test_streaming_with_graphs_equals_offline(tiny_cuda):
-    """fp32 on the GPU: the graph-captured LM + codec steps stream exactly the offline audio."""
-    import numpy as np
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_entry_points_on_the_engine_equal_the_reference_loop(cache, on_gpu, tmp_path, sampled):
+    """fp32 on the GPU: every entry point through the engine (captured LM and codec graphs, the codec overlapped on
+    its own stream, rows joining and leaving) gives the reference loop's audio."""
+    import soundfile as sf
 
-    tiny_cuda.prepare_engine(max_rows=4, max_context=256)
-    assert set(tiny_cuda.engine.codec.graphs) == {1, 2, 4}
-    kwargs = {"speaker": "ryan", "max_new_tokens": 30, "seed": 3}
-    audio = np.concatenate([c.pcm for c in tiny_cuda.stream("Hello world, streaming on the GPU.", **kwargs)])
-    offline = tiny_cuda.synthesize("Hello world, streaming on the GPU.", **kwargs)
-    assert audio.shape == offline.shape
-    assert float(np.abs(audio - offline).max()) < 1e-4
+    from tests.test_equivalence import speech_like
+
+    ref_wav = tmp_path / "ref.wav"
+    sf.write(ref_wav, speech_like(1.0, 24000, 5), 24000)
+    for name, check in (("tiny", entry.check_custom_voice), ("tiny-voice-design", entry.check_voice_design),
+                        ("tiny-base", entry.check_voice_clone)):
+        ours, ref = load(name, cache, max_rows=4), load(name, cache, reference=True)
+        ours.prepare_engine()
+        assert set(ours.engine.runner.graphs) == {1, 2, 4} and set(ours.engine.codec.graphs) == {1, 2, 4}
+        check(ours, ref, *([ref_wav] if name == "tiny-base" else []), sampled)
+        ours.close()
+
+
+def test_concurrency_and_closing_on_the_gpu(cache, on_gpu):
+    """Threads batch, two generators in one thread both finish, closed and abandoned streams free their rows."""
+    ref = load("tiny", cache, reference=True)
+    entry.check_concurrent_streams(load("tiny", cache), ref)
+    ours = load("tiny", cache)
+    entry.check_two_generators(ours, ref)
+    entry.check_closed_streams(ours)
+
+
+def test_preemption_on_the_gpu(cache, on_gpu):
+    """A KV cache of a few blocks: rows are swapped out to host memory and back (non-blocking copies on the
+    engine's stream, the codec state on the codec's) and every request still equals its solo rendering."""
+    tc = load("tiny", cache, reference=True)
+    per_position = 2 * tc.config.talker_config.num_hidden_layers * tc.config.talker_config.num_key_value_heads \
+        * tc.config.talker_config.head_dim * 4
+    ours = load("tiny", cache, max_rows=4, kv_cache_gb=12 * 64 * per_position / 2**30)
+    kw = {"max_new_tokens": 200, "seed": 1}
+    speakers = ["ryan", "eric", "serena", "vivian"]
+    wavs = ours.synthesize_all([ours.request("Hello there, a long one.", speaker=s, **kw) for s in speakers])
+    assert ours.engine.metrics.preemptions > 0
+    entry.same(wavs, [tc.synthesize("Hello there, a long one.", speaker=s, **kw) for s in speakers])
+    ours.close()
+
+
+def test_memory_fits_the_budget():
+    """1.7B in bf16 at batch 1 (max_rows=1, the default KV cache): a 10 s request runs with under 8 GB of GPU
+    memory reserved, weights, CUDA graphs, KV cache and codec included."""
+    from q3tts.benchmarks.common import clone_prompt, load_model, random_decoder
+    from q3tts.engine import Engine
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    device = torch.device("cuda")
+    model = load_model("1.7B-Base", None, device)
+    engine = Engine(model, random_decoder(device, torch.bfloat16), EngineConfig(max_rows=1))
+    audio = engine.submit(clone_prompt(model), SamplingParams(max_new_tokens=126, seed=0)).read_all()
+    assert audio.shape == (125 * 1920,)
+    assert torch.cuda.max_memory_reserved() < 8e9, torch.cuda.max_memory_reserved()
+    engine.stop()
 
 
 def test_bf16_at_least_as_faithful_as_official(tmp_path):
@@ -110,10 +174,11 @@ def test_bf16_at_least_as_faithful_as_official(tmp_path):
     from pathlib import Path
 
     pytest.importorskip("qwen_tts")
-    harness = Path(".peers/peer_bench.py")
+    repo = Path(__file__).resolve().parents[1]
+    harness = repo / ".peers/peer_bench.py"
     if not harness.exists():
         pytest.skip("the peer harness (.peers/peer_bench.py) is not here")
-    sys.path.insert(0, str(Path("bench").resolve()))
+    sys.path.insert(0, str(repo / "bench"))
     from faithfulness import measure
 
     ckpt = tmp_path / "0.6B-Base"
@@ -126,30 +191,3 @@ def test_bf16_at_least_as_faithful_as_official(tmp_path):
         assert ours["rel_error"]["p99"] <= official["rel_error"]["p99"]
         assert ours["top1_agreement"] >= official["top1_agreement"] - 0.01
     assert max(result["ref_gpu_vs_ref_cpu"][p]["rel_error"]["max"] for p in ("talker", "code_predictor")) < 1e-4
-
-
-def test_serving_engine_with_graphs_equals_solo(tiny_cuda):
-    """fp32 on the GPU: six requests through four rows of the serving engine (captured LM and codec graphs, the
-    codec overlapped on its own stream, rows joining and leaving) each stream their solo offline audio."""
-    import asyncio
-
-    import numpy as np
-
-    from q3tts.serving.engine import AsyncEngine, ServingConfig
-    from tests.test_serving_engine import TEXTS, _alone, _request
-
-    engine = AsyncEngine(tiny_cuda, ServingConfig(max_running=4, max_waiting=8, max_context=256))
-    assert engine.codec.graphs and engine.codec.overlap_max_rows is None
-    engine.start()
-
-    async def run():
-        streams = [engine.submit(*_request(tiny_cuda, i, True)) for i in range(len(TEXTS))]
-        return await asyncio.gather(*(s.read_all() for s in streams))
-
-    try:
-        outputs = asyncio.run(run())
-    finally:
-        engine.stop()
-    for i, audio in enumerate(outputs):
-        solo = _alone(tiny_cuda, i, True)
-        assert audio.shape == solo.shape and float(np.abs(audio - solo).max()) < 1e-4, i

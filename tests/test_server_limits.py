@@ -112,8 +112,9 @@ def test_websocket_disconnect_mid_segment_frees_the_row(guarded):
     guarded.wait_idle()
 
 
-def test_not_ready_until_the_engine_is_warm(tts):
+def test_not_ready_until_the_engine_is_warm(tmp_path):
     """While the engine is being built (graphs captured) and warmed up, /ready is 503 and requests get 503."""
+    tts = load_tiny("tiny", tmp_path)
     gate = threading.Event()
     original = tts.prepare_engine
 
@@ -136,10 +137,10 @@ def test_not_ready_until_the_engine_is_warm(tts):
         del tts.prepare_engine
 
 
-def test_engine_failure_mid_stream(tts):
+def test_engine_failure_mid_stream(tmp_path):
     """An audio stream is cut (no clean end), an SSE stream ends with an error event, and the server then
     reports itself unhealthy and refuses new work with 503."""
-    server = ServerThread(ServerConfig(model="tiny", device="cpu", max_running=2), tts)
+    server = ServerThread(ServerConfig(model="tiny", device="cpu", max_running=2), load_tiny("tiny", tmp_path))
     with server, httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/audio/speech", json=LONG) as audio, \
                 http.stream("POST", "/v1/audio/speech", json={**LONG, "stream_format": "sse"}) as sse:

@@ -16,7 +16,7 @@ from q3tts.config import SpeakerEncoderConfig
 from q3tts.models.speaker_encoder import SpeakerEncoder, compute_speaker_embedding, min_num_samples
 from q3tts.tiny.random_init import random_state_dict
 
-TENSOR_NAMES = Path("/work/shared/reference/tensor-names")
+TENSOR_NAMES = Path(__file__).resolve().parents[2] / "shared/reference/tensor-names"
 CONFIGS = {
     "tiny": SpeakerEncoderConfig(enc_dim=32, enc_channels=[16, 16, 16, 16, 48], enc_attention_channels=8,
                                  enc_res2net_scale=4, enc_se_channels=8),

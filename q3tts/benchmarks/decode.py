@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
+from ..engine import EngineConfig
 from ..engine.readback import Readback
-from ..engine.runner import EngineConfig, ModelRunner
+from ..engine.runner import ModelRunner
 from ..engine.sampler import sample_tokens
 from ..sampling import SamplingParams
 from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model
@@ -54,6 +55,8 @@ def time_request(runner: ModelRunner, prompt, batch: int, frames: int) -> tuple[
     torch.cuda.synchronize()
     start = time.perf_counter()
     runner.add_rows(list(range(batch)), [prompt] * batch, params)
+    for row in range(batch):  # the engine's loop grows rows a block at a time; here they get every block up front
+        runner.grow(row, prompt.num_positions + frames + 1)
     first = None
     for i in range(frames):
         runner.step(batch)
@@ -82,6 +85,8 @@ def breakdown(runner: ModelRunner, prompt, batch: int, replays: int = 50) -> dic
     """GPU time of the frame's parts, each captured as its own graph over a live batch."""
     rows = list(range(batch))
     runner.add_rows(rows, [prompt] * batch, [SamplingParams(max_new_tokens=256, seed=0)] * batch)
+    for row in rows:
+        runner.grow(row, prompt.num_positions + 257)
     B = runner.bucket(batch)
     c0, c0_embed = runner._sample_codebook0(B)
     codes, frame = runner._predict_residual_codes(B, c0, c0_embed)

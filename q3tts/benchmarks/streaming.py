@@ -11,12 +11,11 @@ from pathlib import Path
 
 import torch
 
+from ..engine import Engine, EngineConfig
+from ..engine.codec_stream import StreamingDecoder
 from ..engine.readback import Readback
-from ..engine.runner import EngineConfig
-from ..models.codec_streaming import StreamingDecoder
 from ..models.speech_tokenizer import SpeechTokenizer
 from ..sampling import SamplingParams
-from ..streaming import Engine
 from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model, random_decoder
 
 
@@ -46,11 +45,10 @@ def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple
 
 
 def streaming_engine(model, decoder, batches) -> Engine:
-    """The streaming engine with graphs captured for `batches` (and the powers of two up to 64)."""
-    engine = Engine(model, decoder, EngineConfig(max_rows=max(batches), max_context=512, max_trailing=64,
-                                                 buckets=tuple(sorted({1, 2, 4, 8, 16, 32, 64, *batches}))))
-    engine.capture_graphs()
-    return engine
+    """The engine with graphs captured for `batches` (and the powers of two up to 64); its runner and codec
+    runner are driven directly here, without the engine's thread."""
+    return Engine(model, decoder, EngineConfig(max_rows=max(batches), max_context=512, max_trailing=64,
+                                               buckets=tuple(sorted({1, 2, 4, 8, 16, 32, 64, *batches}))))
 
 
 def _streaming_row(engine, model, name: str, batch: int, reps: int) -> dict:
@@ -82,8 +80,10 @@ def loop_ms(engine, model, batch: int, overlap: bool, frames: int = 40) -> float
     saved = codec.overlap_max_rows
     codec.overlap_max_rows = batch if overlap else 0
     rows = list(range(batch))
-    runner.add_rows(rows, [clone_prompt(model)] * batch,
-                    [SamplingParams(max_new_tokens=frames + 10, seed=i) for i in rows])
+    prompt = clone_prompt(model)
+    runner.add_rows(rows, [prompt] * batch, [SamplingParams(max_new_tokens=frames + 10, seed=i) for i in rows])
+    for row in rows:  # the engine's loop grows rows a block at a time; here they get every block up front
+        runner.grow(row, prompt.num_positions + frames + 10)
     codec.start(rows, [None] * batch)
     readback = Readback(runner, depth=2, pcm=codec.pcm, pcm_stream=codec.pcm_stream)
     start = None

@@ -1,52 +1,33 @@
 """The model runner: owns every device tensor of the fast decode path and runs one frame for all rows.
 
-Rows 0..B-1 of the static state are the running sequences (the scheduler keeps them compact). One frame =
+Rows 0..B-1 of the static state are the running sequences (the engine keeps them compact). One frame =
 sample codebook 0 from each row's last talker hidden state, run the whole 15-step code predictor with its
 sampling, and feed the frame back through the talker. On CUDA the frame is captured as one graph per batch
 bucket at start-up (largest first, one memory pool); padding rows of a bucket are finished rows that write
 only to the scratch KV block 0. Nothing in the frame reads back to the host: EOS and length limits set `done`
 on the device, and the host collects codes through pinned buffers and events, one frame behind.
+
+The talker's KV cache is paged (`kv_blocks.KVBlocks` says which blocks each row holds); a row grows a block at
+a time as it runs (`grow`). A row can be swapped out to host memory (`swap_out`) and back into any free row
+(`swap_in`) unchanged: that is how the engine preempts a row when the cache is full.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..generate import MIN_NEW_TOKENS, suppressed_ids
 from ..models.qwen3_tts import Qwen3TTSModel
-from ..prompt import Prompt
-from ..sampling import SamplerTensors, SamplingParams
+from ..sampling import MIN_NEW_TOKENS, SamplerTensors, SamplingParams, suppressed_ids
 from ..transfer import to_device
+from .config import EngineConfig
 from .decoder import FlatDecoder, PagedCache
+from .graphs import capture_buckets, replay_or_run
+from .kv_blocks import KVBlocks, OutOfBlocks
 from .sampler import TalkerProcessors, sample_tokens
-
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-
-@dataclass
-class EngineConfig:
-    max_rows: int = 256
-    max_context: int = 4096  # talker positions per row (prompt + frames)
-    block_size: int = 64
-    num_blocks: int | None = None  # None: enough for max_rows x max_context
-    max_trailing: int = 4100  # trailing text ids per row
-    buckets: tuple[int, ...] = DEFAULT_BUCKETS
-    prefill_buckets: tuple[int, ...] = (32, 64, 128, 256, 512)  # prefill token counts captured as graphs
-    use_graphs: bool = True
-
-    def __post_init__(self):
-        self.buckets = tuple(sorted(b for b in self.buckets if b <= self.max_rows))
-        if not self.buckets or self.buckets[-1] != self.max_rows:
-            self.buckets = (*self.buckets, self.max_rows)
-        if self.max_context % self.block_size:
-            raise ValueError("max_context must be a multiple of block_size")
-        if any(b < 1 for b in self.prefill_buckets):
-            raise ValueError(f"prefill_buckets must be positive token counts, got {self.prefill_buckets}")
-        self.prefill_buckets = tuple(sorted(self.prefill_buckets))  # () captures none: every prefill runs eagerly
+from .sequence import Prompt
 
 
 class RowState:
@@ -70,35 +51,47 @@ class RowState:
         self.talker_sampler = SamplerTensors.empty(rows, device)
         self.cp_sampler = SamplerTensors.empty(rows, device)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every per-row tensor, the samplers' fields included."""
+        out = []
+        for value in vars(self).values():
+            out.extend(value.tensors() if isinstance(value, SamplerTensors) else [value])
+        return out
+
+
+@dataclass
+class SwappedRow:
+    """A preempted row: its state and its KV blocks' contents, off the device's rows and cache."""
+
+    state: list[torch.Tensor]  # RowState.tensors()[i][row], cloned on the device (small)
+    k: torch.Tensor  # [layers, num_blocks, block_size, kv_heads, head_dim], in host memory
+    v: torch.Tensor
+
 
 class ModelRunner:
-    def __init__(self, model: Qwen3TTSModel, config: EngineConfig | None = None):
+    def __init__(self, model: Qwen3TTSModel, config: EngineConfig | None = None, kv_blocks: int | None = None):
+        """kv_blocks: the KV cache's size (default: the config's, without a GPU memory budget; the engine sizes
+        it from its budget with `allocate_kv_cache`)."""
         self.model, self.config = model, config or EngineConfig()
         cfg = self.config
         talker = model.talker
         tc, cc = talker.config, talker.code_predictor.config
         self.device = talker.codec_head.weight.device
         self.dtype = talker.codec_head.weight.dtype
+        self.max_context = cfg.context_for(tc.max_position_embeddings)
         self.talker = FlatDecoder(talker.model.layers, talker.model.norm.weight, tc.rms_norm_eps,
                                   tc.num_attention_heads, tc.head_dim, talker.model.inv_freq)
         cp = talker.code_predictor
         self.cp = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
                               cc.head_dim, cp.model.inv_freq)
-        blocks_per_row = cfg.max_context // cfg.block_size
-        num_blocks = cfg.num_blocks or cfg.max_rows * blocks_per_row + 1
-        # Row max_rows is a scratch row (all blocks -> block 0) for the padding tokens of a bucketed prefill.
-        self.cache = PagedCache.allocate(tc.num_hidden_layers, num_blocks, cfg.block_size, tc.num_key_value_heads,
-                                         tc.head_dim, cfg.max_rows + 1, blocks_per_row, self.dtype, self.device)
         # The code predictor's 16 positions per frame: one block per row, block r for row r.
         self.cp_cache = PagedCache.allocate(cc.num_hidden_layers, cfg.max_rows, cc.num_code_groups,
                                             cc.num_key_value_heads, cc.head_dim, cfg.max_rows, 1, self.dtype,
                                             self.device)
         self.cp_cache.block_table.copy_(torch.arange(cfg.max_rows, device=self.device, dtype=torch.int32)[:, None])
-        self.free_blocks = list(range(num_blocks - 1, 0, -1))  # block 0: scratch for finished/padding rows
-        self.row_blocks: list[list[int]] = [[] for _ in range(cfg.max_rows)]
         self.state = RowState(cfg.max_rows, tc.hidden_size, tc.vocab_size, cfg.max_trailing, self.dtype,
                               self.device)
-        self.suppress = suppressed_ids(talker)
+        self.suppress = suppressed_ids(tc.vocab_size, tc.codec_eos_token_id, self.device)
         self.row_ids = torch.arange(cfg.max_rows, device=self.device, dtype=torch.int32)
         self.cp_first = (torch.arange(2 * cfg.max_rows, device=self.device, dtype=torch.int32) // 2,
                          torch.arange(2 * cfg.max_rows, device=self.device, dtype=torch.int32) % 2)
@@ -112,22 +105,40 @@ class ModelRunner:
         self.prefill_positions = torch.zeros(n, dtype=torch.int32, device=self.device)
         self.prefill_out = torch.zeros(n, tc.hidden_size, dtype=self.dtype, device=self.device)
         self._head_out_dtype = _probe_fp32_head(self.device, self.dtype)
+        self.cache: PagedCache | None = None
+        self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
 
-    # ---- admission --------------------------------------------------------------------------------------------
+    @property
+    def kv_bytes_per_block(self) -> int:
+        tc = self.model.talker.config
+        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        return 2 * tc.num_hidden_layers * self.config.block_size * tc.num_key_value_heads * tc.head_dim * itemsize
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """(Re)allocates the talker's paged KV cache with `num_blocks` blocks (block 0 is scratch), before graphs
+        are captured and with no rows admitted. Row max_rows of the block table is a scratch row (all blocks ->
+        block 0) for the padding tokens of a bucketed prefill."""
+        cfg, tc = self.config, self.model.talker.config
+        self.cache = None  # free the old cache before allocating the new one
+        blocks_per_row = -(-self.max_context // cfg.block_size)
+        self.cache = PagedCache.allocate(tc.num_hidden_layers, num_blocks, cfg.block_size, tc.num_key_value_heads,
+                                         tc.head_dim, cfg.max_rows + 1, blocks_per_row, self.dtype, self.device)
+        self.kv = KVBlocks(num_blocks, cfg.block_size, cfg.max_rows)
+
+    # ---- rows ---------------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def add_rows(self, rows: list[int], prompts: list[Prompt], params: list[SamplingParams]) -> None:
-        """Prefills `prompts` into `rows` and arms them. Blocks for prompt + max_new_tokens are reserved."""
+        """Prefills `prompts` into the empty `rows` and arms them. Each row gets the KV blocks of its prompt and
+        first frame (`grow` adds the rest as it runs); raises OutOfBlocks, changing nothing, if they are not
+        free."""
         s, dev = self.state, self.device
-        lengths = [p.embeds.shape[0] for p in prompts]
-        for n, p, prm in zip(lengths, prompts, params):  # check everything before reserving anything
-            if len(p.trailing_ids) > self.config.max_trailing:
-                raise ValueError(f"text too long for this engine ({len(p.trailing_ids)} trailing tokens)")
-            if n + prm.max_new_tokens > self.config.max_context:
-                raise ValueError(f"{n + prm.max_new_tokens} positions exceed the engine's max_context "
-                                 f"{self.config.max_context}")
-        for row, n, prm in zip(rows, lengths, params):
-            self._reserve(row, n + prm.max_new_tokens)
+        lengths = [p.num_positions for p in prompts]
+        need = sum(self.kv.blocks_for(n + 1) for n in lengths)
+        if need > self.kv.num_free:
+            raise OutOfBlocks(f"{need} KV blocks needed for the prompts, {self.kv.num_free} free")
+        for row, n in zip(rows, lengths):
+            self.grow(row, n + 1)
         idx = to_device(rows, dev)
         hidden = self._prefill_tokens(rows, lengths, to_device(torch.cat([p.embeds for p in prompts]), dev))
         last = to_device(torch.tensor(lengths).cumsum(0) - 1, dev)
@@ -146,6 +157,12 @@ class ModelRunner:
         for row, p in zip(rows, prompts):
             if p.trailing_ids:
                 s.trailing_ids[row, : len(p.trailing_ids)] = to_device(p.trailing_ids, dev, torch.int32)
+
+    def grow(self, row: int, num_positions: int) -> None:
+        """Makes `row` hold KV for at least `num_positions` positions (OutOfBlocks if too few blocks are free)."""
+        start, new = self.kv.grow(row, num_positions)
+        if new:
+            self.cache.block_table[row, start:start + len(new)] = to_device(new, self.device, torch.int32)
 
     def _prefill_tokens(self, rows: list[int], lengths: list[int], x: torch.Tensor) -> torch.Tensor:
         """Runs the prompts' tokens (rows[i] gets lengths[i] tokens at positions 0..) through the talker and
@@ -173,8 +190,7 @@ class ModelRunner:
     def release_rows(self, rows: list[int]) -> None:
         """Frees the rows' KV blocks; the rows become padding (finished, scratch block)."""
         for row in rows:
-            self.free_blocks.extend(self.row_blocks[row])
-            self.row_blocks[row] = []
+            self.kv.release(row)
         idx = to_device(rows, self.device)
         self.cache.block_table[idx] = 0
         self.state.done[idx] = True
@@ -183,32 +199,40 @@ class ModelRunner:
     def move_row(self, src: int, dst: int) -> None:
         """Moves the sequence in row `src` to the free row `dst` (between frames, device copies only), so the
         running rows stay 0..B-1; `src` becomes a padding row."""
-        s = self.state
-        for value in vars(s).values():
-            tensors = [getattr(value, f) for f in ("do_sample", "temperature", "top_k", "top_p")] \
-                if isinstance(value, SamplerTensors) else [value]
-            for t in tensors:
-                t[dst] = t[src]
+        for t in self.state.tensors():
+            t[dst] = t[src]
         self.cache.block_table[dst] = self.cache.block_table[src]
-        self.row_blocks[dst], self.row_blocks[src] = self.row_blocks[src], []
+        self.kv.move(src, dst)
         self.cache.block_table[src] = 0
-        s.done[src] = True
-        s.positions[src] = 0
+        self.state.done[src] = True
+        self.state.positions[src] = 0
 
-    def _reserve(self, row: int, num_positions: int) -> None:
-        bs = self.config.block_size
-        need = -(-num_positions // bs) - len(self.row_blocks[row])
-        if need > len(self.free_blocks):
-            raise MemoryError("KV cache is full")
-        new = [self.free_blocks.pop() for _ in range(max(need, 0))]
-        start = len(self.row_blocks[row])
-        self.row_blocks[row] += new
-        if new:
-            self.cache.block_table[row, start:start + len(new)] = to_device(new, self.device, torch.int32)
+    def swap_out(self, row: int) -> SwappedRow:
+        """Copies the row's state and KV blocks off the device's rows and cache and frees them (the row becomes
+        padding). The copies run in stream order, so the next frame may reuse the blocks."""
+        blocks = to_device(self.kv.rows[row], self.device)
+        host = (lambda t: t.to("cpu", non_blocking=True)) if self.device.type == "cuda" else (lambda t: t)
+        swapped = SwappedRow(state=[t[row].clone() for t in self.state.tensors()],
+                             k=host(self.cache.k[:, blocks]), v=host(self.cache.v[:, blocks]))
+        self.release_rows([row])
+        return swapped
+
+    def swap_in(self, row: int, swapped: SwappedRow) -> None:
+        """Restores a swapped-out sequence into the empty `row` (OutOfBlocks, changing nothing, if its blocks
+        are not free)."""
+        self.grow(row, swapped.k.shape[1] * self.config.block_size)
+        blocks = to_device(self.kv.rows[row], self.device)
+        self.cache.k[:, blocks] = to_device(swapped.k, self.device)
+        self.cache.v[:, blocks] = to_device(swapped.v, self.device)
+        for t, saved in zip(self.state.tensors(), swapped.state):
+            t[row] = saved
 
     # ---- the frame -------------------------------------------------------------------------------------------
 
     def bucket(self, num_rows: int) -> int:
+        """The captured batch size that serves `num_rows` rows (exactly `num_rows` when running eagerly)."""
+        if not self.graphs:
+            return num_rows
         return next(b for b in self.config.buckets if b >= num_rows)
 
     @torch.no_grad()
@@ -218,7 +242,8 @@ class ModelRunner:
 
     @torch.no_grad()
     def capture_graphs(self) -> None:
-        """Captures every bucket, largest first, into one memory pool. Call before admitting any row."""
+        """Captures every bucket, largest first, into one memory pool. Call after `allocate_kv_cache` and
+        before admitting any row."""
         if self.device.type != "cuda" or not self.config.use_graphs:
             return
         self.graphs = capture_buckets(self._frame, self.config.buckets)
@@ -290,7 +315,6 @@ class ModelRunner:
         s.positions[:B] += (~s.done[:B]).int()
         s.steps[:B] += 1
 
-
     @torch.no_grad()
     def teacher_forced_logits(self, prompt: Prompt, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The fast path's raw logits for a fixed history (same kernels and weights as the frame step, run as
@@ -304,9 +328,9 @@ class ModelRunner:
         frame = torch.stack([e.float() for e in embeds]).cumsum(0)[-1]  # sequential fp32 sum, as the frame step
         trailing = torch.tensor(prompt.trailing_ids + [self.model.config.tts_pad_token_id] * T, device=self.device)
         x = torch.cat([prompt.embeds.to(self.device).float(), frame + talker.embed_text(trailing[:T]).float()])
-        if L + T > self.config.max_context:
-            raise ValueError(f"{L + T} positions exceed the engine's max_context {self.config.max_context}")
-        self._reserve(0, L + T)
+        if L + T > self.max_context:
+            raise ValueError(f"{L + T} positions exceed the engine's max_context {self.max_context}")
+        self.grow(0, L + T)
         positions = torch.arange(L + T, device=self.device, dtype=torch.int32)
         hidden = self.talker(x, torch.zeros_like(positions), positions, self.cache)[L - 1:]
         self.release_rows([0])
@@ -322,47 +346,10 @@ class ModelRunner:
         return talker_logits, torch.cat(cp_logits)
 
 
-def capture_buckets(run, buckets: tuple[int, ...], stream: torch.cuda.Stream | None = None
-                    ) -> dict[int, torch.cuda.CUDAGraph]:
-    """One CUDA graph of `run(B)` per bucket, largest first, all in one memory pool (nano-vllm's order: the
-    largest bucket's allocations are reused by the smaller ones). Each is run once eagerly first, which
-    compiles the Triton kernels and lets cuBLAS and cuDNN pick their algorithms outside the capture.
-
-    Graphs that will replay concurrently with others must be captured on a `stream` of their own: cuBLAS keeps
-    one workspace per (handle, stream), and a graph captures the capture stream's, so two graphs captured on
-    the same stream share a workspace and race on it when they run at the same time."""
-    pool = torch.cuda.graph_pool_handle()
-    graphs = {}
-    for B in sorted(buckets, reverse=True):
-        with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            run(B)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
-            run(B)
-        graphs[B] = graph
-    torch.cuda.synchronize()
-    return graphs
-
-
-def replay_or_run(graphs: dict[int, torch.cuda.CUDAGraph], run, bucket: int) -> None:
-    """Replays the bucket's captured graph of `run`, or runs it eagerly where none was captured."""
-    graph = graphs.get(bucket)
-    if graph is not None:
-        graph.replay()
-    else:
-        run(bucket)
-
-
 def _copy_into(old: RowState, new: RowState) -> RowState:
     """Resets `old` in place to `new`'s values (graphs keep pointing at `old`'s tensors)."""
-    for name, value in vars(new).items():
-        target = getattr(old, name)
-        if isinstance(value, SamplerTensors):
-            for field in ("do_sample", "temperature", "top_k", "top_p"):
-                getattr(target, field).copy_(getattr(value, field))
-        else:
-            target.copy_(value)
+    for target, value in zip(old.tensors(), new.tensors()):
+        target.copy_(value)
     return old
 
 

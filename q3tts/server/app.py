@@ -55,7 +55,8 @@ def _load(config: ServerConfig) -> Any:
     from ..api import TTS
 
     log.info("loading %s", config.model)
-    return TTS.from_pretrained(config.model, device=config.device, dtype=config.dtype)
+    return TTS.from_pretrained(config.model, device=config.device, dtype=config.dtype,
+                               engine_config=config.engine_config())
 
 
 def serve(config: ServerConfig, log_level: str = "info") -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..serving.engine import ServingConfig
+from ..engine import EngineConfig
 
 
 @dataclass
@@ -14,10 +14,12 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     device: str | None = None  # one device per process: cuda, cuda:1, cpu
-    dtype: str | None = None
+    dtype: str | None = None  # default: bfloat16 on a GPU, float32 on the CPU
     max_running: int = 64  # concurrent streams (rows of the engine's batch)
     max_waiting: int = 256  # queued requests before new ones get 429
-    max_context: int = 4096  # talker positions per request (prompt + frames)
+    max_context: int | None = None  # talker positions per request (prompt + frames); None: the model's limit
+    gpu_memory_utilization: float | None = 0.9  # the GPU memory fraction the server may hold (the KV cache: the rest)
+    kv_cache_gb: float | None = None  # or the KV cache's size itself
     max_input_chars: int = 4096
     api_key: str | None = None  # bearer token required on /v1/* when set
     voices_dir: Path | None = None  # where uploaded voices persist; None keeps them in memory
@@ -34,12 +36,13 @@ class ServerConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.voices_dir is not None:
             self.voices_dir = Path(self.voices_dir)
-        self.serving_config()  # validates max_running / max_context
+        self.engine_config()  # validates the engine's settings
 
     @property
     def model_id(self) -> str:
         return self.served_model_name or self.model
 
-    def serving_config(self) -> ServingConfig:
-        return ServingConfig(max_running=self.max_running, max_waiting=self.max_waiting,
-                             max_context=self.max_context)
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(max_rows=self.max_running, max_waiting=self.max_waiting, max_context=self.max_context,
+                            kv_cache_gb=self.kv_cache_gb,
+                            gpu_memory_utilization=None if self.kv_cache_gb else self.gpu_memory_utilization)

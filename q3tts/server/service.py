@@ -1,8 +1,9 @@
-"""The speech service: the one place the HTTP and WebSocket routes meet the model and the engine.
+"""The speech service: the one place the HTTP and WebSocket routes meet the model and its engine.
 
-It starts the engine (graphs captured, one warm-up request through it; `ready` only then), resolves a request's
-voice against the loaded checkpoint, builds its prompt, and submits it. Everything a client can get wrong is
-refused here with an `APIError` naming the field, before any audio is produced.
+It starts the model's engine (graphs captured, one warm-up request through it; `ready` only then), resolves a
+request's voice in the server's terms (a `voice` names a preset speaker or a stored voice; `ref_audio` carries a
+recording), and submits. Validation is the request builder's (`q3tts.request`): a `RequestError` it raises is
+only translated here into the API's error shape, its parameter renamed to the HTTP field.
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ import binascii
 import itertools
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..audio import AudioError
-from ..prompt import Prompt
-from ..sampling import SamplingParams
-from ..serving.engine import AsyncEngine, EngineError, QueueFull, RequestStream
+from ..engine import EngineError, QueueFull, RequestStream
+from ..engine.sequence import Prompt
+from ..errors import RequestError
+from ..request import Request
 from ..voice import Voice
 from . import errors
 from .config import ServerConfig
@@ -32,6 +34,7 @@ log = logging.getLogger("q3tts.server")
 _ids = itertools.count()
 PLACEHOLDER_VOICES = ("", "default")  # `voice` where none applies (VoiceDesign, ref_audio); OpenAI needs one
 OPENAI_MODEL_NAMES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # accepted as aliases of the loaded model
+HTTP_NAMES = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # Python argument -> HTTP field
 
 
 @dataclass
@@ -45,16 +48,29 @@ class VoiceChoice:
 
 @dataclass
 class PreparedSpeech:
+    request: Request
     prompt: Prompt
-    params: SamplingParams
-    ref_codes: torch.Tensor | None
-    input_tokens: int
+
+    @property
+    def input_tokens(self) -> int:
+        return max(self.request.text_tokens, 0)
+
+
+def api_error(e: RequestError) -> errors.APIError:
+    """A RequestError in the API's shape: its parameter as the HTTP field, unknown names as 404."""
+    param = HTTP_NAMES.get(e.param, e.param)
+    message = e.renamed({**HTTP_NAMES, "max_context": "--max-context", "kv_cache_gb": "--kv-cache-gb",
+                         "gpu_memory_utilization": "--gpu-memory-utilization"})
+    if e.code == "not_found":
+        return errors.not_found(message, param=param, code=f"{param}_not_found")
+    return errors.bad_request(message, param=param, code=e.code)
 
 
 class SpeechService:
     def __init__(self, tts: Any, config: ServerConfig, voices: VoiceStore, observer: Any = None):
         self.tts, self.config, self.voices, self.observer = tts, config, voices, observer
-        self.engine: AsyncEngine | None = None
+        self.engine = None
+        self.owns_engine = False  # built here (closed at stop), not shared with other users of the same TTS
         self.ready = False
         self.failure: str | None = None
 
@@ -63,8 +79,12 @@ class SpeechService:
     async def start(self) -> None:
         """Builds the engine (captures its graphs), runs one warm-up request through it, then sets `ready`."""
         try:
-            self.engine = await asyncio.to_thread(AsyncEngine, self.tts, self.config.serving_config())
-            self.engine.start()
+            if not self.tts.has_engine:
+                self.tts.configure_engine(self.config.engine_config())
+                self.owns_engine = True
+            else:
+                log.warning("the model's engine is already running: the server shares it as it is")
+            self.engine = await asyncio.to_thread(self.tts.prepare_engine)
             if self.config.warmup:
                 await self._warm_up()
             if self.observer is not None:
@@ -77,8 +97,8 @@ class SpeechService:
 
     async def stop(self) -> None:
         self.ready = False
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.stop)
+        if self.owns_engine:
+            await asyncio.to_thread(self.tts.close)
 
     @property
     def healthy(self) -> bool:
@@ -101,7 +121,7 @@ class SpeechService:
                                  icl_mode=False, model_size=self.tts.config.tts_model_size)
         settings = SpeechSettings(max_new_tokens=4, seed=0)
         job = await self.prepare("Hello.", settings, choice)
-        await self.engine.submit(job.prompt, job.params, job.ref_codes, request_id="warmup").read_all()
+        await self.engine.submit(job.prompt, job.request.params, request_id="warmup", asyncio_loop=True).aread_all()
 
     # ---- requests -----------------------------------------------------------------------------------------
 
@@ -117,49 +137,30 @@ class SpeechService:
                                    f"{self.config.model_id!r}", param="model", code="model_not_found")
 
     async def resolve_voice(self, s: SpeechSettings) -> VoiceChoice:
-        """The voice a request asks for, checked against the checkpoint's mode."""
+        """The voice a request asks for, in the server's terms, checked against the checkpoint's mode before any
+        reference audio is fetched or encoded."""
         if s.task_type is not None and s.task_type != self.task_type:
             raise errors.bad_request(f"task_type {s.task_type!r} does not match the loaded {self.task_type} "
                                      f"checkpoint {self.config.model_id!r}", param="task_type")
-        if s.language.lower() not in self.tts.get_supported_languages():
-            raise errors.bad_request(f"unsupported language {s.language!r}; supported: "
-                                     f"{self.tts.get_supported_languages()}", param="language")
         kind = self.tts.config.tts_model_type
         cloning = [n for n in ("ref_audio", "ref_text", "x_vector_only_mode") if getattr(s, n) not in (None, False)]
         if kind != "base" and cloning:
             raise errors.bad_request(f"{cloning[0]} is for voice cloning, which needs a Base checkpoint (this one is "
                                      f"{self.task_type})", param=cloning[0])
-        if kind == "custom_voice":
-            return VoiceChoice(speaker=self._speaker(s.voice_id), instruct=self._instruct(s.instructions))
-        if kind == "voice_design":
-            return VoiceChoice(instruct=self._description(s))
-        if s.instructions:
-            raise errors.bad_request("Base (voice cloning) checkpoints take no instructions", param="instructions")
-        return VoiceChoice(voice=await self._clone_voice(s))
-
-    def _speaker(self, name: str | None) -> str:
-        supported = self.tts.get_supported_speakers()
-        if not name:
-            raise errors.bad_request(f"`voice` is required: one of {supported}", param="voice", code="missing")
-        if name.lower() not in supported:
-            raise errors.not_found(f"unknown voice {name!r}; this checkpoint's speakers are {supported}",
-                                   param="voice", code="voice_not_found")
-        return name.lower()
-
-    def _instruct(self, instructions: str | None) -> str | None:
-        if instructions and not self.tts.config.supports_instruct:
-            raise errors.bad_request("this 0.6B CustomVoice checkpoint does not follow instructions",
-                                     param="instructions")
-        return instructions or None
-
-    def _description(self, s: SpeechSettings) -> str:
-        if _named_voice(s) is not None:
+        if kind == "voice_design" and _named_voice(s) is not None:
             raise errors.bad_request("a VoiceDesign checkpoint has no named voices: describe the voice in "
                                      "`instructions` and omit `voice` (or pass 'default')", param="voice")
-        if not (s.instructions or "").strip():
-            raise errors.bad_request("a VoiceDesign checkpoint needs `instructions` describing the voice",
-                                     param="instructions", code="missing")
-        return s.instructions
+        speaker = s.voice_id if kind == "custom_voice" else None
+        try:
+            instruct = self.tts.requests.check_mode(speaker, kind == "base", s.instructions)
+            self.tts.requests.language(s.language)
+            if speaker is not None:
+                speaker = self.tts.requests.speaker(speaker)
+        except RequestError as e:
+            raise api_error(e) from e
+        if kind == "base":
+            return VoiceChoice(voice=await self._clone_voice(s))
+        return VoiceChoice(speaker=speaker, instruct=instruct)
 
     async def _clone_voice(self, s: SpeechSettings) -> Voice:
         if s.ref_audio is not None:
@@ -189,49 +190,39 @@ class SpeechService:
             return await asyncio.to_thread(self.tts.create_voice, source, ref_text, x_vector_only)
         except AudioError as e:
             raise errors.bad_request(str(e), param=param) from e
-        except ValueError as e:
-            raise errors.bad_request(str(e), param="ref_text" if "ref_text" in str(e) else param) from e
+        except RequestError as e:
+            raise api_error(e) from e
 
     async def prepare(self, text: str, s: SpeechSettings, choice: VoiceChoice,
                       seed: int | None = None) -> PreparedSpeech:
-        """Validates the text and sampling settings and builds the prompt (in a worker thread)."""
-        if not text.strip():
-            raise errors.bad_request("input is empty", param="input")
+        """Validates the request (text, voice, sampling, length) and builds its prompt, in a worker thread."""
         if len(text) > self.config.max_input_chars:
             raise errors.bad_request(f"input is {len(text)} characters; this server accepts at most "
                                      f"{self.config.max_input_chars}", param="input", code="input_too_long")
         seed = s.seed if seed is None else seed
         try:
             return await asyncio.to_thread(self._build, text, s, choice, seed)
-        except (ValueError, TypeError) as e:
-            raise errors.bad_request(str(e)) from e
+        except RequestError as e:
+            raise api_error(e) from e
 
     def _build(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> PreparedSpeech:
-        spec, params = self.tts._request(text, choice.speaker, choice.voice, choice.instruct, s.language,
-                                         s.non_streaming_mode, seed, s.sampling())
-        prompt = self.engine.prepare(spec)  # on its own CUDA stream: not queued behind the running frames
-        room = self.config.max_context - prompt.embeds.shape[0]
-        if s.max_new_tokens is not None and s.max_new_tokens > room:
-            raise errors.bad_request(f"max_new_tokens {s.max_new_tokens} does not fit: the prompt takes "
-                                     f"{prompt.embeds.shape[0]} of this server's {self.config.max_context} "
-                                     f"positions", param="max_new_tokens")
-        if room < 2:
-            raise errors.bad_request("input is too long for this server's context", param="input",
-                                     code="input_too_long")
-        params = replace(params, max_new_tokens=min(params.max_new_tokens, room))
-        return PreparedSpeech(prompt, params, spec.ref_codes, max(len(spec.input_ids) - 8, 0))
+        request = self.tts.request(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
+                                   language=s.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
+                                   **s.sampling())
+        return PreparedSpeech(request, self.tts.prepare(request))
 
     def submit(self, job: PreparedSpeech, request_id: str) -> RequestStream:
-        """Queues a prepared request on the engine (429 when the queue is full)."""
+        """Queues a prepared request on the engine (429 when the queue is full); read it with `async for`."""
         self.check_ready()
         try:
-            return self.engine.submit(job.prompt, job.params, job.ref_codes, request_id=f"{request_id}#{next(_ids)}")
+            return self.engine.submit(job.prompt, job.request.params, job.request.spec.ref_codes,
+                                      request_id=f"{request_id}#{next(_ids)}", asyncio_loop=True)
         except QueueFull as e:
             raise errors.queue_full(retry_after_s=1) from e
         except EngineError as e:
             raise errors.engine_failed(str(e)) from e
-        except ValueError as e:
-            raise errors.bad_request(str(e), param="max_new_tokens") from e
+        except RequestError as e:
+            raise api_error(e) from e
 
     def random_seed(self) -> int:
         return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF

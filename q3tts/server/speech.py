@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ..serving.engine import EngineError, RequestStream
+from ..engine import EngineError, RequestStream
 from .audio_encoding import MEDIA_TYPES, AudioEncoder, encode_async, flush_async, make_encoder
 from .auth import require_api_key
 from .errors import SERVER, error_body

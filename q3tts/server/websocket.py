@@ -38,7 +38,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from ..serving.engine import EngineError
+from ..engine import EngineError
 from . import errors
 from .audio_encoding import encode_async, flush_async, make_encoder
 from .auth import websocket_authorized

@@ -35,19 +35,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..engine.codec_kernels import (
-    attend,
-    causal_conv,
-    conv_transpose,
-    residual_unit,
-    ring_attention_step,
-    snake_params,
-    split_rotate,
-)
-from ..engine.kernels import add_rmsnorm, silu_mul
 from ..layers.rotary import rope_cos_sin
-from ..transfer import to_device
-from .codec_decoder import (
+from ..models.codec_decoder import (
     CausalConv1d,
     CausalConvTranspose1d,
     CodecAttention,
@@ -56,6 +45,17 @@ from .codec_decoder import (
     DecoderTransformer,
     SnakeBeta,
 )
+from ..transfer import to_device
+from .codec_kernels import (
+    attend,
+    causal_conv,
+    conv_transpose,
+    residual_unit,
+    ring_attention_step,
+    snake_params,
+    split_rotate,
+)
+from .kernels import add_rmsnorm, silu_mul
 
 SHORT_CONV = 32  # time steps per call up to which a dense convolution runs as one matrix product
 

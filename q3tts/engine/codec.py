@@ -15,11 +15,13 @@ entry 22). PCM is copied to the host from the codec's stream (`pcm_stream`) eith
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from ..models.codec_decoder import CodecDecoder
-from ..models.codec_streaming import StreamingDecoder
-from .runner import capture_buckets, replay_or_run
+from .codec_stream import StreamingDecoder
+from .graphs import capture_buckets, replay_or_run
 
 
 class CodecRunner:
@@ -37,15 +39,23 @@ class CodecRunner:
         self._ready, self._taken, self._decoded = ((torch.cuda.Event(), torch.cuda.Event(), torch.cuda.Event())
                                                    if self.pcm_stream else (None, None, None))
 
-    def start(self, rows: list[int], ref_codes: list[torch.Tensor | None]) -> None:
+    def start(self, rows: list[int], ref_codes: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """Fresh decoder state for `rows`; a voice's reference codes are decoded once into the state (their
         audio is discarded), so the stream continues exactly as decoding reference + new frames together.
-        Runs on the codec's stream, after any decode still in flight."""
+        Runs on the codec's stream, after any decode still in flight. Returns per row the reference audio's
+        last sample as a host tensor [1] (None without reference codes), valid once the row's first frame is
+        read back (the official in-context cut can keep it: see `q3tts.official`)."""
+        tails: list[torch.Tensor | None] = []
         with self._on_codec_stream():
             self.stream.reset(rows)
             for row, ref in zip(rows, ref_codes):
-                if ref is not None and ref.shape[0]:
-                    self.stream.decode_rows([row], ref.T[None])
+                if ref is None or not ref.shape[0]:
+                    tails.append(None)
+                    continue
+                wav = self.stream.decode_rows([row], ref.T[None])
+                tail = torch.empty(1, pin_memory=self.pcm_stream is not None)
+                tails.append(tail.copy_(wav[0, -1:].float(), non_blocking=True))
+        return tails
 
     def move_row(self, src: int, dst: int) -> None:
         """Moves a stream's decoder state (see ModelRunner.move_row), on the codec's stream."""
@@ -53,9 +63,17 @@ class CodecRunner:
             for t in self.stream.state.tensors():
                 t[dst] = t[src]
 
-    def _on_codec_stream(self):
-        from contextlib import nullcontext
+    def swap_out(self, row: int) -> list[torch.Tensor]:
+        """A copy of the row's decoder state (kept on the device; see ModelRunner.swap_out)."""
+        with self._on_codec_stream():
+            return [t[row].clone() for t in self.stream.state.tensors()]
 
+    def swap_in(self, row: int, saved: list[torch.Tensor]) -> None:
+        with self._on_codec_stream():
+            for t, value in zip(self.stream.state.tensors(), saved):
+                t[row] = value
+
+    def _on_codec_stream(self):
         return torch.cuda.stream(self.pcm_stream) if self.pcm_stream is not None else nullcontext()
 
     @torch.no_grad()

@@ -1,7 +1,8 @@
-"""The reference decode loop (eager, any device): batched prefill, then one frame per step for every active row.
+"""The reference decode loop (eager, fp32-faithful, any device): batched prefill, then one frame per step for
+every active row. It is what the engine (`q3tts.engine`) is tested against, and what `TTS(reference=True)` runs.
 
 Rows leave the batch as soon as they finish, and all per-row state (position, step, seen ids, sampling
-parameters, seed) is a tensor indexed by row, so the same step functions serve a slot-based engine later.
+parameters, seed) is a tensor indexed by row.
 Official behaviours kept: `max_new_tokens = N` yields at most N-1 frames (the N-th sampled token is never
 forwarded); EOS cannot be drawn in the first 2 steps; ids [vocab-1024, vocab) except EOS are suppressed;
 the repetition penalty covers the codebook-0 ids generated so far.
@@ -15,11 +16,16 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from .engine.sequence import Prompt
 from .models.talker import Talker
-from .prompt import Prompt
-from .sampling import SamplerTensors, SamplingParams, apply_talker_processors, sample
-
-MIN_NEW_TOKENS = 2
+from .sampling import (
+    MIN_NEW_TOKENS,
+    SamplerTensors,
+    SamplingParams,
+    apply_talker_processors,
+    sample,
+    suppressed_ids,
+)
 
 
 @dataclass
@@ -35,15 +41,6 @@ class RowState:
     seeds: torch.Tensor  # [B]
     talker_sampler: SamplerTensors
     cp_sampler: SamplerTensors
-
-
-def suppressed_ids(talker: Talker) -> torch.Tensor:
-    """[V] bool: the last 1024 ids of the codec vocabulary (control tokens) except EOS."""
-    c = talker.config
-    mask = torch.zeros(c.vocab_size, dtype=torch.bool, device=talker.codec_head.weight.device)
-    mask[c.vocab_size - 1024:] = True
-    mask[c.codec_eos_token_id] = False
-    return mask
 
 
 @torch.no_grad()
@@ -95,7 +92,7 @@ def generate_codes(talker: Talker, prompts: list[Prompt], params: list[SamplingP
         seeds=torch.tensor([p.seed for p in params], dtype=torch.long, device=device),
         talker_sampler=SamplerTensors.build(params, False, device),
         cp_sampler=SamplerTensors.build(params, True, device))
-    suppress = suppressed_ids(talker)
+    suppress = suppressed_ids(config.vocab_size, config.codec_eos_token_id, device)
     frames: list[list[torch.Tensor]] = [[] for _ in range(B)]
     active = torch.arange(B, device=device)
     while active.numel():

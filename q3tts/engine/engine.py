@@ -1,0 +1,415 @@
+"""The engine: continuous batching of every request of one loaded model, streaming their audio.
+
+Every entry point submits here (the drop-in official methods, `TTS.synthesize`, `stream`, the server). A
+background thread runs the frame loop; at every frame boundary it:
+  1. settles the frame just finished: rows that ended leave (the last row moves into the hole, so the running
+     rows stay 0..B-1), cancelled and dropped requests too;
+  2. brings back preempted requests and admits waiting ones, as the scheduler decides (batched prefill);
+  3. gives each row the KV block it needs for the next frame, preempting the newest request when the cache is
+     full (its row is swapped to host memory and comes back later exactly where it stopped);
+  4. launches the next frame (the captured LM frame and codec step) and hands the finished frame's 80 ms of PCM
+     to each request while the new one runs.
+Each request's output depends only on its own prompt, parameters and seed, never on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import itertools
+import logging
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import RequestError
+from ..models.codec_decoder import CodecDecoder
+from ..models.qwen3_tts import Qwen3TTSModel
+from ..sampling import SamplingParams
+from .codec import CodecRunner
+from .config import EngineConfig
+from .kv_blocks import OutOfBlocks
+from .readback import FrameOut, Readback
+from .runner import ModelRunner, SwappedRow
+from .scheduler import QueueFull, Scheduler
+from .sequence import Prompt, Sequence
+from .stream import END, Channel, RequestStream, post
+
+log = logging.getLogger("q3tts.engine")
+_ids = itertools.count()
+
+
+class EngineError(RuntimeError):
+    """The engine failed or was stopped while running a request."""
+
+
+@dataclass
+class EngineMetrics:
+    """Counters the engine thread updates; `observers` are called from it (keep them cheap)."""
+
+    frames: int = 0
+    requests_finished: int = 0
+    requests_cancelled: int = 0
+    preemptions: int = 0
+    errors: int = 0
+    max_batch: int = 0  # the most rows that ran one frame together
+    observers: list = field(default_factory=list)  # objects with on_first_audio(s) / on_finish(audio_s, wall_s)
+
+    def notify(self, event: str, *args: float) -> None:
+        for observer in self.observers:
+            getattr(observer, event, lambda *_: None)(*args)
+
+
+@dataclass
+class _Payload:
+    prompt: Prompt
+    params: SamplingParams
+    ref_codes: torch.Tensor | None
+    channel: Channel
+    max_positions: int  # prompt + max_new_tokens: the row never writes KV beyond
+    swapped: tuple[SwappedRow, list[torch.Tensor]] | None = None  # while preempted
+
+
+class Engine:
+    """One model's engine: the model runner and the codec runner on one device, their rows shared, driven by
+    one thread. Built once per loaded model (`TTS.engine`); thread-safe to submit to from anywhere."""
+
+    def __init__(self, model: Qwen3TTSModel, decoder: CodecDecoder, config: EngineConfig | None = None):
+        self.config = config = config or EngineConfig()
+        on_gpu = model.talker.codec_head.weight.device.type == "cuda"
+        self.runner = ModelRunner(model, config, kv_blocks=2 if on_gpu else None)  # sized below on a GPU
+        self.device = self.runner.device
+        self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets)
+        self._size_kv_cache()
+        if on_gpu and config.use_graphs:
+            self.runner.capture_graphs()
+            self.codec.capture_graphs()
+        self.scheduler = Scheduler(config.max_rows, config.max_waiting, self.runner.kv, config.max_prefill_tokens,
+                                   config.prefill_seconds_per_token, config.safety_seconds)
+        self.metrics = EngineMetrics()
+        self.rows: list[Sequence] = []  # rows[i]: the sequence in batch row i
+        self.healthy = True
+        self._cv = threading.Condition()
+        self._dropped: collections.deque[str] = collections.deque()  # ended by RequestStream finalizers
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._saved_switch_interval: float | None = None
+        atexit.register(_stop_at_exit, weakref.ref(self))
+
+    # ---- limits -------------------------------------------------------------------------------------------
+
+    def context_limit(self) -> tuple[int, str | None]:
+        """The talker positions one request may hold (prompt + frames), and the setting that bounds it (None: the
+        model's own limit): max_context, what the KV cache holds for one request alone, the model's limit."""
+        cfg = self.config
+        kv_setting = "gpu_memory_utilization" if cfg.gpu_memory_utilization and not cfg.kv_cache_gb \
+            else "kv_cache_gb"
+        limits = [(self.runner.model.talker.config.max_position_embeddings, None),
+                  (self.runner.max_context, "max_context"),
+                  (self.runner.kv.capacity_positions - cfg.block_size, kv_setting)]
+        return min(limits, key=lambda limit: limit[0])
+
+    # ---- public -------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the frame loop's thread (`submit` starts it too)."""
+        with self._cv:
+            if self._thread is not None or self._stopping:
+                return
+            if self.config.switch_interval is not None:
+                self._saved_switch_interval = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._saved_switch_interval, self.config.switch_interval))
+            self._thread = threading.Thread(target=self._run, name="q3tts-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stops the engine for good: requests still running or waiting end with EngineError."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        if self._saved_switch_interval is not None:
+            sys.setswitchinterval(self._saved_switch_interval)
+            self._saved_switch_interval = None
+        self._fail_all(EngineError("the engine was stopped"))
+
+    def submit(self, prompt: Prompt, params: SamplingParams, ref_codes: torch.Tensor | None = None,
+               request_id: str | None = None, asyncio_loop: bool = False) -> RequestStream:
+        """Queues a request and returns its stream. With `asyncio_loop=True` (call from a running event loop)
+        the stream is read with `async for`, otherwise with `for` from any thread. Raises QueueFull when the
+        queue is at its limit, RequestError when the request cannot fit this engine, EngineError when the
+        engine has failed or was stopped."""
+        if not self.healthy:
+            raise EngineError("the engine has failed; restart it (or the server)")
+        if len(prompt.trailing_ids) > self.config.max_trailing:
+            raise RequestError(f"text is too long for this engine ({len(prompt.trailing_ids)} text tokens after "
+                               f"the prompt; at most {self.config.max_trailing})", param="text")
+        limit, setting = self.context_limit()
+        if prompt.num_positions + params.max_new_tokens > limit:
+            raise RequestError(f"the prompt ({prompt.num_positions} positions) and max_new_tokens "
+                               f"({params.max_new_tokens}) exceed the {limit} positions a request may hold here"
+                               + (f" ({setting})" if setting else ""), param="max_new_tokens")
+        request_id = request_id or f"req-{next(_ids)}"
+        channel = Channel(request_id, asyncio.get_running_loop() if asyncio_loop else None)
+        payload = _Payload(prompt, params, ref_codes, channel, prompt.num_positions + params.max_new_tokens)
+        seq = Sequence(request_id, prompt.num_positions, time.perf_counter(), payload=payload)
+        self.start()
+        with self._cv:
+            if self._stopping:
+                raise EngineError("the engine was stopped")
+            self.scheduler.add(seq)
+            self._cv.notify()
+        return RequestStream(channel, self.cancel, self._dropped.append)
+
+    def cancel(self, request_id: str) -> None:
+        """Ends a request: a waiting one now, a running one at the next frame boundary."""
+        with self._cv:
+            seq = self.scheduler.cancel(request_id)
+            if seq is not None and seq not in self.rows:  # waiting or swapped: done now
+                self.metrics.requests_cancelled += 1
+                self._end(seq, "cancelled")
+            self._cv.notify()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.rows)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    # ---- start-up -----------------------------------------------------------------------------------------
+
+    def _size_kv_cache(self) -> None:
+        """Allocates the KV cache from the memory budget (see engine/config.py). On CUDA, what the largest batch
+        needs besides the cache is measured first by running it once (a profiling run, as vLLM does)."""
+        cfg, runner = self.config, self.runner
+        if self.device.type != "cuda":
+            return  # the runner's default cache
+        peak = self._profile_peak_bytes()
+        free, total = torch.cuda.mem_get_info(self.device)
+        fraction = cfg.gpu_memory_utilization or 0.9
+        # The graphs' pool will hold about the profiled peak; cuBLAS workspaces and fragmentation the margin.
+        available = fraction * total - (total - free) - 1.2 * peak - 256 * 2**20
+        if cfg.gpu_memory_utilization is not None and available < 16 * runner.kv_bytes_per_block:
+            raise MemoryError(f"gpu_memory_utilization {cfg.gpu_memory_utilization} leaves no room for the KV cache "
+                              f"({(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use, {peak / 2**30:.1f} "
+                              f"GiB needed to run {cfg.max_rows} rows): raise it or lower max_rows")
+        blocks = cfg.kv_blocks(runner.kv_bytes_per_block, runner.max_context, available)
+        try:
+            runner.allocate_kv_cache(blocks)
+        except torch.OutOfMemoryError as e:
+            raise MemoryError(f"the KV cache ({blocks * runner.kv_bytes_per_block / 2**30:.2f} GiB) does not fit "
+                              f"this device: lower kv_cache_gb or gpu_memory_utilization") from e
+        log.info("KV cache: %d blocks of %d positions (%.2f GiB)", blocks, cfg.block_size,
+                 blocks * runner.kv_bytes_per_block / 2**30)
+
+    @torch.no_grad()
+    def _profile_peak_bytes(self) -> int:
+        """GPU memory the largest frame, prefill and codec step take beyond what is allocated now."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        largest = self.config.buckets[-1]
+        self.runner._frame(largest)
+        if self.config.prefill_buckets:
+            self.runner._prefill(self.config.prefill_buckets[-1])
+        self.codec.step(largest)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        self.runner._reset_state()
+        self.codec.stream.reset(list(range(self.config.max_rows)))
+        torch.cuda.empty_cache()
+        return peak
+
+    # ---- the frame loop (engine thread) ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)  # a new thread starts on device 0
+            with torch.no_grad():
+                self._loop()
+        except Exception as e:  # the device is in an unknown state: fail everything, refuse new work
+            log.exception("engine failed")
+            self.healthy = False
+            self.metrics.errors += 1
+            self._fail_all(EngineError(f"engine failed: {e}"))
+
+    def _fail_all(self, error: EngineError) -> None:
+        """Ends every running, waiting and preempted request's stream with `error`."""
+        with self._cv:
+            seqs = [*self.rows, *self.scheduler.waiting, *self.scheduler.swapped]
+            self.scheduler.waiting.clear()
+            self.scheduler.swapped.clear()
+            for seq in seqs:
+                self._end(seq, "error", error)
+
+    def _loop(self) -> None:
+        # Each iteration: settle frame n - 1 (read back last time), grow, admit, launch frame n, deliver frame
+        # n - 1's audio while frame n runs, wait for frame n. Waiting for the frame just launched (rather than
+        # keeping the next one queued behind it) lets a request that arrived during frame n join frame n + 1.
+        readback = Readback(self.runner, depth=1, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
+        last: tuple[FrameOut, list[Sequence]] | None = None
+        while True:
+            outbox: list[tuple[Channel, object]] = []
+            with self._cv:
+                while not (self._stopping or self.rows or self.scheduler.num_waiting or last or self._dropped):
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                if last is not None:
+                    self._settle(*last, outbox)
+                self._drop_abandoned()
+                for seq in [s for s in self.rows if s.cancelled]:
+                    self.metrics.requests_cancelled += 1
+                    self._leave(seq, "cancelled", outbox)
+                self._grow()
+                start = len(self.rows)
+                resumed, admitted = self.scheduler.admit(time.perf_counter())
+                self._join(resumed, admitted)
+            row_map = None
+            if self.rows:
+                B = len(self.rows)
+                self.runner.step(B)
+                self._start_codec(start, resumed, admitted)
+                self.codec.step(B)
+                readback.push(B)
+                self.metrics.max_batch = max(self.metrics.max_batch, B)
+                for seq in self.rows:
+                    seq.num_positions = min(seq.num_positions + 1, seq.payload.max_positions)
+                row_map = list(self.rows)
+            for channel in post(outbox):  # their event loop is closed: nobody reads them
+                self._dropped.append(channel.request_id)
+            last = (readback.pop(), row_map) if row_map is not None else None
+
+    def _join(self, resumed: list[Sequence], admitted: list[Sequence]) -> None:
+        """Brings preempted requests back into the next free rows, then prefills the admitted ones after them
+        (the scheduler admitted only what the free KV blocks hold). Call with the lock."""
+        for seq in resumed:
+            row = len(self.rows)
+            self.runner.swap_in(row, seq.payload.swapped[0])
+            self.runner.grow(row, min(seq.num_positions + 1, seq.payload.max_positions))
+            self.rows.append(seq)
+        if admitted:
+            start = len(self.rows)
+            now = time.perf_counter()
+            for seq in admitted:
+                seq.payload.channel.admitted = now - seq.payload.channel.submitted
+            self.runner.add_rows(list(range(start, start + len(admitted))), [s.payload.prompt for s in admitted],
+                                 [s.payload.params for s in admitted])
+            self.rows.extend(admitted)
+
+    def _start_codec(self, start: int, resumed: list[Sequence], admitted: list[Sequence]) -> None:
+        """Codec state of the rows that joined at `start..` (host work while the frame runs; the codec's stream
+        orders it before the decode)."""
+        for row, seq in enumerate(resumed, start):
+            self.codec.swap_in(row, seq.payload.swapped[1])
+            seq.payload.swapped = None
+        if admitted:
+            first = start + len(resumed)
+            tails = self.codec.start(list(range(first, first + len(admitted))),
+                                     [s.payload.ref_codes for s in admitted])
+            for seq, tail in zip(admitted, tails):
+                seq.payload.channel.ref_tail = tail
+
+    def _grow(self) -> None:
+        """Gives every running row the KV blocks of its next frame, oldest request first; when none are free,
+        the newest running request is preempted (swapped out) until they are. Call with the lock."""
+        block_size, held = self.config.block_size, self.runner.kv.rows
+        needy = [seq for row, seq in enumerate(self.rows)
+                 if len(held[row]) * block_size < min(seq.num_positions + 1, seq.payload.max_positions)]
+        for seq in sorted(needy, key=lambda s: s.order):
+            while seq.request_id in self.scheduler.running:
+                try:
+                    self.runner.grow(self.rows.index(seq), min(seq.num_positions + 1, seq.payload.max_positions))
+                    break
+                except OutOfBlocks:
+                    self._swap_out(self.scheduler.preempt())
+
+    def _swap_out(self, seq: Sequence) -> None:
+        row = self.rows.index(seq)
+        seq.payload.swapped = (self.runner.swap_out(row), self.codec.swap_out(row))
+        self._compact(row)
+        self.metrics.preemptions += 1
+        log.info("preempted %s (KV cache full, %d rows running)", seq.request_id, len(self.rows))
+
+    def _settle(self, out: FrameOut, row_map: list[Sequence], outbox: list) -> None:
+        """Takes frame n's results: each emitted frame's PCM goes to its request, finished requests leave.
+        Call with the lock."""
+        now = time.perf_counter()
+        emitted, done, pcm, codes = out.emitted.tolist(), out.done.tolist(), out.pcm.numpy(), out.codes.numpy()
+        for i, seq in enumerate(row_map):
+            channel = seq.payload.channel
+            if channel.finished:
+                continue
+            if emitted[i]:
+                seq.frames += 1
+                self.metrics.frames += 1
+                channel.codes.append(codes[i])
+                if seq.first_audio is None:
+                    seq.first_audio = now
+                    channel.first_audio = now - channel.submitted
+                    self.metrics.notify("on_first_audio", channel.first_audio)
+                outbox.append((channel, pcm[i]))
+            if done[i]:
+                self.metrics.requests_finished += 1
+                self.metrics.notify("on_finish", seq.frames * 0.08, now - channel.submitted)
+                reason = "length" if seq.frames + 1 >= seq.payload.params.max_new_tokens else "eos"
+                self._leave(seq, reason, outbox)
+
+    def _drop_abandoned(self) -> None:
+        """Ends the requests whose streams were dropped unread or whose event loop closed. Call with the lock."""
+        while self._dropped:
+            request_id = self._dropped.popleft()
+            seq = self.scheduler.cancel(request_id)
+            if seq is not None and seq not in self.rows:
+                self.metrics.requests_cancelled += 1
+                self._end(seq, "cancelled")
+
+    def _leave(self, seq: Sequence, reason: str, outbox: list | None = None) -> None:
+        """Frees the sequence's row and ends its stream (through `outbox` if given). Call with the lock."""
+        row = self.rows.index(seq)
+        self.runner.release_rows([row])
+        self._compact(row)
+        self.scheduler.finish(seq.request_id)
+        self._end(seq, reason, outbox=outbox)
+
+    def _compact(self, row: int) -> None:
+        """Moves the last row into the emptied `row`, so the running rows stay 0..B-1."""
+        last = len(self.rows) - 1
+        if row != last:
+            self.runner.move_row(last, row)
+            self.codec.move_row(last, row)
+            self.rows[row] = self.rows[last]
+        self.rows.pop()
+
+    def _end(self, seq: Sequence, reason: str, error: BaseException | None = None, outbox: list | None = None
+             ) -> None:
+        channel = seq.payload.channel
+        if channel.finished:
+            return
+        channel.finished, channel.finish_reason = True, reason
+        seq.payload.swapped = None
+        items = [(channel, error)] if error is not None else []
+        items.append((channel, END))
+        if outbox is None:
+            post(items)
+        else:
+            outbox.extend(items)
+
+
+def _stop_at_exit(ref: weakref.ref) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.stop()
+
+
+__all__ = ["Engine", "EngineError", "EngineMetrics", "QueueFull", "RequestStream"]

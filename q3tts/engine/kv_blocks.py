@@ -1,0 +1,60 @@
+"""Bookkeeping of the paged KV cache: which blocks each row holds, and which are free. Pure Python (no torch):
+the model runner mirrors every change into the device block table, the scheduler asks it what fits.
+
+Rows grow on demand, one block at a time as their positions cross a block boundary, so a row holds what it
+uses, not what it might use (`max_new_tokens`). Block 0 is never handed out: rows that hold no request, and
+the padding tokens of a bucketed prefill, point at it and write there harmlessly.
+"""
+
+from __future__ import annotations
+
+
+class OutOfBlocks(Exception):
+    """No free block is left; the engine preempts a row and retries."""
+
+
+class KVBlocks:
+    def __init__(self, num_blocks: int, block_size: int, num_rows: int):
+        if num_blocks < 2:
+            raise ValueError(f"the KV cache needs at least 2 blocks (block 0 is scratch), got {num_blocks}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.free: list[int] = list(range(num_blocks - 1, 0, -1))  # popped from the end: low ids first
+        self.rows: list[list[int]] = [[] for _ in range(num_rows)]
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def capacity_positions(self) -> int:
+        """Positions all usable blocks hold together: the most one row can ever reach."""
+        return (self.num_blocks - 1) * self.block_size
+
+    def blocks_for(self, num_positions: int) -> int:
+        return -(-num_positions // self.block_size)
+
+    def missing(self, row: int, num_positions: int) -> int:
+        """Blocks `row` still needs to hold `num_positions` positions."""
+        return max(self.blocks_for(num_positions) - len(self.rows[row]), 0)
+
+    def grow(self, row: int, num_positions: int) -> tuple[int, list[int]]:
+        """Gives `row` the blocks it lacks for `num_positions` positions. Returns (index of the first new block in
+        the row's table, the new block ids); raises OutOfBlocks (and changes nothing) if too few are free."""
+        need = self.missing(row, num_positions)
+        if need > len(self.free):
+            raise OutOfBlocks(f"{need} blocks needed, {len(self.free)} free")
+        start = len(self.rows[row])
+        new = [self.free.pop() for _ in range(need)]
+        self.rows[row].extend(new)
+        return start, new
+
+    def release(self, row: int) -> list[int]:
+        """Frees the row's blocks; returns them (their contents stay until reused)."""
+        blocks, self.rows[row] = self.rows[row], []
+        self.free.extend(reversed(blocks))
+        return blocks
+
+    def move(self, src: int, dst: int) -> None:
+        """The sequence in row `src` now lives in the empty row `dst`."""
+        assert not self.rows[dst], f"row {dst} still holds blocks"
+        self.rows[dst], self.rows[src] = self.rows[src], []

@@ -1,0 +1,128 @@
+"""Which requests run at the next frame boundary. Pure Python (no torch, no CUDA), unit-tested on its own.
+
+Policy: first come, first served, bounded by free rows, free KV blocks, a per-boundary prefill token budget and
+a deadline rule. A running stream that has started playing has a lead: the audio it has produced minus the time
+since its first audio. Admitting requests stalls every running stream for their prefill (~tokens x seconds per
+token); a boundary admits only as much prefill as the smallest lead can absorb, keeping a safety margin (a
+stream's next frame comes about two frame steps after the stall), but always at least one request when no
+running stream is at risk.
+
+KV blocks: a request is admitted only if its prompt (and first frame) fit the free blocks with a small reserve
+left for the running rows' growth. When a running row needs a block and none is free, the engine preempts the
+newest running request (`preempt`): its state goes to host memory and it waits in `swapped`, ahead of every
+new request, until enough blocks are free to bring it back where it stopped.
+
+Requests that cannot be admitted wait in a bounded queue; a full queue refuses new ones (backpressure).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+from .kv_blocks import KVBlocks
+from .sequence import Sequence
+
+
+class QueueFull(Exception):
+    """The waiting queue is at its limit; the caller should retry later."""
+
+
+class Scheduler:
+    def __init__(self, max_running: int, max_waiting: int, kv: KVBlocks, max_prefill_tokens: int = 4096,
+                 prefill_seconds_per_token: float = 1e-4, safety_seconds: float = 0.04):
+        if max_running < 1 or max_waiting < 0 or max_prefill_tokens < 1:
+            raise ValueError("max_running and max_prefill_tokens must be >= 1, max_waiting >= 0")
+        self.max_running, self.max_waiting, self.kv = max_running, max_waiting, kv
+        self.max_prefill_tokens = max_prefill_tokens
+        self.prefill_seconds_per_token = prefill_seconds_per_token
+        self.safety_seconds = safety_seconds
+        self.waiting: deque[Sequence] = deque()
+        self.swapped: list[Sequence] = []  # preempted, oldest admission first
+        self.running: dict[str, Sequence] = {}
+        self._order = itertools.count()
+
+    def add(self, seq: Sequence) -> None:
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests are already waiting")
+        self.waiting.append(seq)
+
+    def cancel(self, request_id: str) -> Sequence | None:
+        """Drops a waiting or swapped request (returned; the engine ends it), or marks a running one for removal
+        at the next boundary."""
+        for queue in (self.waiting, self.swapped):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    seq.cancelled = True
+                    return seq
+        seq = self.running.get(request_id)
+        if seq is not None:
+            seq.cancelled = True
+        return seq
+
+    def finish(self, request_id: str) -> None:
+        self.running.pop(request_id, None)
+
+    def preempt(self) -> Sequence:
+        """Moves the newest running request to `swapped` (the engine swaps its row out) and returns it."""
+        seq = max(self.running.values(), key=lambda s: s.order)
+        del self.running[seq.request_id]
+        self.swapped.append(seq)
+        self.swapped.sort(key=lambda s: s.order)
+        return seq
+
+    def admit(self, now: float) -> tuple[list[Sequence], list[Sequence]]:
+        """(swapped requests to bring back, waiting requests to prefill) at this frame boundary; both become
+        running. New requests wait while any preempted one does."""
+        free_rows = self.max_running - len(self.running)
+        free_blocks = self.kv.num_free
+        resumed = []
+        while self.swapped and len(resumed) < free_rows:
+            need = self.kv.blocks_for(self.swapped[0].num_positions + 1) + self._reserve(len(resumed))
+            if need > free_blocks:
+                break
+            free_blocks -= need - self._reserve(len(resumed))
+            resumed.append(self._run(self.swapped.pop(0), keep_order=True))
+        if self.swapped:
+            return resumed, []
+        return resumed, self._admit_waiting(now, free_rows - len(resumed), free_blocks)
+
+    def _admit_waiting(self, now: float, free_rows: int, free_blocks: int) -> list[Sequence]:
+        lead = min((s.lead(now) for s in self.running.values()), default=float("inf"))
+        stall_budget = lead - self.safety_seconds
+        if stall_budget <= 0:
+            return []  # a running stream is about to fall behind: let it catch up first
+        admitted, tokens = [], 0
+        while self.waiting and len(admitted) < free_rows:
+            seq = self.waiting[0]
+            blocks = self.kv.blocks_for(seq.num_positions + 1)
+            if blocks + self._reserve(len(admitted)) > free_blocks:
+                break
+            new_tokens = tokens + seq.num_positions
+            over_budget = (new_tokens > self.max_prefill_tokens
+                           or new_tokens * self.prefill_seconds_per_token > stall_budget)
+            if admitted and over_budget:
+                break
+            self.waiting.popleft()
+            admitted.append(self._run(seq))
+            tokens, free_blocks = new_tokens, free_blocks - blocks
+        return admitted
+
+    def _reserve(self, num_joining: int) -> int:
+        """Blocks kept free for the running rows' growth (each takes one every 64 frames)."""
+        return 1 + (len(self.running) + num_joining) // 8
+
+    def _run(self, seq: Sequence, keep_order: bool = False) -> Sequence:
+        if not keep_order:
+            seq.order = next(self._order)
+        self.running[seq.request_id] = seq
+        return seq
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.swapped)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)

@@ -1,0 +1,33 @@
+"""The errors a user's request can raise, carrying the parameter at fault so that each front end (Python, the
+command line, the HTTP server) can name it its own way."""
+
+from __future__ import annotations
+
+import re
+
+
+class RequestError(ValueError):
+    """A request that cannot run as given. `param` names the offending argument as the Python API spells it
+    (`text`, `speaker`, `max_new_tokens`, ...); the message names arguments in backticks, so that `renamed` can
+    put another front end's names in their place."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
+        """code: "invalid_value", "missing" (a required argument is absent) or "not_found" (it names
+        something that does not exist, e.g. a speaker)."""
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+    def renamed(self, names: dict[str, str]) -> str:
+        """The message with each argument name in `names` (backticked, or a bare name with an underscore, e.g.
+        max_new_tokens, optionally with "=value") replaced by its value."""
+        def swap(match: re.Match) -> str:
+            name, value = match.group(1) or match.group(2), match.group(3) or ""
+            if name + value in names:  # e.g. "do_sample=False" -> "--greedy"
+                return names[name + value]
+            return names[name] + value if name in names else match.group(0)
+
+        return re.sub(r"`([A-Za-z_]+)`|\b([a-z]+(?:_[a-z0-9]+)+)\b(=\w+)?", swap, self.message)
+
+
+class RequestTypeError(RequestError, TypeError):
+    """A request argument of the wrong type or name."""

@@ -1,0 +1,123 @@
+"""The official `qwen_tts.Qwen3TTSModel` API, as a drop-in: the same methods, arguments, defaults and return
+values (`from q3tts import Qwen3TTSModel`). `TTS` inherits these methods; they build requests with
+`TTS.request`'s builder and run them on the engine like every other entry point.
+
+Official behaviours kept: lists for batches (scalars broadcast), `language=None`/"auto", per-mode text feeding
+(`non_streaming_mode=True` for custom voice and voice design, False for cloning), an empty voice-design
+instruction allowed, a 0.6B CustomVoice dropping `instruct` (with a warning), and the in-context cut of the
+reference's share of the audio by float truncation (which can keep one sample of the reference's audio).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import RequestError
+from .request import Request
+from .voice import Voice, clone_voices
+
+if TYPE_CHECKING:
+    from .api import TTS
+
+
+class OfficialAPI:
+    """The official methods; mixed into `TTS`."""
+
+    def get_supported_speakers(self: TTS) -> list[str]:
+        return self.config.supported_speakers
+
+    def get_supported_languages(self: TTS) -> list[str]:
+        return self.config.supported_languages
+
+    def generate_custom_voice(self: TTS, text: str | list[str], speaker: str | list[str],
+                              language: str | list[str] | None = None, instruct: str | list[str] | None = None,
+                              non_streaming_mode: bool = True, **kwargs: Any) -> tuple[list[np.ndarray], int]:
+        """Preset speaker (CustomVoice checkpoints), with an optional instruction on 1.7B."""
+        self.require("custom_voice", "generate_custom_voice")
+        texts = _as_list(text, "text")
+        items = zip(texts, _broadcast(speaker, len(texts), "speaker"), _broadcast(language, len(texts), "language"),
+                    _broadcast(instruct, len(texts), "instruct"), _broadcast(kwargs.pop("seed", None), len(texts),
+                                                                             "seed"))
+        requests = [self.requests.build(t, speaker=spk, language=lang, instruct=ins, seed=seed, official=True,
+                                        non_streaming_mode=non_streaming_mode, sampling=kwargs)
+                    for t, spk, lang, ins, seed in items]
+        return self._render(requests, official_cut=True), self.sample_rate
+
+    def generate_voice_design(self: TTS, text: str | list[str], instruct: str | list[str],
+                              language: str | list[str] | None = None, non_streaming_mode: bool = True,
+                              **kwargs: Any) -> tuple[list[np.ndarray], int]:
+        """A voice described in words (VoiceDesign checkpoints)."""
+        self.require("voice_design", "generate_voice_design")
+        texts = _as_list(text, "text")
+        items = zip(texts, _broadcast(instruct, len(texts), "instruct"), _broadcast(language, len(texts), "language"),
+                    _broadcast(kwargs.pop("seed", None), len(texts), "seed"))
+        requests = [self.requests.build(t, instruct=ins, language=lang, seed=seed, official=True,
+                                        non_streaming_mode=non_streaming_mode, sampling=kwargs)
+                    for t, ins, lang, seed in items]
+        return self._render(requests, official_cut=True), self.sample_rate
+
+    def generate_voice_clone(self: TTS, text: str | list[str], language: str | list[str] | None = None,
+                             ref_audio: Any = None, ref_text: str | list[str | None] | None = None,
+                             x_vector_only_mode: bool | list[bool] = False,
+                             voice_clone_prompt: Voice | list[Voice] | dict | None = None,
+                             non_streaming_mode: bool = False, **kwargs: Any) -> tuple[list[np.ndarray], int]:
+        """Voice cloning (Base checkpoints) from reference audio or from prepared voices."""
+        self.require("base", "generate_voice_clone")
+        texts = _as_list(text, "text")
+        languages = _broadcast(language, len(texts), "language")
+        seeds = _broadcast(kwargs.pop("seed", None), len(texts), "seed")
+        self.requests.params(kwargs)  # bad sampling arguments are refused before the voices are made
+        if voice_clone_prompt is None:
+            if ref_audio is None:
+                raise RequestError("generate_voice_clone needs ref_audio or voice_clone_prompt", "ref_audio")
+            voices = self.create_voice_clone_prompt(ref_audio, ref_text, x_vector_only_mode)
+        else:
+            voices = _voices_from_prompt(voice_clone_prompt)
+        voices = _broadcast(voices, len(texts), "voice_clone_prompt")
+        requests: list[Request] = [
+            self.requests.build(t, voice=v, language=lang, seed=seed, non_streaming_mode=non_streaming_mode,
+                                sampling=kwargs, official=True)
+            for t, lang, v, seed in zip(texts, languages, voices, seeds)]
+        return self._render(requests, official_cut=True), self.sample_rate
+
+    def create_voice_clone_prompt(self: TTS, ref_audio: Any, ref_text: str | list[str | None] | None = None,
+                                  x_vector_only_mode: bool | list[bool] = False) -> list[Voice]:
+        """Reference audio (path, URL, bytes, base64, or (array, sample_rate)) -> voices, as the official API."""
+        self.require("base", "create_voice_clone_prompt")
+        audios = ref_audio if isinstance(ref_audio, list) else [ref_audio]
+        return clone_voices(self.speech_tokenizer, self.model.speaker_encoder, self.config, audios,
+                            _broadcast(ref_text, len(audios), "ref_text"),
+                            _broadcast(x_vector_only_mode, len(audios), "x_vector_only_mode"))
+
+
+def _as_list(value: Any, name: str) -> list:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise RequestError(f"{name} is an empty list", name)
+    return values
+
+
+def _broadcast(value: Any, n: int, name: str) -> list:
+    """A scalar or a 1-element list applies to every item; otherwise the list length must match."""
+    values = value if isinstance(value, list) else [value]
+    if len(values) == 1:
+        return values * n
+    if len(values) != n:
+        raise RequestError(f"batch size mismatch: {n} texts but {len(values)} values for {name}", name)
+    return values
+
+
+def _voices_from_prompt(prompt: Voice | Sequence[Voice] | dict) -> list[Voice]:
+    """Accepts our Voice objects and the official `voice_clone_prompt` dict of lists."""
+    if isinstance(prompt, Voice):
+        return [prompt]
+    if isinstance(prompt, dict):
+        n = len(prompt["ref_spk_embedding"])
+        codes = prompt.get("ref_code") or [None] * n
+        return [Voice(ref_code=codes[i], ref_spk_embedding=prompt["ref_spk_embedding"][i],
+                      x_vector_only_mode=bool(prompt["x_vector_only_mode"][i]), icl_mode=bool(prompt["icl_mode"][i]),
+                      ref_text=(prompt.get("ref_text") or [None] * n)[i]) for i in range(n)]
+    return list(prompt)

@@ -1,0 +1,182 @@
+"""One request, validated once: what to say, in which voice, how to sample.
+
+`RequestBuilder.build` (behind `TTS.request` and every entry point) checks everything a caller can get wrong
+against the loaded checkpoint and the engine's limits, before any compute: the mode (speaker, voice,
+instruction), the language, the text, the voice, the sampling arguments and the length budget. Errors are
+`RequestError`s naming the argument at fault; the command line and the HTTP server translate them into their own
+terms and never check again.
+
+The length rule, applied here and nowhere else: a request needs prompt + `max_new_tokens` talker positions, at
+most the engine's per-request context (`EngineConfig.max_context`, itself at most the model's 32,768 positions
+and what the KV cache holds). An explicit `max_new_tokens` that does not fit is an error naming the setting to
+change; the checkpoint's default (`generation_config.json`: 8,192 frames for the released models) is lowered to
+what fits.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .config import GenerationConfig, ModelConfig
+from .errors import RequestError, RequestTypeError
+from .prompt import PromptSpec, prompt_length
+from .sampling import SamplingParams
+from .text_tokenizer import TextTokenizer, assistant_text, instruct_text, ref_text
+from .voice import Voice, size_name
+
+MAX_TEXT_TOKENS = 4096  # per request; documented in the README
+SAMPLING_ARGS = frozenset(f.name for f in fields(SamplingParams))
+MIN_FRAMES = 2  # a request must have room for at least this many max_new_tokens
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request (build it with `TTS.request`): the prompt's tokens and voice, and its sampling."""
+
+    spec: PromptSpec
+    params: SamplingParams
+    num_positions: int  # the prompt's length in talker positions
+
+    @property
+    def text_tokens(self) -> int:
+        return len(self.spec.input_ids) - 8  # the text without the chat template's tokens
+
+
+class RequestBuilder:
+    """Validates requests for one loaded checkpoint. `context_limit()` returns the positions one request may
+    hold and the name of the setting that bounds it (None: the model's own limit)."""
+
+    def __init__(self, config: ModelConfig, text_tokenizer: TextTokenizer, generation_config: GenerationConfig,
+                 context_limit: Callable[[], tuple[int, str | None]]):
+        self.config, self.text_tokenizer = config, text_tokenizer
+        self.generation_config, self.context_limit = generation_config, context_limit
+
+    @property
+    def kind(self) -> str:
+        return self.config.tts_model_type
+
+    def build(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
+              instruct: str | None = None, language: str | None = "auto", non_streaming_mode: bool | None = None,
+              seed: int | None = None, sampling: dict[str, Any] | None = None, official: bool = False) -> Request:
+        """One request in whatever mode the checkpoint offers. `official`: the official API's leniencies (an
+        empty voice-design instruction; a 0.6B CustomVoice drops `instruct` with a warning instead of refusing
+        it)."""
+        if isinstance(voice, (str, Path)):
+            voice = Voice.load(voice)
+        instruct = self.check_mode(speaker, voice is not None, instruct, official)
+        if non_streaming_mode is None:
+            non_streaming_mode = self.kind != "base"
+        spec = self._spec(text, self.language(language), bool(non_streaming_mode), instruct,
+                          self.speaker(speaker) if speaker else None, self.voice(voice) if voice else None)
+        length = prompt_length(self.config, spec)
+        return Request(spec, self.sampling({**(sampling or {}), "seed": seed}, length), length)
+
+    def check_mode(self, speaker: str | None, has_voice: bool, instruct: str | None, official: bool = False
+                   ) -> str | None:
+        """Whether speaker / voice / instruction suit this checkpoint's mode; returns the instruction to use."""
+        kind = self.kind
+        if kind == "base" and not has_voice:
+            raise RequestError("this Base checkpoint clones voices: pass `voice` (see TTS.create_voice)", "voice",
+                               "missing")
+        if kind != "base" and has_voice:
+            raise RequestError(f"this {kind} checkpoint cannot clone voices; use a Base checkpoint", "voice")
+        if kind == "custom_voice" and not speaker:
+            raise RequestError(f"this CustomVoice checkpoint needs `speaker`, one of {self.config.supported_speakers}",
+                               "speaker", "missing")
+        if kind != "custom_voice" and speaker:
+            raise RequestError(f"`speaker` needs a CustomVoice checkpoint (this one is {kind})", "speaker")
+        if instruct is not None and not isinstance(instruct, str):
+            raise RequestTypeError(f"instruct must be a string, got {type(instruct).__name__}", "instruct")
+        if kind == "voice_design" and not (instruct or "").strip() and not official:
+            raise RequestError("this VoiceDesign checkpoint needs `instruct`, a description of the voice", "instruct",
+                               "missing")
+        if instruct and kind == "base":
+            raise RequestError("Base checkpoints take no `instruct`", "instruct")
+        if instruct and not self.config.supports_instruct:
+            if not official:
+                raise RequestError("this 0.6B CustomVoice checkpoint does not follow `instruct` (1.7B ones do)",
+                                   "instruct")
+            warnings.warn("this 0.6B CustomVoice checkpoint ignores `instruct` (the official API drops it too)",
+                          stacklevel=5)
+            return None
+        return instruct or None
+
+    def language(self, language: str | None) -> str:
+        supported = self.config.supported_languages
+        language = "auto" if language is None else language
+        if not isinstance(language, str) or language.lower() not in supported:
+            raise RequestError(f"unsupported language {language!r}; supported: {supported}", "language")
+        return language.lower()
+
+    def speaker(self, speaker: str) -> str:
+        supported = self.config.supported_speakers
+        if not isinstance(speaker, str) or speaker.lower() not in supported:
+            raise RequestError(f"unknown speaker {speaker!r}; supported: {supported}", "speaker", "not_found")
+        return speaker.lower()
+
+    def voice(self, voice: Voice) -> Voice:
+        if not isinstance(voice, Voice):
+            raise RequestTypeError(f"expected a Voice / VoiceClonePromptItem, got {type(voice).__name__}", "voice")
+        hidden, size = self.config.talker_config.hidden_size, self.config.tts_model_size
+        if voice.ref_spk_embedding.numel() != hidden or voice.model_size not in (None, size):
+            made_for = size_name(voice.model_size) if voice.model_size else "different"
+            raise RequestError(f"this voice was made for a {made_for} model (embedding size "
+                               f"{voice.ref_spk_embedding.numel()}); this checkpoint is {size_name(size)} with "
+                               f"embedding size {hidden}: create the voice again with this model", "voice")
+        if voice.icl_mode and (voice.ref_code is None or not voice.ref_text):
+            raise RequestError("an in-context voice needs reference codes and reference text", "voice")
+        return voice
+
+    def params(self, arguments: dict[str, Any]) -> SamplingParams:
+        """SamplingParams from the caller's sampling arguments (None or absent: the checkpoint's default)."""
+        unknown = sorted(set(arguments) - SAMPLING_ARGS)
+        if unknown:
+            raise RequestTypeError(f"unexpected generation arguments {unknown}; accepted: {sorted(SAMPLING_ARGS)}",
+                                   unknown[0])
+        defaults = {f.name: getattr(self.generation_config, f.name) for f in fields(GenerationConfig)}
+        return SamplingParams(**{**defaults, **{k: v for k, v in arguments.items() if v is not None}})
+
+    def sampling(self, arguments: dict[str, Any], num_positions: int) -> SamplingParams:
+        """`params`, with the length rule applied for a prompt of `num_positions` positions."""
+        params = self.params(arguments)
+        limit, setting = self.context_limit()
+        room = limit - num_positions
+        where = f"the {limit} positions a request may hold ({setting})" if setting else \
+            f"the model's {limit} positions"
+        if room < MIN_FRAMES:
+            raise RequestError(f"the prompt takes {num_positions} of {where}: shorten the text (or the voice's "
+                               f"reference)" + (f", or raise {setting}" if setting else ""), "text")
+        if params.max_new_tokens > room:
+            if arguments.get("max_new_tokens") is not None:
+                raise RequestError(f"max_new_tokens {params.max_new_tokens} does not fit: the prompt takes "
+                                   f"{num_positions} of {where}; lower max_new_tokens to at most {room}"
+                                   + (f", or raise {setting}" if setting else ""), "max_new_tokens")
+            params.max_new_tokens = room
+        return params
+
+    def _spec(self, text: str, language: str, non_streaming_mode: bool, instruct: str | None,
+              speaker: str | None, voice: Voice | None) -> PromptSpec:
+        input_ids = self.text_tokenizer.encode(assistant_text(check_text(text)))
+        if len(input_ids) - 8 > MAX_TEXT_TOKENS:
+            raise RequestError(f"text is {len(input_ids) - 8} tokens long; the limit is {MAX_TEXT_TOKENS} per request",
+                               "text")
+        instruct_ids = self.text_tokenizer.encode(instruct_text(instruct)) if instruct else None
+        icl = voice is not None and voice.icl_mode
+        return PromptSpec(
+            input_ids=input_ids, language=language, non_streaming_mode=non_streaming_mode,
+            instruct_ids=instruct_ids, speaker=speaker,
+            speaker_embedding=voice.ref_spk_embedding if voice is not None else None,
+            ref_ids=self.text_tokenizer.encode(ref_text(voice.ref_text)) if icl else None,
+            ref_codes=voice.ref_code if icl else None)
+
+
+def check_text(text: Any, name: str = "text") -> str:
+    if not isinstance(text, str):
+        raise RequestTypeError(f"{name} must be a string, got {type(text).__name__}", name)
+    if not text.strip():
+        raise RequestError(f"{name} is empty", name)
+    return text
