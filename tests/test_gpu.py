@@ -149,18 +149,24 @@ def test_preemption_on_the_gpu(cache, on_gpu):
 
 def test_memory_fits_the_budget():
     """1.7B in bf16 at batch 1 (max_rows=1, the default KV cache): a 10 s request runs with under 8 GB of GPU
-    memory reserved, weights, CUDA graphs, KV cache and codec included."""
+    memory reserved by PyTorch, weights, KV cache, CUDA graphs and codec included (measured from the loaded model
+    on: the random weights' initialisation leaves fp32 temporaries behind in the allocator's cache)."""
     from q3tts.benchmarks.common import clone_prompt, load_model, random_decoder
     from q3tts.engine import Engine
 
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
     device = torch.device("cuda")
     model = load_model("1.7B-Base", None, device)
-    engine = Engine(model, random_decoder(device, torch.bfloat16), EngineConfig(max_rows=1))
+    decoder = random_decoder(device, torch.bfloat16)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    weights = torch.cuda.memory_allocated()
+    engine = Engine(model, decoder, EngineConfig(max_rows=1))
+    kv = engine.runner.kv.num_blocks * engine.runner.kv_bytes_per_block
     audio = engine.submit(clone_prompt(model), SamplingParams(max_new_tokens=126, seed=0)).read_all()
     assert audio.shape == (125 * 1920,)
-    assert torch.cuda.max_memory_reserved() < 8e9, torch.cuda.max_memory_reserved()
+    peak = torch.cuda.max_memory_reserved()
+    print(f"weights {weights / 1e9:.2f} GB, KV cache {kv / 1e9:.2f} GB, peak reserved {peak / 1e9:.2f} GB")
+    assert peak < 8e9
     engine.stop()
 
 
