@@ -13,6 +13,7 @@ the engine included), and once more for an engine built for one row (`max_rows=1
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -75,32 +76,45 @@ def bench_api(names: list[str], ckpt_root: Path, n_short: int = 50, n_long: int 
               log=print) -> list[dict]:
     rows = []
     for name in names:
-        folder = Path(ckpt_root) / name
-        tts = load(folder)
-        reference = (np.sin(np.arange(72000) / 24000 * 2 * np.pi * 140) * 0.3).astype(np.float32)
-        voice = tts.create_voice_clone_prompt((reference, 24000), x_vector_only_mode=True)
-        start = time.perf_counter()
-        tts.prepare_engine()
-        log(f"{name}: engine built in {time.perf_counter() - start:.1f} s "
-            f"({tts.engine.runner.kv.num_blocks} KV blocks, buckets {tts.engine.config.buckets})")
-        for entry, (batch, call) in entry_points(tts, voice).items():
-            torch.cuda.reset_peak_memory_stats()
-            result = time_entry(call, batch, n_short, n_long, reps)
-            rows.append(_row(name, entry, batch, result, n_short, n_long, reps))
-            log(f"{name} {entry}: {result}")
-        tts.close()
-        del tts
+        rows += _bench_model(Path(ckpt_root) / name, name, n_short, n_long, reps, log)
+        gc.collect()  # the model of the last run goes before the next is loaded
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        small = load(folder, max_rows=1)
-        voice = small.create_voice_clone_prompt((reference, 24000), x_vector_only_mode=True)
-        result = time_entry(entry_points(small, voice)["synthesize"][1], 1, n_short, n_long, reps)
-        rows.append(_row(name, "synthesize (max_rows=1)", 1, result, n_short, n_long, reps))
-        log(f"{name} synthesize, max_rows=1: {result}")
-        small.close()
-        del small
+        rows.append(_bench_small(Path(ckpt_root) / name, name, n_short, n_long, reps, log))
+        gc.collect()
         torch.cuda.empty_cache()
     return rows
+
+
+def _voice(tts: TTS):
+    reference = (np.sin(np.arange(72000) / 24000 * 2 * np.pi * 140) * 0.3).astype(np.float32)
+    return tts.create_voice_clone_prompt((reference, 24000), x_vector_only_mode=True)
+
+
+def _bench_model(folder: Path, name: str, n_short: int, n_long: int, reps: int, log) -> list[dict]:
+    """Every entry point with the default engine (64 rows)."""
+    tts, rows = load(folder), []
+    voice = _voice(tts)
+    start = time.perf_counter()
+    tts.prepare_engine()
+    log(f"{name}: engine built in {time.perf_counter() - start:.1f} s "
+        f"({tts.engine.runner.kv.num_blocks} KV blocks, buckets {tts.engine.config.buckets})")
+    for entry, (batch, call) in entry_points(tts, voice).items():
+        torch.cuda.reset_peak_memory_stats()
+        result = time_entry(call, batch, n_short, n_long, reps)
+        rows.append(_row(name, entry, batch, result, n_short, n_long, reps))
+        log(f"{name} {entry}: {result}")
+    tts.close()
+    return rows
+
+
+def _bench_small(folder: Path, name: str, n_short: int, n_long: int, reps: int, log) -> dict:
+    """`synthesize` with an engine built for one row: the memory a single-stream user needs."""
+    tts = load(folder, max_rows=1)
+    result = time_entry(entry_points(tts, _voice(tts))["synthesize"][1], 1, n_short, n_long, reps)
+    log(f"{name} synthesize, max_rows=1: {result}")
+    tts.close()
+    return _row(name, "synthesize (max_rows=1)", 1, result, n_short, n_long, reps)
 
 
 def _row(model: str, entry: str, batch: int, result: dict, n_short: int, n_long: int, reps: int) -> dict:

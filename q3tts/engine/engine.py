@@ -25,6 +25,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..errors import RequestError
@@ -253,20 +254,23 @@ class Engine:
                 self._end(seq, "error", error)
 
     def _loop(self) -> None:
-        # Each iteration: settle frame n - 1 (read back last time), grow, admit, launch frame n, deliver frame
-        # n - 1's audio while frame n runs, wait for frame n. Waiting for the frame just launched (rather than
-        # keeping the next one queued behind it) lets a request that arrived during frame n join frame n + 1.
-        readback = Readback(self.runner, depth=1, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
+        # Each iteration: settle frame n (its codes and flags, read back last time: rows that ended leave), grow,
+        # admit, launch frame n + 1, hand out frame n's audio once its decode is done (the decode runs beside frame
+        # n + 1's language model, on the codec's stream), then wait for frame n + 1's codes. Waiting for the frame
+        # just launched (rather than keeping the next one queued behind it) lets a request that arrived during
+        # frame n join frame n + 1.
+        readback = Readback(self.runner, depth=2, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
         last: tuple[FrameOut, list[Sequence]] | None = None
         while True:
             outbox: list[tuple[Channel, object]] = []
+            audio: list[tuple[Sequence, int]] = []
             with self._cv:
                 while not (self._stopping or self.rows or self.scheduler.num_waiting or last or self._dropped):
                     self._cv.wait()
                 if self._stopping:
                     return
                 if last is not None:
-                    self._settle(*last, outbox)
+                    audio = self._settle(*last, outbox)
                 self._drop_abandoned()
                 for seq in [s for s in self.rows if s.cancelled]:
                     self.metrics.requests_cancelled += 1
@@ -286,9 +290,11 @@ class Engine:
                 for seq in self.rows:
                     seq.num_positions = min(seq.num_positions + 1, seq.payload.max_positions)
                 row_map = list(self.rows)
+            if last is not None:
+                outbox[:0] = self._audio(readback.pop_pcm().numpy(), audio)  # a stream's audio before its end
             for channel in post(outbox):  # their event loop is closed: nobody reads them
                 self._dropped.append(channel.request_id)
-            last = (readback.pop(), row_map) if row_map is not None else None
+            last = (readback.pop(wait_pcm=False), row_map) if row_map is not None else None
 
     def _join(self, resumed: list[Sequence], admitted: list[Sequence]) -> None:
         """Brings preempted requests back into the next free rows, then prefills the admitted ones after them
@@ -341,11 +347,12 @@ class Engine:
         self.metrics.preemptions += 1
         log.info("preempted %s (KV cache full, %d rows running)", seq.request_id, len(self.rows))
 
-    def _settle(self, out: FrameOut, row_map: list[Sequence], outbox: list) -> None:
-        """Takes frame n's results: each emitted frame's PCM goes to its request, finished requests leave.
-        Call with the lock."""
-        now = time.perf_counter()
-        emitted, done, pcm, codes = out.emitted.tolist(), out.done.tolist(), out.pcm.numpy(), out.codes.numpy()
+    def _settle(self, out: FrameOut, row_map: list[Sequence], outbox: list) -> list[tuple[Sequence, int]]:
+        """Takes frame n's codes and flags: finished requests leave (their last audio went out with frame n - 1).
+        Returns (sequence, row in frame n) of each frame produced, whose audio `_audio` hands out. Call with the
+        lock."""
+        emitted, done, codes = out.emitted.tolist(), out.done.tolist(), out.codes.numpy()
+        audio = []
         for i, seq in enumerate(row_map):
             channel = seq.payload.channel
             if channel.finished:
@@ -354,16 +361,27 @@ class Engine:
                 seq.frames += 1
                 self.metrics.frames += 1
                 channel.codes.append(codes[i])
-                if seq.first_audio is None:
-                    seq.first_audio = now
-                    channel.first_audio = now - channel.submitted
-                    self.metrics.notify("on_first_audio", channel.first_audio)
-                outbox.append((channel, pcm[i]))
+                audio.append((seq, i))
             if done[i]:
                 self.metrics.requests_finished += 1
-                self.metrics.notify("on_finish", seq.frames * 0.08, now - channel.submitted)
+                self.metrics.notify("on_finish", seq.frames * 0.08, time.perf_counter() - channel.submitted)
                 reason = "length" if seq.frames + 1 >= seq.payload.params.max_new_tokens else "eos"
                 self._leave(seq, reason, outbox)
+        return audio
+
+    def _audio(self, pcm: np.ndarray, audio: list[tuple[Sequence, int]]) -> list[tuple[Channel, object]]:
+        """Each produced frame's 1920 samples for its stream (none for a stream ended meanwhile)."""
+        now, items = time.perf_counter(), []
+        for seq, i in audio:
+            channel = seq.payload.channel
+            if channel.finished:  # cancelled or dropped at this boundary
+                continue
+            if seq.first_audio is None:
+                seq.first_audio = now
+                channel.first_audio = now - channel.submitted
+                self.metrics.notify("on_first_audio", channel.first_audio)
+            items.append((channel, pcm[i]))
+        return items
 
     def _drop_abandoned(self) -> None:
         """Ends the requests whose streams were dropped unread or whose event loop closed. Call with the lock."""

@@ -21,7 +21,9 @@ class Readback:
     """Frame results copied to the host without stalling the GPU: a ring of pinned buffers, one event each.
 
     `push(n)` (right after the step) queues the copy of rows 0..n-1; `pop()` returns the oldest queued frame
-    once its copy has landed. The host therefore runs one or more frames behind the device.
+    once its copy has landed. The host therefore runs one or more frames behind the device. `pop(wait_pcm=False)`
+    returns the frame's codes and flags as soon as the language model's part has landed and keeps its PCM for
+    `pop_pcm()`: the codec's decode of that frame then overlaps whatever is launched in between.
     """
 
     def __init__(self, runner: ModelRunner, depth: int = 4, pcm: torch.Tensor | None = None,
@@ -37,10 +39,11 @@ class Readback:
         self.events = [torch.cuda.Event() if pinned else None for _ in range(depth)]
         self.pcm_events = [torch.cuda.Event() if pinned else None for _ in range(depth)]
         self.pending: list[tuple[int, int]] = []  # (slot, rows)
+        self.pcm_pending: list[tuple[int, int]] = []  # popped without their PCM
         self.next = 0
 
     def push(self, num_rows: int) -> None:
-        if len(self.pending) == self.depth:
+        if len(self.pending) + len(self.pcm_pending) == self.depth:
             raise RuntimeError("readback ring is full: pop() before pushing more frames")
         slot, s = self.next, self.state
         self.codes[slot, :num_rows].copy_(s.codes[:num_rows], non_blocking=True)
@@ -56,12 +59,21 @@ class Readback:
         self.pending.append((slot, num_rows))
         self.next = (slot + 1) % self.depth
 
-    def pop(self) -> FrameOut:
-        """The oldest pushed frame; waits only for that frame's copy."""
+    def pop(self, wait_pcm: bool = True) -> FrameOut:
+        """The oldest pushed frame; waits only for that frame's copy (without its PCM if `wait_pcm` is False)."""
         slot, n = self.pending.pop(0)
         if self.cuda:
             self.events[slot].synchronize()
-            if self.pcm is not None:
-                self.pcm_events[slot].synchronize()
-        return FrameOut(self.codes[slot, :n].clone(), self.emitted[slot, :n].clone(), self.done[slot, :n].clone(),
-                        self.pcm[slot, :n].clone() if self.pcm is not None else None)
+        out = FrameOut(self.codes[slot, :n].clone(), self.emitted[slot, :n].clone(), self.done[slot, :n].clone(),
+                       None)
+        if self.pcm is None:
+            return out
+        self.pcm_pending.append((slot, n))
+        return out if not wait_pcm else out._replace(pcm=self.pop_pcm())
+
+    def pop_pcm(self) -> torch.Tensor:
+        """The PCM of the oldest frame popped without it: [n, samples per frame]."""
+        slot, n = self.pcm_pending.pop(0)
+        if self.cuda:
+            self.pcm_events[slot].synchronize()
+        return self.pcm[slot, :n].clone()
