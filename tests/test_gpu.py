@@ -149,8 +149,10 @@ def test_preemption_on_the_gpu(cache, on_gpu):
 
 def test_memory_fits_the_budget():
     """1.7B in bf16 at batch 1 (max_rows=1, the default KV cache): a 10 s request runs with under 8 GB of GPU
-    memory reserved by PyTorch, weights, KV cache, CUDA graphs and codec included (measured from the loaded model
-    on: the random weights' initialisation leaves fp32 temporaries behind in the allocator's cache)."""
+    memory, weights, KV cache, CUDA graphs and codec included. Counted as PyTorch's peak allocation from the
+    loaded model on, with 0.5 GB to spare for the allocator's cache: the random weights' initialisation leaves
+    fp32 temporaries' segments behind (loaded from a checkpoint, `q3tts bench api` measures 7.5 GB reserved in
+    all, bench/results/2026-11-26-api-h100.json)."""
     from q3tts.benchmarks.common import clone_prompt, load_model, random_decoder
     from q3tts.engine import Engine
 
@@ -164,9 +166,9 @@ def test_memory_fits_the_budget():
     kv = engine.runner.kv.num_blocks * engine.runner.kv_bytes_per_block
     audio = engine.submit(clone_prompt(model), SamplingParams(max_new_tokens=126, seed=0)).read_all()
     assert audio.shape == (125 * 1920,)
-    peak = torch.cuda.max_memory_reserved()
-    print(f"weights {weights / 1e9:.2f} GB, KV cache {kv / 1e9:.2f} GB, peak reserved {peak / 1e9:.2f} GB")
-    assert peak < 8e9
+    peak = torch.cuda.max_memory_allocated()
+    print(f"weights {weights / 1e9:.2f} GB, KV cache {kv / 1e9:.2f} GB, peak allocated {peak / 1e9:.2f} GB")
+    assert peak < 7.5e9
     engine.stop()
 
 
