@@ -10,6 +10,7 @@ the implementation the engine is tested against; streaming always runs on the en
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -123,6 +124,12 @@ class TTS(OfficialAPI):
             engine, self._engine = self._engine, None
         if engine is not None:
             engine.stop()
+
+    def __enter__(self) -> TTS:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _context_limit(self) -> tuple[int, str | None]:
         if self.reference:
@@ -274,8 +281,6 @@ def _official_extra(ref_frames: int, new_frames: int, samples_per_frame: int) ->
 
 
 def _loop_running() -> bool:
-    import asyncio
-
     try:
         asyncio.get_running_loop()
         return True
