@@ -68,6 +68,19 @@ def joined(chunks) -> np.ndarray:
     return np.concatenate([c.pcm for c in chunks])
 
 
+def codes_diverge(ours_codes: list[np.ndarray], ref: TTS, text: str, **kwargs) -> list[int]:
+    """Frames whose codes differ from the reference loop's (a diagnosis for a failed audio comparison)."""
+    from q3tts.prompt import build_prompt
+    from q3tts.reference import generate_codes
+
+    r = ref.request(text, **kwargs)
+    codes = generate_codes(ref.model.talker, [build_prompt(ref.model.talker, ref.config, r.spec)], [r.params])[0]
+    ours = np.stack(ours_codes) if ours_codes else np.zeros((0, 16), dtype=np.int64)
+    if ours.shape != codes.shape:
+        return [-1]
+    return np.nonzero((ours != codes.numpy()).any(1))[0].tolist()
+
+
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_custom_voice_entry_points(pairs, sampled):
     check_custom_voice(*pairs("tiny"), sampled)
@@ -145,6 +158,9 @@ def check_concurrent_streams(tts: TTS, ref: TTS) -> None:
         stream = tts.stream("Good evening, everyone.", speaker=speaker, **kw)
         barrier.wait()
         results[speaker] = joined(stream)
+        codes[speaker] = stream.frames.channel.codes
+
+    codes = {}
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in speakers]
     for t in threads:
@@ -153,6 +169,7 @@ def check_concurrent_streams(tts: TTS, ref: TTS) -> None:
         t.join()
     assert tts.engine.metrics.max_batch >= 2
     for s in speakers:
+        assert codes_diverge(codes[s], ref, "Good evening, everyone.", speaker=s, **kw) == [], s
         same([results[s]], [ref.synthesize("Good evening, everyone.", speaker=s, **kw)])
     tts.close()
 
@@ -163,9 +180,9 @@ def test_two_generators_advanced_in_one_thread_both_finish(pairs):
 
 def check_two_generators(ours: TTS, ref: TTS) -> None:
     kw = {"max_new_tokens": 20, "seed": 4, "chunk_schedule": (2,)}
-    a, b = iter(ours.stream("First one.", speaker="ryan", **kw)), iter(ours.stream("Second.", speaker="eric", **kw))
+    streams = ours.stream("First one.", speaker="ryan", **kw), ours.stream("Second.", speaker="eric", **kw)
     got: dict[str, list] = {"a": [], "b": []}
-    pending = {"a": a, "b": b}
+    pending = {"a": iter(streams[0]), "b": iter(streams[1])}
     while pending:
         for name, it in list(pending.items()):
             try:
@@ -173,6 +190,8 @@ def check_two_generators(ours: TTS, ref: TTS) -> None:
             except StopIteration:
                 del pending[name]
     kw.pop("chunk_schedule")
+    assert codes_diverge(streams[0].frames.channel.codes, ref, "First one.", speaker="ryan", **kw) == []
+    assert codes_diverge(streams[1].frames.channel.codes, ref, "Second.", speaker="eric", **kw) == []
     same([joined(got["a"]), joined(got["b"])],
          [ref.synthesize("First one.", speaker="ryan", **kw), ref.synthesize("Second.", speaker="eric", **kw)])
 
