@@ -153,10 +153,10 @@ def test_memory_fits_the_budget():
     loaded model on, with 0.5 GB to spare for the allocator's cache: the random weights' initialisation leaves
     fp32 temporaries' segments behind (loaded from a checkpoint, `q3tts bench api` measures 7.5 GB reserved in
     all, bench/results/2026-11-26-api-h100.json)."""
+    import gc
+
     from q3tts.benchmarks.common import clone_prompt, load_model, random_decoder
     from q3tts.engine import Engine
-
-    import gc
 
     gc.collect()
     torch.cuda.empty_cache()
