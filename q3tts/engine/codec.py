@@ -8,9 +8,9 @@ On CUDA the decode runs on a second stream: it snapshots the frame's codes and d
 model computes the next frame; the next frame may only overwrite the codes once the snapshot is taken, so
 each step costs about max(language model, codec) instead of their sum. Above `overlap_max_rows` (if set) the
 language model waits for the decode instead. Measured in docs/perf-notes.md: overlap saves 8-16% per step
-from 1 to 128 streams. The codec's graphs are captured on a stream of their own (see `capture_buckets`): captured
-on the same capture stream as the LM's, they shared its cuBLAS workspace and, overlapped, raced on it (perf-notes
-entry 22). PCM is copied to the host from the codec's stream (`pcm_stream`) either way.
+from 1 to 128 streams. The codec's graphs are captured on the codec's stream (graphs.py says why: graphs that
+share a cuBLAS workspace raced on it when overlapped, perf-notes entries 22 and 32). PCM is copied to the host
+from the codec's stream (`pcm_stream`) either way.
 """
 
 from __future__ import annotations
@@ -106,6 +106,6 @@ class CodecRunner:
         """One graph per bucket, largest first, one pool; call before any stream starts (it resets every row)."""
         if self.codes.device.type != "cuda":
             return
-        # Captured on a stream of its own (see capture_buckets): these graphs replay alongside the LM's.
-        self.graphs = capture_buckets(self._decode, self.buckets, stream=torch.cuda.Stream())
+        # On the codec's own stream, where its eager work runs too (see graphs.py).
+        self.graphs = capture_buckets(self._decode, self.buckets, self.pcm_stream)
         self.stream.reset(list(range(self.codes.shape[0])))

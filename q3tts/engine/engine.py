@@ -34,6 +34,7 @@ from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import SamplingParams
 from .codec import CodecRunner
 from .config import EngineConfig
+from .graphs import side_stream
 from .kv_blocks import OutOfBlocks
 from .readback import FrameOut, Readback
 from .runner import ModelRunner, SwappedRow
@@ -87,9 +88,6 @@ class Engine:
         self.device = self.runner.device
         self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets)
         self._size_kv_cache()
-        if on_gpu and config.use_graphs:
-            self.runner.capture_graphs()
-            self.codec.capture_graphs()
         self.scheduler = Scheduler(config.max_rows, config.max_waiting, self.runner.kv, config.max_prefill_tokens,
                                    config.prefill_seconds_per_token, config.safety_seconds)
         self.metrics = EngineMetrics()
@@ -98,8 +96,14 @@ class Engine:
         self._cv = threading.Condition()
         self._dropped: collections.deque[str] = collections.deque()  # ended by RequestStream finalizers
         self._stopping = False
-        self._thread: threading.Thread | None = None
         self._saved_switch_interval: float | None = None
+        # The thread captures the CUDA graphs, then runs the frame loop (graphs.py says why there).
+        self._built, self._build_error = threading.Event(), None
+        self._thread = threading.Thread(target=self._run, name="q3tts-engine", daemon=True)
+        self._thread.start()
+        self._built.wait()
+        if self._build_error is not None:
+            raise self._build_error
         atexit.register(_stop_at_exit, weakref.ref(self))
 
     # ---- limits -------------------------------------------------------------------------------------------
@@ -118,24 +122,21 @@ class Engine:
     # ---- public -------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Starts the frame loop's thread (`submit` starts it too)."""
+        """Marks the engine as running (`submit` does too): the interpreter's thread switch interval is lowered
+        (`EngineConfig.switch_interval`) until `stop`."""
         with self._cv:
-            if self._thread is not None or self._stopping:
+            if self._saved_switch_interval is not None or self._stopping or self.config.switch_interval is None:
                 return
-            if self.config.switch_interval is not None:
-                self._saved_switch_interval = sys.getswitchinterval()
-                sys.setswitchinterval(min(self._saved_switch_interval, self.config.switch_interval))
-            self._thread = threading.Thread(target=self._run, name="q3tts-engine", daemon=True)
-            self._thread.start()
+            self._saved_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(self._saved_switch_interval, self.config.switch_interval))
 
     def stop(self) -> None:
         """Stops the engine for good: requests still running or waiting end with EngineError."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
         if self._saved_switch_interval is not None:
             sys.setswitchinterval(self._saved_switch_interval)
             self._saved_switch_interval = None
@@ -212,6 +213,16 @@ class Engine:
         log.info("KV cache: %d blocks of %d positions (%.2f GiB)", blocks, cfg.block_size,
                  blocks * runner.kv_bytes_per_block / 2**30)
 
+    def _capture_graphs(self) -> None:
+        """On a GPU, in the engine's thread: the language model's graphs on a stream of their own, the codec's on
+        the codec's stream (graphs.py)."""
+        if self.device.type != "cuda":
+            return
+        torch.cuda.set_device(self.device)  # a new thread starts on device 0
+        if self.config.use_graphs:
+            self.runner.capture_graphs(side_stream(avoid=self.codec.pcm_stream))
+            self.codec.capture_graphs()
+
     @torch.no_grad()
     def _profile_peak_bytes(self) -> int:
         """GPU memory the largest frame, prefill and codec step take beyond what is allocated now."""
@@ -234,8 +245,14 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)  # a new thread starts on device 0
+            with torch.no_grad():
+                self._capture_graphs()
+        except BaseException as e:  # raised by the constructor
+            self._build_error = e
+        self._built.set()
+        if self._build_error is not None:
+            return
+        try:
             with torch.no_grad():
                 self._loop()
         except Exception as e:  # the device is in an unknown state: fail everything, refuse new work

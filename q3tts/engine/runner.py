@@ -24,7 +24,7 @@ from ..sampling import MIN_NEW_TOKENS, SamplerTensors, SamplingParams, suppresse
 from ..transfer import to_device
 from .config import EngineConfig
 from .decoder import FlatDecoder, PagedCache
-from .graphs import capture_buckets, replay_or_run
+from .graphs import capture_buckets, replay_or_run, side_stream
 from .kv_blocks import KVBlocks, OutOfBlocks
 from .sampler import TalkerProcessors, sample_tokens
 from .sequence import Prompt
@@ -241,13 +241,14 @@ class ModelRunner:
         replay_or_run(self.graphs, self._frame, self.bucket(num_rows))
 
     @torch.no_grad()
-    def capture_graphs(self) -> None:
-        """Captures every bucket, largest first, into one memory pool. Call after `allocate_kv_cache` and
-        before admitting any row."""
+    def capture_graphs(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Captures every bucket, largest first, into one memory pool, on `stream` (default: a side stream; see
+        graphs.py). Call after `allocate_kv_cache` and before admitting any row."""
         if self.device.type != "cuda" or not self.config.use_graphs:
             return
-        self.graphs = capture_buckets(self._frame, self.config.buckets)
-        self.prefill_graphs = capture_buckets(self._prefill, self.config.prefill_buckets)
+        stream = stream or side_stream()
+        self.graphs = capture_buckets(self._frame, self.config.buckets, stream)
+        self.prefill_graphs = capture_buckets(self._prefill, self.config.prefill_buckets, stream)
         self._reset_state()
 
     def _reset_state(self) -> None:
