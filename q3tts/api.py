@@ -79,8 +79,8 @@ class TTS(OfficialAPI):
                                          gpu_memory_utilization=gpu_memory_utilization).items() if v is not None}
         engine_config = replace(engine_config or EngineConfig(), **options)
         folder = _resolve(name_or_path, revision, cache_dir)
-        device = _device(device if device is not None else device_map)
-        dtype = _dtype(dtype if dtype is not None else torch_dtype, device)
+        device = resolve_device(device if device is not None else device_map)
+        dtype = resolve_dtype(dtype if dtype is not None else torch_dtype, device)
         config = ModelConfig.from_file(folder / "config.json")
         model = Qwen3TTSModel.from_folder(folder, config, device=device, dtype=dtype)
         speech_tokenizer = SpeechTokenizer.from_pretrained(folder / "speech_tokenizer", device=device, dtype=dtype,
@@ -296,7 +296,8 @@ def _resolve(name_or_path: str | Path, revision: str | None, cache_dir: str | Pa
     return resolve_model_dir(name_or_path, revision=revision, cache_dir=cache_dir)
 
 
-def _device(device: str | torch.device | None) -> torch.device:
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A device argument (None / "auto": a GPU if there is one), refused with a clear error if unusable here."""
     if isinstance(device, dict):
         raise ValueError("device_map as a dict (model sharding) is not supported: pass one device, e.g. 'cuda:0'")
     if device is None or device == "auto":
@@ -313,7 +314,8 @@ def _device(device: str | torch.device | None) -> torch.device:
     return device
 
 
-def _dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    """A dtype argument (None / "auto": bfloat16 on a GPU, float32 on the CPU)."""
     if dtype is None or dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, str):

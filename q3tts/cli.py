@@ -176,7 +176,7 @@ def _say(args) -> int:
     import numpy as np
     import soundfile as sf
 
-    from .api import _device, _dtype
+    from .api import resolve_device, resolve_dtype
     from .request import check_text
     from .sampling import SamplingParams
     from .voice import Voice
@@ -189,7 +189,7 @@ def _say(args) -> int:
     if args.greedy:
         sampling.update(do_sample=False, subtalker_dosample=False)
     SamplingParams(**sampling, seed=args.seed)  # bad numbers are refused before the model loads
-    _dtype(args.dtype, _device(args.device))
+    resolve_dtype(args.dtype, resolve_device(args.device))
     voice = Voice.load(args.voice) if args.voice else None
     tts = _load(args, max_rows=1, max_context=args.max_context, kv_cache_gb=args.kv_cache_gb,
                 gpu_memory_utilization=args.gpu_memory_utilization)
