@@ -3,9 +3,11 @@ to send at once. Every format streams: the client can play the first bytes while
 
 - `pcm`: raw 16-bit little-endian mono at the model's rate (24 kHz), no header.
 - `wav`: a WAV header whose sizes say "as long as possible" (streaming WAV), then 16-bit PCM.
-- `mp3`, `opus` (in Ogg, pages flushed every 20 ms), `aac` (ADTS), `flac`: PyAV encoders writing to a
-  non-seekable sink that is drained after every call. Lossy encoders add their codec's priming/padding (under
-  one 80 ms frame of audio).
+- `mp3`, `opus` (in Ogg, pages flushed every 20 ms), `aac` (ADTS): PyAV encoders writing to a non-seekable sink
+  that is drained after every call. Lossy encoders add their codec's priming/padding (under one 80 ms frame of
+  audio).
+- `flac`: sent whole when the audio ends. FLAC's header carries the total sample count, which libsndfile (and
+  with it soundfile) needs to read the file; a streamed FLAC can only say "unknown".
 
 `make_encoder(format, sample_rate, speed)` builds one; `speed != 1` time-stretches first (see time_stretch.py).
 `encode_async` runs the costly ones (PyAV: ~0.2-2 ms per 80 ms frame) in a worker thread, so many streams
@@ -15,6 +17,7 @@ encode on many cores instead of stalling the event loop. Pure: no server, no eng
 from __future__ import annotations
 
 import asyncio
+import io
 import struct
 from typing import Protocol
 
@@ -30,6 +33,7 @@ MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "fl
 _PYAV = {"mp3": ("mp3", "libmp3lame", {}), "opus": ("ogg", "libopus", {"page_duration": "20000"}),
          "aac": ("adts", "aac", {}), "flac": ("flac", "flac", {})}
 _STREAMING_SIZE = 0xFFFFFFFF  # WAV sizes for "unknown length": readers play until the data ends
+_WHOLE = ("flac",)  # formats whose header must hold the length: written to memory, sent at the end
 
 
 class AudioEncoder(Protocol):
@@ -93,12 +97,25 @@ class _Sink:
         return out
 
 
+class _Whole(io.BytesIO):
+    """A seekable in-memory file whose bytes are handed out only once the container is closed (its header
+    rewritten)."""
+
+    def __init__(self):
+        super().__init__()
+        self.closed_container = False
+
+    def drain(self) -> bytes:
+        return self.getvalue() if self.closed_container else b""
+
+
 class PyAVEncoder:
     offload = True
 
     def __init__(self, fmt: str, sample_rate: int):
         container, codec, options = _PYAV[fmt]
-        self.sample_rate, self.sink, self.pts = sample_rate, _Sink(), 0
+        self.sample_rate, self.pts = sample_rate, 0
+        self.sink = _Whole() if fmt in _WHOLE else _Sink()
         self.container = av.open(self.sink, mode="w", format=container, options=options)
         self.stream = self.container.add_stream(codec, rate=sample_rate)
         self.stream.layout = "mono"
@@ -117,6 +134,8 @@ class PyAVEncoder:
             self.closed = True
             self._mux(self.stream.encode(None))
             self.container.close()
+            if isinstance(self.sink, _Whole):
+                self.sink.closed_container = True
         return self.sink.drain()
 
     def _mux(self, packets: list) -> None:

@@ -38,7 +38,9 @@ class SpeechSettings(BaseModel):
     ref_text: str | None = None
     x_vector_only_mode: bool = False
     non_streaming_mode: bool | None = None
-    max_new_tokens: int | None = Field(None, ge=1)  # codec frames + 1 (12.5 frames per second)
+    # Codec frames + 1 (12.5 frames per second); at least 2, so that every response holds audio (N gives at most
+    # N - 1 frames, as the official API).
+    max_new_tokens: int | None = Field(None, ge=2)
     seed: int | None = Field(None, ge=0, lt=2**63)
     do_sample: bool | None = None
     temperature: float | None = Field(None, gt=0)
