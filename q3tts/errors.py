@@ -29,5 +29,13 @@ class RequestError(ValueError):
         return re.sub(r"`([A-Za-z_]+)`|\b([a-z]+(?:_[a-z0-9]+)+)\b(=\w+)?", swap, self.message)
 
 
+def quote(value: object, limit: int = 40) -> str:
+    """repr() of what a caller sent, cut to `limit` characters: error messages never echo unbounded input."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return repr(value)
+    return repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
 class RequestTypeError(RequestError, TypeError):
     """A request argument of the wrong type or name."""

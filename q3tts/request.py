@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import GenerationConfig, ModelConfig
-from .errors import RequestError, RequestTypeError
+from .errors import RequestError, RequestTypeError, quote
 from .prompt import PromptSpec, prompt_length
 from .sampling import SamplingParams
 from .text_tokenizer import TextTokenizer, assistant_text, instruct_text, ref_text
@@ -109,13 +109,13 @@ class RequestBuilder:
         supported = self.config.supported_languages
         language = "auto" if language is None else language
         if not isinstance(language, str) or language.lower() not in supported:
-            raise RequestError(f"unsupported language {language!r}; supported: {supported}", "language")
+            raise RequestError(f"unsupported language {quote(language)}; supported: {supported}", "language")
         return language.lower()
 
     def speaker(self, speaker: str) -> str:
         supported = self.config.supported_speakers
         if not isinstance(speaker, str) or speaker.lower() not in supported:
-            raise RequestError(f"unknown speaker {speaker!r}; supported: {supported}", "speaker", "not_found")
+            raise RequestError(f"unknown speaker {quote(speaker)}; supported: {supported}", "speaker", "not_found")
         return speaker.lower()
 
     def voice(self, voice: Voice) -> Voice:

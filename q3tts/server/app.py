@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from . import errors, speech, status, voices, websocket
 from .config import ServerConfig
+from .guard import RequestGuard
 from .metrics import ServerMetrics
 from .middleware import RequestContextMiddleware
 from .service import SpeechService
@@ -45,7 +46,8 @@ def create_app(config: ServerConfig, tts: Any = None) -> FastAPI:
     app = FastAPI(title="q3tts", summary="Qwen3-TTS speech server", lifespan=lifespan)
     app.state.config, app.state.metrics, app.state.started_at = config, metrics, int(time.time())
     errors.install_handlers(app, on_error=metrics.count_error)
-    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    app.add_middleware(RequestGuard, config=config)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)  # outermost: ids and counts for every answer
     for module in (speech, voices, websocket, status):
         app.include_router(module.router)
     return app

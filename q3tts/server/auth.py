@@ -1,11 +1,11 @@
-"""Optional bearer-token auth (`--api-key`): /v1/* HTTP routes and the WebSocket answer 401 without it.
-/health, /ready and /metrics stay open (orchestrators and scrapers call them)."""
+"""Optional bearer-token auth (`--api-key`): /v1/* HTTP routes (checked by guard.py before the body is read) and
+the WebSocket answer 401 without it. /health, /ready and /metrics stay open (orchestrators and scrapers call them)."""
 
 from __future__ import annotations
 
 import secrets
 
-from fastapi import Request, WebSocket
+from fastapi import WebSocket
 
 from .errors import AUTHENTICATION, APIError
 
@@ -21,12 +21,6 @@ def is_authorized(expected: str | None, authorization: str | None, query_key: st
     scheme, _, token = (authorization or "").partition(" ")
     given = token.strip() if scheme.lower() == "bearer" else (query_key or "")
     return secrets.compare_digest(given.encode(), expected.encode())
-
-
-async def require_api_key(request: Request) -> None:
-    """Route dependency for HTTP endpoints."""
-    if not is_authorized(request.app.state.config.api_key, request.headers.get("authorization")):
-        raise unauthorized()
 
 
 async def websocket_authorized(websocket: WebSocket) -> bool:

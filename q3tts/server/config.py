@@ -20,23 +20,45 @@ class ServerConfig:
     max_context: int | None = None  # talker positions per request (prompt + frames); None: the model's limit
     gpu_memory_utilization: float | None = 0.9  # the GPU memory fraction the server may hold (the KV cache: the rest)
     kv_cache_gb: float | None = None  # or the KV cache's size itself
-    max_input_chars: int = 4096
     api_key: str | None = None  # bearer token required on /v1/* when set
     voices_dir: Path | None = None  # where uploaded voices persist; None keeps them in memory
     served_model_name: str | None = None  # the id /v1/models reports (default: `model`)
-    max_upload_bytes: int = 25 * 1024 * 1024
     warmup: bool = True  # run one request through the engine before /ready says yes
+    # Limits on what a client sends, checked before any work (README: "Limits").
+    max_input_chars: int = 4096
+    max_instructions_chars: int = 2000
+    max_ref_text_chars: int = 2000
+    max_voice_chars: int = 256  # a voice name or id
+    max_upload_bytes: int = 25 * 1024 * 1024  # a reference recording (upload, base64 ref_audio or URL download)
+    max_body_bytes: int | None = None  # a request body; None: room for a base64 upload, 4/3 x max_upload_bytes + 1 MiB
+    body_timeout_s: float = 30.0  # each part of a request body must arrive within this
+    send_timeout_s: float = 30.0  # a client that stops reading a stream for this long loses it (and its row)
+    # ref_audio as an http(s) URL: off unless allowed; `ref_audio_hosts` allows those hosts only (and then their
+    # private addresses too); otherwise public addresses only.
+    allow_ref_audio_urls: bool = False
+    ref_audio_hosts: tuple[str, ...] = ()
+    ref_audio_timeout_s: float = 10.0
 
     def __post_init__(self):
         if self.max_waiting < 1:
             raise ValueError("max_waiting must be >= 1 (every request waits in the queue before it runs)")
-        if self.max_input_chars < 1 or self.max_upload_bytes < 1:
-            raise ValueError("max_input_chars and max_upload_bytes must be >= 1")
+        limits = ("max_input_chars", "max_instructions_chars", "max_ref_text_chars", "max_voice_chars",
+                  "max_upload_bytes", "body_timeout_s", "send_timeout_s", "ref_audio_timeout_s")
+        for name in limits:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_body_bytes is None:
+            self.max_body_bytes = self.max_upload_bytes * 4 // 3 + 2**20
+        self.ref_audio_hosts = tuple(h.lower() for h in self.ref_audio_hosts)
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.voices_dir is not None:
             self.voices_dir = Path(self.voices_dir)
         self.engine_config()  # validates the engine's settings
+
+    @property
+    def ref_audio_urls(self) -> bool:
+        return self.allow_ref_audio_urls or bool(self.ref_audio_hosts)
 
     @property
     def model_id(self) -> str:

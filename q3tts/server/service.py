@@ -22,7 +22,7 @@ import torch
 from ..audio import AudioError
 from ..engine import EngineError, QueueFull, RequestStream
 from ..engine.sequence import Prompt
-from ..errors import RequestError
+from ..errors import RequestError, quote
 from ..request import Request
 from ..voice import Voice
 from . import errors
@@ -133,14 +133,14 @@ class SpeechService:
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in (self.config.model_id, *OPENAI_MODEL_NAMES):
-            raise errors.not_found(f"model {name!r} is not served here; this server serves "
+            raise errors.not_found(f"model {quote(name)} is not served here; this server serves "
                                    f"{self.config.model_id!r}", param="model", code="model_not_found")
 
     async def resolve_voice(self, s: SpeechSettings) -> VoiceChoice:
         """The voice a request asks for, in the server's terms, checked against the checkpoint's mode before any
         reference audio is fetched or encoded."""
         if s.task_type is not None and s.task_type != self.task_type:
-            raise errors.bad_request(f"task_type {s.task_type!r} does not match the loaded {self.task_type} "
+            raise errors.bad_request(f"task_type {quote(s.task_type)} does not match the loaded {self.task_type} "
                                      f"checkpoint {self.config.model_id!r}", param="task_type")
         kind = self.tts.config.tts_model_type
         cloning = [n for n in ("ref_audio", "ref_text", "x_vector_only_mode") if getattr(s, n) not in (None, False)]
@@ -177,7 +177,7 @@ class SpeechService:
                                      "/v1/audio/voices) or `ref_audio`", param="voice", code="missing")
         found = await asyncio.to_thread(self.voices.get, s.voice_id)
         if found is None:
-            raise errors.not_found(f"voice {s.voice_id!r} not found", param="voice", code="voice_not_found")
+            raise errors.not_found(f"voice {quote(s.voice_id)} not found", param="voice", code="voice_not_found")
         return found[1]
 
     async def create_voice(self, source: str | bytes, ref_text: str | None, x_vector_only: bool,
@@ -193,12 +193,23 @@ class SpeechService:
         except RequestError as e:
             raise api_error(e) from e
 
+    def check_limits(self, s: SpeechSettings, text: str | None = None) -> None:
+        """The lengths of what the client sent, before any work (README: "Limits")."""
+        c = self.config
+        ref_audio_limit = 2048 if (s.ref_audio or "").startswith(("http://", "https://")) \
+            else c.max_upload_bytes * 4 // 3 + 64  # base64 or a data: URL
+        for param, value, limit in (("input", text, c.max_input_chars),
+                                    ("instructions", s.instructions, c.max_instructions_chars),
+                                    ("ref_text", s.ref_text, c.max_ref_text_chars),
+                                    ("voice", s.voice_id, c.max_voice_chars),
+                                    ("ref_audio", s.ref_audio, ref_audio_limit)):
+            if value is not None and len(value) > limit:
+                raise errors.bad_request(f"{param} is {len(value)} characters; this server accepts at most {limit}",
+                                         param=param, code="input_too_long" if param == "input" else "too_long")
+
     async def prepare(self, text: str, s: SpeechSettings, choice: VoiceChoice,
                       seed: int | None = None) -> PreparedSpeech:
         """Validates the request (text, voice, sampling, length) and builds its prompt, in a worker thread."""
-        if len(text) > self.config.max_input_chars:
-            raise errors.bad_request(f"input is {len(text)} characters; this server accepts at most "
-                                     f"{self.config.max_input_chars}", param="input", code="input_too_long")
         seed = s.seed if seed is None else seed
         try:
             return await asyncio.to_thread(self._build, text, s, choice, seed)

@@ -9,37 +9,47 @@ A failure mid-stream ends an SSE stream with `{"type": "error", "error": {...}}`
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..engine import EngineError, RequestStream
 from .audio_encoding import MEDIA_TYPES, AudioEncoder, encode_async, flush_async, make_encoder
-from .auth import require_api_key
 from .errors import SERVER, error_body
 from .middleware import request_id_of
 from .schemas import SpeechRequest
 from .service import SpeechService
 
 log = logging.getLogger("q3tts.server")
-router = APIRouter(dependencies=[Depends(require_api_key)])
+router = APIRouter()  # authentication: guard.py
 
 
 class CancellingStreamingResponse(StreamingResponse):
-    """Calls `on_close` however the response ends: finished, failed, or cancelled by a client disconnect."""
+    """Calls `on_close` however the response ends: finished, failed, cancelled by a client disconnect, or cut
+    because the client stopped reading for `send_timeout_s` (its stream would otherwise hold a row)."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kwargs):
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], send_timeout_s: float,
+                 **kwargs):
         super().__init__(content, **kwargs)
-        self.on_close = on_close
+        self.on_close, self.send_timeout_s = on_close, send_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_in_time(message: Message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self.send_timeout_s)
+            except asyncio.TimeoutError:
+                log.warning("request %s: the client stopped reading for %g s; stream cut", request_id_of(scope),
+                            self.send_timeout_s)
+                raise
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_in_time)
         finally:
             self.on_close()
 
@@ -48,6 +58,7 @@ class CancellingStreamingResponse(StreamingResponse):
 async def create_speech(body: SpeechRequest, request: Request) -> StreamingResponse:
     """Validate everything, submit, then stream; no byte is sent before the request is accepted."""
     service: SpeechService = request.app.state.service
+    service.check_limits(body, body.input)
     service.check_ready()
     service.check_model(body.model)
     choice = await service.resolve_voice(body)
@@ -57,10 +68,10 @@ async def create_speech(body: SpeechRequest, request: Request) -> StreamingRespo
     on_failure = request.app.state.metrics.count_error
     if body.stream_format == "sse":
         events = sse_events(stream, encoder, job.input_tokens, on_failure)
-        return CancellingStreamingResponse(events, stream.cancel, media_type="text/event-stream",
-                                           headers={"Cache-Control": "no-cache"})
+        return CancellingStreamingResponse(events, stream.cancel, service.config.send_timeout_s,
+                                           media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return CancellingStreamingResponse(audio_bytes(stream, encoder, on_failure), stream.cancel,
-                                       media_type=MEDIA_TYPES[body.response_format])
+                                       service.config.send_timeout_s, media_type=MEDIA_TYPES[body.response_format])
 
 
 async def audio_bytes(stream: RequestStream, encoder: AudioEncoder,

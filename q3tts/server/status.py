@@ -3,10 +3,9 @@ captured its graphs and served a warm-up request), `/metrics` (Prometheus) and `
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from .auth import require_api_key
 from .metrics import CONTENT_TYPE
 from .service import SpeechService
 
@@ -34,7 +33,7 @@ async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
 
 
-@router.get("/v1/models", dependencies=[Depends(require_api_key)])
+@router.get("/v1/models")
 async def list_models(request: Request) -> dict:
     service: SpeechService = request.app.state.service
     config = service.tts.config

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import quote
 from ..voice import Voice
 
 INDEX = "index.json"
@@ -52,7 +53,7 @@ class VoiceStore:
                             model_size=voice.model_size)
         with self._lock:
             if name and self._find(name) is not None:
-                raise ValueError(f"a voice named {name!r} already exists")
+                raise ValueError(f"a voice named {quote(name)} already exists")
             if self.folder is not None:
                 voice.save(self.folder / f"{voice_id}.safetensors")
             self._entries[voice_id] = entry

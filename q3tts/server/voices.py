@@ -8,13 +8,13 @@ import asyncio
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, Request, UploadFile
 
+from ..errors import quote
 from . import errors
-from .auth import require_api_key
 from .service import SpeechService
 
-router = APIRouter(dependencies=[Depends(require_api_key)])
+router = APIRouter()  # authentication: guard.py
 _NAME = re.compile(r"[\w.\- ]{1,64}")
 
 
@@ -35,6 +35,9 @@ async def create_voice(request: Request, file: Annotated[UploadFile, File()],
     service: SpeechService = request.app.state.service
     if name is not None and not _NAME.fullmatch(name):
         raise errors.bad_request("name: 1-64 letters, digits, spaces, '.', '_' or '-'", param="name")
+    if ref_text is not None and len(ref_text) > service.config.max_ref_text_chars:
+        raise errors.bad_request(f"ref_text is {len(ref_text)} characters; this server accepts at most "
+                                 f"{service.config.max_ref_text_chars}", param="ref_text", code="too_long")
     data = await file.read(service.config.max_upload_bytes + 1)
     if len(data) > service.config.max_upload_bytes:
         raise errors.APIError(413, f"the upload exceeds {service.config.max_upload_bytes} bytes", param="file",
@@ -51,7 +54,7 @@ async def create_voice(request: Request, file: Annotated[UploadFile, File()],
 async def get_voice(voice_id: str, request: Request) -> dict:
     found = await asyncio.to_thread(request.app.state.service.voices.get, voice_id)
     if found is None:
-        raise errors.not_found(f"voice {voice_id!r} not found", param="voice_id", code="voice_not_found")
+        raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
     return found[0].to_json()
 
 
@@ -59,5 +62,5 @@ async def get_voice(voice_id: str, request: Request) -> dict:
 async def delete_voice(voice_id: str, request: Request) -> dict:
     entry = await asyncio.to_thread(request.app.state.service.voices.delete, voice_id)
     if entry is None:
-        raise errors.not_found(f"voice {voice_id!r} not found", param="voice_id", code="voice_not_found")
+        raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
     return {"id": entry.id, "object": "voice", "deleted": True}

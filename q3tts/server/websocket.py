@@ -39,6 +39,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from ..engine import EngineError
+from ..errors import quote
 from . import errors
 from .audio_encoding import encode_async, flush_async, make_encoder
 from .auth import websocket_authorized
@@ -72,6 +73,10 @@ async def speech_stream(websocket: WebSocket) -> None:
         await _send_error(websocket, errors.engine_failed(str(e)))
     except WebSocketDisconnect:
         log.info("websocket %s: client went away", request_id_of(websocket.scope))
+    except asyncio.TimeoutError:
+        log.warning("websocket %s: the client stopped reading; session closed", request_id_of(websocket.scope))
+        with suppress(Exception):
+            await websocket.close(code=1008)
 
 
 class StreamSession:
@@ -94,6 +99,7 @@ class StreamSession:
             config = StreamConfig.model_validate(message)
         except ValidationError as e:
             raise errors.from_validation(e) from e
+        service.check_limits(config)
         service.check_ready()
         choice = await service.resolve_voice(config)
         session = cls(websocket, service, config, choice, config.seed if config.seed is not None
@@ -136,7 +142,7 @@ class StreamSession:
                     self.segments.put_nowait(None)
                     return
             else:
-                raise errors.bad_request(f"unknown message type {kind!r} (expected input.text, input.flush or "
+                raise errors.bad_request(f"unknown message type {quote(kind)} (expected input.text, input.flush or "
                                          "input.done)", param="type")
 
     def _queue(self, segments: list[str]) -> None:
@@ -165,7 +171,8 @@ class StreamSession:
             async for pcm in stream:
                 frames += 1
                 if data := await encode_async(self.encoder, pcm):
-                    await self.websocket.send_bytes(data)
+                    # A client that stops reading loses the session (and its row) after send_timeout_s.
+                    await asyncio.wait_for(self.websocket.send_bytes(data), self.service.config.send_timeout_s)
         finally:
             stream.cancel()
         self.frames += frames
