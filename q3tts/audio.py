@@ -15,8 +15,6 @@ import io
 import math
 import os
 import re
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -25,6 +23,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 import torch
+
+from .fetch import FetchError, FetchPolicy, fetch
 
 SILENCE_THRESHOLD = 1e-6  # peak |x| below this carries no voice to clone
 URL_TIMEOUT_S = 30.0
@@ -189,10 +189,9 @@ def _decode_base64(text: str) -> bytes:
 
 def _fetch(url: str) -> bytes:
     try:
-        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as resp:
-            return resp.read()
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise AudioError(f"could not download audio from {url}: {e}") from e
+        return fetch(url, FetchPolicy(timeout_s=URL_TIMEOUT_S))
+    except FetchError as e:
+        raise AudioError(str(e)) from e
 
 
 def _read_bytes(data: bytes, what: str) -> tuple[np.ndarray, int]:

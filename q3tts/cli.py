@@ -126,6 +126,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $Q3TTS_API_KEY, else none)")
     serve.add_argument("--voices-dir", type=Path, help="folder where uploaded voices persist (default: memory only)")
     serve.add_argument("--served-model-name", help="model id reported by /v1/models (default: MODEL)")
+    serve.add_argument("--allow-ref-audio-urls", action="store_true",
+                       help="download ref_audio given as an http(s) URL (public addresses only; default: refused)")
+    serve.add_argument("--ref-audio-hosts", default="",
+                       help="comma-separated hosts to download ref_audio from (only these; private addresses "
+                            "allowed for them)")
+    serve.add_argument("--send-timeout", type=float, default=30.0,
+                       help="seconds a client may stop reading a stream before it is cut (default: 30)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(run=_serve)
 
@@ -239,7 +246,9 @@ def _serve(args) -> int:
                           max_input_chars=args.max_input_chars, max_context=args.max_context,
                           kv_cache_gb=args.kv_cache_gb, gpu_memory_utilization=args.gpu_memory_utilization,
                           api_key=args.api_key or None, voices_dir=args.voices_dir,
-                          served_model_name=args.served_model_name)
+                          served_model_name=args.served_model_name, allow_ref_audio_urls=args.allow_ref_audio_urls,
+                          ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
+                          send_timeout_s=args.send_timeout)
     serve(config, log_level=args.log_level)
     return 0
 

@@ -171,3 +171,36 @@ def test_voice_design_checkpoint(tmp_path):
         for body, param in (({"voice": "ryan", "instructions": "calm"}, "voice"), ({}, "instructions")):
             response = httpx.post(design.url + "/v1/audio/speech", json={"input": "Hi.", **body})
             assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
+def test_ref_audio_urls_are_off_by_default_and_limited_when_on(server, reference_wav, tmp_path):
+    """A ref_audio URL is refused unless the server allows URLs; allowed, a loopback address is refused unless its
+    host is on the allow-list, and a download beyond the upload limit is refused."""
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "ref.wav").write_bytes(reference_wav)
+    (tmp_path / "big.wav").write_bytes(b"x" * 300_000)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=tmp_path)
+    handler.log_message = lambda *args: None
+    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{files.server_address[1]}"
+    body = {"input": "Hi.", "ref_audio": f"{url}/ref.wav", "x_vector_only_mode": True, "response_format": "pcm",
+            "max_new_tokens": MAX_NEW, "seed": SEED}
+    refused = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "urls_disabled"
+    tts = server.app.state.service.tts
+    public_only = ServerConfig(model="tiny-base", device="cpu", max_running=1, allow_ref_audio_urls=True)
+    with ServerThread(public_only, tts) as other:
+        loopback = httpx.post(other.url + "/v1/audio/speech", json=body, timeout=60)
+        assert loopback.status_code == 400 and "private, loopback" in loopback.json()["error"]["message"]
+    listed = ServerConfig(model="tiny-base", device="cpu", max_running=1, ref_audio_hosts=("127.0.0.1",),
+                          max_upload_bytes=200_000)
+    with ServerThread(listed, tts) as other:
+        ok = httpx.post(other.url + "/v1/audio/speech", json=body, timeout=60)
+        assert ok.status_code == 200 and len(pcm_samples(ok.content)) == frames(MAX_NEW) * FRAME
+        big = httpx.post(other.url + "/v1/audio/speech", json={**body, "ref_audio": f"{url}/big.wav"}, timeout=60)
+        assert big.status_code == 400 and "the limit is 200000" in big.json()["error"]["message"]
+    files.shutdown()

@@ -23,6 +23,7 @@ from ..audio import AudioError
 from ..engine import EngineError, QueueFull, RequestStream
 from ..engine.sequence import Prompt
 from ..errors import RequestError, quote
+from ..fetch import FetchError, FetchPolicy, fetch
 from ..request import Request
 from ..voice import Voice
 from . import errors
@@ -167,7 +168,10 @@ class SpeechService:
             if _named_voice(s) is not None:
                 raise errors.bad_request("pass either `voice` (a stored voice) or `ref_audio`, not both",
                                          param="voice")
-            return await self.create_voice(_audio_source(s.ref_audio), s.ref_text, s.x_vector_only_mode, "ref_audio")
+            source = _audio_source(s.ref_audio)
+            if isinstance(source, str) and not source.startswith("data:"):
+                source = await self._download(source)
+            return await self.create_voice(source, s.ref_text, s.x_vector_only_mode, "ref_audio")
         if s.ref_text is not None or s.x_vector_only_mode:
             raise errors.bad_request("ref_text and x_vector_only_mode apply only with ref_audio (a stored voice "
                                      "keeps its own)", param="ref_text" if s.ref_text is not None else
@@ -179,6 +183,21 @@ class SpeechService:
         if found is None:
             raise errors.not_found(f"voice {quote(s.voice_id)} not found", param="voice", code="voice_not_found")
         return found[1]
+
+    async def _download(self, url: str) -> bytes:
+        """A ref_audio URL's bytes, as this server's settings allow (off by default)."""
+        c = self.config
+        if not c.ref_audio_urls:
+            raise errors.bad_request("ref_audio URLs are turned off on this server (q3tts serve "
+                                     "--allow-ref-audio-urls or --ref-audio-hosts turns them on): send the audio "
+                                     "as base64 or upload it to /v1/audio/voices", param="ref_audio",
+                                     code="urls_disabled")
+        policy = FetchPolicy(max_bytes=c.max_upload_bytes, timeout_s=c.ref_audio_timeout_s, hosts=c.ref_audio_hosts,
+                             allow_private=False)
+        try:
+            return await asyncio.to_thread(fetch, url, policy)
+        except FetchError as e:
+            raise errors.bad_request(str(e), param="ref_audio", code="download_failed") from e
 
     async def create_voice(self, source: str | bytes, ref_text: str | None, x_vector_only: bool,
                            param: str) -> Voice:
