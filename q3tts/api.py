@@ -31,7 +31,7 @@ from .models.speech_tokenizer import SpeechTokenizer
 from .official import OfficialAPI
 from .prompt import build_prompt
 from .reference import generate_codes
-from .request import Request, RequestBuilder
+from .request import Request, RequestBuilder, RunawayGuard
 from .streaming import DEFAULT_SCHEDULE, AudioStream, check_chunking
 from .text_tokenizer import TextTokenizer
 from .voice import Voice, clone_voices
@@ -140,14 +140,16 @@ class TTS(OfficialAPI):
 
     def request(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
                 instruct: str | None = None, language: str = "auto", non_streaming_mode: bool | None = None,
-                seed: int | None = None, **sampling: Any) -> Request:
+                seed: int | None = None, runaway_guard: RunawayGuard | None = None, **sampling: Any) -> Request:
         """Validates one request against this checkpoint and engine (raises RequestError naming the argument at
         fault). `voice` is a Voice or a saved voice file (Base checkpoints); `speaker` a preset speaker
         (CustomVoice); `instruct` a style (1.7B CustomVoice) or the voice's description (VoiceDesign).
         `sampling`: any generation_config field (`do_sample`, `temperature`, `top_k`, `top_p`,
-        `repetition_penalty`, the `subtalker_*` ones, `max_new_tokens`); unset ones take the checkpoint's."""
+        `repetition_penalty`, the `subtalker_*` ones, `max_new_tokens`); unset ones take the checkpoint's.
+        `runaway_guard` (a `RunawayGuard`) ends audio that grows far beyond what the text needs, or repeats."""
         return self.requests.build(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
-                                   non_streaming_mode=non_streaming_mode, seed=seed, sampling=sampling)
+                                   non_streaming_mode=non_streaming_mode, seed=seed, sampling=sampling,
+                                   runaway_guard=runaway_guard)
 
     def prepare(self, request: Request) -> Prompt:
         """The request's prompt embeddings, built on a CUDA stream of their own (so that they do not queue behind
@@ -159,12 +161,15 @@ class TTS(OfficialAPI):
         self._prompt_stream.synchronize()
         return prompt
 
-    def submit(self, request: Request, request_id: str | None = None, asyncio_loop: bool = False) -> RequestStream:
+    def submit(self, request: Request, request_id: str | None = None, asyncio_loop: bool = False,
+               prompt: Prompt | None = None) -> RequestStream:
         """Queues a request on the engine; returns its stream of 1920-sample float32 frames (`asyncio_loop=True`
-        from a running event loop: read it with `async for`). Raises QueueFull when the engine's queue is at its
-        limit."""
-        return self.engine.submit(self.prepare(request), request.params, request.spec.ref_codes, request_id,
-                                  asyncio_loop)
+        from a running event loop: read it with `async for`). `prompt`: the request's prompt if already built
+        (`prepare`). Raises QueueFull when the engine's queue is at its limit."""
+        guard = request.guard
+        return self.engine.submit(prompt or self.prepare(request), request.params, request.spec.ref_codes, request_id,
+                                  asyncio_loop, stop_after=guard.frame_limit(request.text_tokens) if guard else None,
+                                  stop_on_repeats=guard.repeated_frames if guard else None)
 
     # ---- our API ------------------------------------------------------------------------------------------
 

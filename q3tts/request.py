@@ -34,12 +34,34 @@ MIN_FRAMES = 2  # a request must have room for at least this many max_new_tokens
 
 
 @dataclass(frozen=True)
+class RunawayGuard:
+    """Ends a request whose audio grows far beyond what its text can need, or that repeats itself: at most
+    `frames_per_token` frames (80 ms each) per text token plus `min_frames`, and at most `repeated_frames`
+    identical frames in a row. Speech takes 3-4 frames per token; the defaults allow 20 plus 10 s, and 5 s of one
+    frame repeated. On by default in `q3tts serve`; off unless given in the Python API (the drop-in methods
+    keep the official behaviour: `max_new_tokens` only)."""
+
+    frames_per_token: float = 20.0
+    min_frames: int = 125
+    repeated_frames: int = 64
+
+    def __post_init__(self):
+        if not self.frames_per_token > 0 or self.min_frames < 1 or self.repeated_frames < 2:
+            raise RequestError("runaway_guard needs frames_per_token > 0, min_frames >= 1 and repeated_frames >= 2",
+                               "runaway_guard")
+
+    def frame_limit(self, text_tokens: int) -> int:
+        return self.min_frames + int(self.frames_per_token * max(text_tokens, 1))
+
+
+@dataclass(frozen=True)
 class Request:
     """A validated request (build it with `TTS.request`): the prompt's tokens and voice, and its sampling."""
 
     spec: PromptSpec
     params: SamplingParams
     num_positions: int  # the prompt's length in talker positions
+    guard: RunawayGuard | None = None
 
     @property
     def text_tokens(self) -> int:
@@ -61,7 +83,8 @@ class RequestBuilder:
 
     def build(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
               instruct: str | None = None, language: str | None = "auto", non_streaming_mode: bool | None = None,
-              seed: int | None = None, sampling: dict[str, Any] | None = None, official: bool = False) -> Request:
+              seed: int | None = None, sampling: dict[str, Any] | None = None, official: bool = False,
+              runaway_guard: RunawayGuard | None = None) -> Request:
         """One request in whatever mode the checkpoint offers. `official`: the official API's leniencies (an
         empty voice-design instruction; a 0.6B CustomVoice drops `instruct` with a warning instead of refusing
         it)."""
@@ -73,7 +96,7 @@ class RequestBuilder:
         spec = self._spec(text, self.language(language), bool(non_streaming_mode), instruct,
                           self.speaker(speaker) if speaker else None, self.voice(voice) if voice else None)
         length = prompt_length(self.config, spec)
-        return Request(spec, self.sampling({**(sampling or {}), "seed": seed}, length), length)
+        return Request(spec, self.sampling({**(sampling or {}), "seed": seed}, length), length, runaway_guard)
 
     def check_mode(self, speaker: str | None, has_voice: bool, instruct: str | None, official: bool = False
                    ) -> str | None:

@@ -221,3 +221,35 @@ def wait_until(condition, timeout: float = 30) -> None:
     while not condition():
         assert time.time() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_runaway_guard_ends_long_and_repeating_audio(tts, tmp_path):
+    """A frame limit from the text's length, and a run of identical frames, end a request with its reason (the
+    last allowed frame's audio delivered); counted by finish reason."""
+    from q3tts import RunawayGuard
+
+    guard = RunawayGuard(frames_per_token=1.0, min_frames=3, repeated_frames=50)
+    request = tts.request(TEXTS[2], speaker="ryan", seed=1, max_new_tokens=200, runaway_guard=guard)
+    stream = tts.submit(request)
+    audio = stream.read_all()
+    limit = guard.frame_limit(request.text_tokens)
+    assert audio.shape == (limit * 1920,) and stream.channel.finish_reason == "runaway"
+    assert tts.engine.metrics.finish_reasons["runaway"] >= 1
+
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = shutil.copytree(tiny_checkpoint("tiny"), tmp_path / "flat")
+    tensors = load_file(folder / "model.safetensors")
+    for name in tensors:  # every head predicts the same code whatever the input: one frame, repeated
+        if name == "talker.codec_head.weight" or name.startswith("talker.code_predictor.lm_head"):
+            tensors[name].zero_()
+    save_file(tensors, folder / "model.safetensors")
+    flat = TTS.from_pretrained(folder, device="cpu")
+    repeat = flat.submit(flat.request("Hello.", speaker="ryan", max_new_tokens=100, runaway_guard=RunawayGuard(
+        repeated_frames=6), **GREEDY))
+    assert repeat.read_all().shape == (6 * 1920,) and repeat.channel.finish_reason == "repetition"
+    unguarded = flat.submit(flat.request("Hello.", speaker="ryan", max_new_tokens=20, **GREEDY))
+    assert unguarded.read_all().shape == (19 * 1920,) and unguarded.channel.finish_reason == "length"
+    flat.close()

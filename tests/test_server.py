@@ -85,7 +85,7 @@ def test_sse_stream(server):
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
     audio = b"".join(base64.b64decode(e["audio"]) for e in deltas)
     assert len(deltas) == frames(MAX_NEW) and len(audio) == 2 * frames(MAX_NEW) * FRAME
-    assert events[-1]["type"] == "speech.audio.done"
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["finish_reason"] == "length"
     usage = events[-1]["usage"]
     assert usage["output_tokens"] == frames(MAX_NEW) and usage["input_tokens"] > 0
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
@@ -242,3 +242,22 @@ def test_cli_serve_builds_the_server_config(monkeypatch, tmp_path):
     assert (config.model, config.port, config.max_running, config.max_waiting) == ("tiny-base", 9000, 8, 3)
     assert config.api_key == "from-env" and config.voices_dir == tmp_path and seen["level"] == "warning"
     assert main(["serve", "tiny", "--max-waiting", "0"]) == 1  # refused with a message, not a traceback
+
+
+def test_runaway_guard_is_on_by_default(tmp_path):
+    """The server ends audio far beyond what its text needs (here a tight guard: 2 frames + 1 per 10 text
+    tokens), says why in the SSE done event and counts it in /metrics."""
+    from q3tts import RunawayGuard
+    from tests.server_harness import load_tiny
+
+    assert ServerConfig(model="tiny").runaway_guard == RunawayGuard()
+    config = ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False,
+                          runaway_guard=RunawayGuard(frames_per_token=0.1, min_frames=2))
+    with ServerThread(config, load_tiny("tiny", tmp_path)) as guarded:
+        body = {"input": TEXT, "voice": "ryan", "response_format": "pcm", "stream_format": "sse",
+                "max_new_tokens": 100, "seed": SEED}
+        with httpx.stream("POST", guarded.url + "/v1/audio/speech", json=body, timeout=60) as response:
+            events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+        assert events[-1]["finish_reason"] == "runaway", events[-1]
+        assert 2 <= events[-1]["usage"]["output_tokens"] < 10
+        assert 'q3tts_requests_ended_total{reason="runaway"} 1.0' in httpx.get(guarded.url + "/metrics").text

@@ -60,6 +60,7 @@ class EngineMetrics:
     preemptions: int = 0
     errors: int = 0
     max_batch: int = 0  # the most rows that ran one frame together
+    finish_reasons: collections.Counter = field(default_factory=collections.Counter)  # eos, length, runaway, ...
     observers: list = field(default_factory=list)  # objects with on_first_audio(s) / on_finish(audio_s, wall_s)
 
     def notify(self, event: str, *args: float) -> None:
@@ -74,6 +75,9 @@ class _Payload:
     ref_codes: torch.Tensor | None
     channel: Channel
     max_positions: int  # prompt + max_new_tokens: the row never writes KV beyond
+    stop_after: int | None = None  # the runaway guard's frame limit
+    stop_on_repeats: int | None = None  # ... and how many identical frames in a row end the request
+    repeats: int = 0  # identical frames in a row so far
     swapped: tuple[SwappedRow, list[torch.Tensor]] | None = None  # while preempted
 
 
@@ -143,11 +147,13 @@ class Engine:
         self._fail_all(EngineError("the engine was stopped"))
 
     def submit(self, prompt: Prompt, params: SamplingParams, ref_codes: torch.Tensor | None = None,
-               request_id: str | None = None, asyncio_loop: bool = False) -> RequestStream:
+               request_id: str | None = None, asyncio_loop: bool = False, stop_after: int | None = None,
+               stop_on_repeats: int | None = None) -> RequestStream:
         """Queues a request and returns its stream. With `asyncio_loop=True` (call from a running event loop)
-        the stream is read with `async for`, otherwise with `for` from any thread. Raises QueueFull when the
-        queue is at its limit, RequestError when the request cannot fit this engine, EngineError when the
-        engine has failed or was stopped."""
+        the stream is read with `async for`, otherwise with `for` from any thread. `stop_after` frames, or
+        `stop_on_repeats` identical frames in a row, end it early (finish reason "runaway" / "repetition"). Raises
+        QueueFull when the queue is at its limit, RequestError when the request cannot fit this engine,
+        EngineError when the engine has failed or was stopped."""
         if not self.healthy:
             raise EngineError("the engine has failed; restart it (or the server)")
         if len(prompt.trailing_ids) > self.config.max_trailing:
@@ -160,7 +166,8 @@ class Engine:
                                + (f" ({setting})" if setting else ""), param="max_new_tokens")
         request_id = request_id or f"req-{next(_ids)}"
         channel = Channel(request_id, asyncio.get_running_loop() if asyncio_loop else None)
-        payload = _Payload(prompt, params, ref_codes, channel, prompt.num_positions + params.max_new_tokens)
+        payload = _Payload(prompt, params, ref_codes, channel, prompt.num_positions + params.max_new_tokens,
+                           stop_after, stop_on_repeats)
         seq = Sequence(request_id, prompt.num_positions, time.perf_counter(), payload=payload)
         self.start()
         with self._cv:
@@ -377,21 +384,29 @@ class Engine:
             if emitted[i]:
                 seq.frames += 1
                 self.metrics.frames += 1
-                channel.codes.append(codes[i])
                 audio.append((seq, i))
-            if done[i]:
+                self._record(seq.payload, codes[i])
+            reason = _finish_reason(seq, bool(done[i]))
+            if reason is not None:
                 self.metrics.requests_finished += 1
+                self.metrics.finish_reasons[reason] += 1
                 self.metrics.notify("on_finish", seq.frames * 0.08, time.perf_counter() - channel.submitted)
-                reason = "length" if seq.frames + 1 >= seq.payload.params.max_new_tokens else "eos"
                 self._leave(seq, reason, outbox)
         return audio
+
+    @staticmethod
+    def _record(payload: _Payload, codes: np.ndarray) -> None:
+        channel = payload.channel
+        same = bool(channel.codes) and np.array_equal(channel.codes[-1], codes)
+        payload.repeats = payload.repeats + 1 if same else 1
+        channel.codes.append(codes)
 
     def _audio(self, pcm: np.ndarray, audio: list[tuple[Sequence, int]]) -> list[tuple[Channel, object]]:
         """Each produced frame's 1920 samples for its stream (none for a stream ended meanwhile)."""
         now, items = time.perf_counter(), []
         for seq, i in audio:
             channel = seq.payload.channel
-            if channel.finished:  # cancelled or dropped at this boundary
+            if channel.finish_reason in ("cancelled", "error"):  # ended at this boundary: its audio is not wanted
                 continue
             if seq.first_audio is None:
                 seq.first_audio = now
@@ -439,6 +454,18 @@ class Engine:
             post(items)
         else:
             outbox.extend(items)
+
+
+def _finish_reason(seq: Sequence, done: bool) -> str | None:
+    """Why a request ends after this frame, if it does."""
+    p = seq.payload
+    if done:
+        return "length" if seq.frames + 1 >= p.params.max_new_tokens else "eos"
+    if p.stop_after is not None and seq.frames >= p.stop_after:
+        return "runaway"
+    if p.stop_on_repeats is not None and p.repeats >= p.stop_on_repeats:
+        return "repetition"
+    return None
 
 
 def _stop_at_exit(ref: weakref.ref) -> None:

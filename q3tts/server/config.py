@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine import EngineConfig
+from ..request import RunawayGuard
 
 
 @dataclass
@@ -35,6 +36,8 @@ class ServerConfig:
     send_timeout_s: float = 30.0  # a client that stops reading a stream for this long loses it (and its row)
     # ref_audio as an http(s) URL: off unless allowed; `ref_audio_hosts` allows those hosts only (and then their
     # private addresses too); otherwise public addresses only.
+    # Ends a request whose audio far outgrows its text, or repeats itself (q3tts.request.RunawayGuard); None: off.
+    runaway_guard: RunawayGuard | None = field(default_factory=RunawayGuard)
     allow_ref_audio_urls: bool = False
     ref_audio_hosts: tuple[str, ...] = ()
     ref_audio_timeout_s: float = 10.0

@@ -69,6 +69,11 @@ class _EngineCollector:
                                  "requests_cancelled"),
                                 ("q3tts_engine_errors", "Engine failures", "errors")):
             yield CounterMetricFamily(name, doc, value=getattr(m, attr) if m else 0)
+        reasons = CounterMetricFamily("q3tts_requests_ended", "Requests that ran to their end, by finish reason "
+                                      "(eos, length, runaway, repetition)", labels=["reason"])
+        for reason, count in (m.finish_reasons.items() if m else ()):
+            reasons.add_metric([reason], count)
+        yield reasons
 
     def describe(self):
         return []

@@ -238,15 +238,14 @@ class SpeechService:
     def _build(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> PreparedSpeech:
         request = self.tts.request(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
                                    language=s.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
-                                   **s.sampling())
+                                   runaway_guard=self.config.runaway_guard, **s.sampling())
         return PreparedSpeech(request, self.tts.prepare(request))
 
     def submit(self, job: PreparedSpeech, request_id: str) -> RequestStream:
         """Queues a prepared request on the engine (429 when the queue is full); read it with `async for`."""
         self.check_ready()
         try:
-            return self.engine.submit(job.prompt, job.request.params, job.request.spec.ref_codes,
-                                      request_id=f"{request_id}#{next(_ids)}", asyncio_loop=True)
+            return self.tts.submit(job.request, f"{request_id}#{next(_ids)}", asyncio_loop=True, prompt=job.prompt)
         except QueueFull as e:
             raise errors.queue_full(retry_after_s=1) from e
         except EngineError as e:

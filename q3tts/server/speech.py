@@ -2,7 +2,8 @@
 
 `stream_format="audio"` (default) sends the encoded audio as a chunked body; `"sse"` sends server-sent events
 `{"type": "speech.audio.delta", "audio": <base64 of the encoded bytes>}` and a final
-`{"type": "speech.audio.done", "usage": {...}}` (input tokens = text tokens, output tokens = codec frames).
+`{"type": "speech.audio.done", "finish_reason": ..., "usage": {...}}` (input tokens = text tokens, output tokens =
+codec frames; finish_reason "eos", "length", or "runaway" / "repetition" when the runaway guard ended it).
 A failure mid-stream ends an SSE stream with `{"type": "error", "error": {...}}` and cuts an audio stream
 (no final chunk, so the client sees an incomplete body). A client that goes away cancels its generation.
 """
@@ -104,7 +105,7 @@ async def sse_events(stream: RequestStream, encoder: AudioEncoder, input_tokens:
     if data := await flush_async(encoder):
         yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
     usage = {"input_tokens": input_tokens, "output_tokens": frames, "total_tokens": input_tokens + frames}
-    yield _event({"type": "speech.audio.done", "usage": usage})
+    yield _event({"type": "speech.audio.done", "finish_reason": stream.channel.finish_reason, "usage": usage})
 
 
 def _event(payload: dict) -> bytes:

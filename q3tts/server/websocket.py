@@ -177,7 +177,8 @@ class StreamSession:
             stream.cancel()
         self.frames += frames
         await self.websocket.send_json({"type": "segment.done", "segment": index, "text": text, "frames": frames,
-                                        "audio_seconds": round(frames * FRAME_SECONDS, 3)})
+                                        "audio_seconds": round(frames * FRAME_SECONDS, 3),
+                                        "finish_reason": stream.channel.finish_reason})
 
 
 async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
