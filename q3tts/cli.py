@@ -134,6 +134,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-runaway-guard", action="store_true",
                        help="let requests run to max_new_tokens (default: end audio beyond 20 frames per text token "
                             "+ 10 s, or 5 s of one frame repeated)")
+    serve.add_argument("--drain-timeout", type=float, default=30.0,
+                       help="on SIGTERM, seconds streams in flight may take to finish (default: 30)")
     serve.add_argument("--send-timeout", type=float, default=30.0,
                        help="seconds a client may stop reading a stream before it is cut (default: 30)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -251,7 +253,7 @@ def _serve(args) -> int:
                           api_key=args.api_key or None, voices_dir=args.voices_dir,
                           served_model_name=args.served_model_name, allow_ref_audio_urls=args.allow_ref_audio_urls,
                           ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
-                          send_timeout_s=args.send_timeout,
+                          send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,
                           **({"runaway_guard": None} if args.no_runaway_guard else {}))
     serve(config, log_level=args.log_level)
     return 0

@@ -3,6 +3,7 @@ before warm-up, and an engine failure in the middle of streams."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -137,28 +138,44 @@ def test_not_ready_until_the_engine_is_warm(tmp_path):
         del tts.prepare_engine
 
 
-def test_engine_failure_mid_stream(tmp_path):
-    """An audio stream is cut (no clean end), an SSE stream ends with an error event, and the server then
-    reports itself unhealthy and refuses new work with 503."""
+def test_engine_failure_mid_stream_and_recovery(tmp_path):
+    """An audio stream is cut (no clean end), an SSE stream ends with an error event; the server rebuilds its
+    engine (/ready 503 meanwhile) and serves again. After the last allowed rebuild it gives up: /health 503 and
+    503 for new work (`q3tts serve` then exits so that a supervisor restarts it)."""
     server = ServerThread(ServerConfig(model="tiny", device="cpu", max_running=2), load_tiny("tiny", tmp_path))
+
+    def broken_step(num_rows: int) -> None:
+        raise RuntimeError("injected device failure")
+
     with server, httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/audio/speech", json=LONG) as audio, \
                 http.stream("POST", "/v1/audio/speech", json={**LONG, "stream_format": "sse"}) as sse:
             audio_chunks, sse_lines = audio.iter_bytes(), sse.iter_lines()
             next(audio_chunks), next(sse_lines)
-
-            def broken_step(num_rows: int) -> None:
-                raise RuntimeError("injected device failure")
-
             server.engine.runner.step = broken_step
             with pytest.raises(httpx.RemoteProtocolError):
                 for _ in audio_chunks:
                     pass
             events = [json.loads(line[6:]) for line in sse_lines if line.startswith("data: ")]
         assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "engine_error"
-        deadline = time.time() + 10
-        while http.get("/health").status_code != 503:
-            assert time.time() < deadline
+        service = server.app.state.service
+        _wait(lambda: service.restarts == 1 and http.get("/ready").status_code == 200)
+        again = http.post("/v1/audio/speech", json={**LONG, "max_new_tokens": 5})
+        assert again.status_code == 200 and len(again.content) == 2 * 4 * 1920
+        for restarts in range(2, 5):  # fails again and again: rebuilt up to MAX_RESTARTS times, then given up
+            _wait(lambda: http.get("/ready").status_code == 200)
+            service.engine.runner.step = broken_step
+            with contextlib.suppress(httpx.RemoteProtocolError):  # cut mid-stream
+                http.post("/v1/audio/speech", json={**LONG, "max_new_tokens": 5})
+            _wait(lambda restarts=restarts: service.restarts == restarts)
+        _wait(lambda: http.get("/health").status_code == 503)
         assert http.get("/ready").status_code == 503
         refused = http.post("/v1/audio/speech", json=LONG)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_error"
+
+
+def _wait(condition, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)

@@ -62,8 +62,33 @@ def _load(config: ServerConfig) -> Any:
 
 
 def serve(config: ServerConfig, log_level: str = "info") -> None:
-    """Runs the server until interrupted."""
+    """Runs the server until SIGINT/SIGTERM: then new requests are refused (503, /ready 503), streams in flight
+    finish for up to `drain_timeout_s`, and the process exits 0. If the engine fails for good, it exits 1."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=log_level)
+    app = create_app(config)
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, told about the service: draining on a signal, exiting if the engine is given up."""
+
+        gave_up = False
+
+        def handle_exit(self, sig, frame) -> None:
+            service = getattr(app.state, "service", None)
+            if service is not None:
+                service.draining = True
+            super().handle_exit(sig, frame)
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            app.state.service.on_give_up = self.give_up
+
+        def give_up(self) -> None:
+            self.gave_up = self.should_exit = True
+
+    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                   timeout_graceful_shutdown=config.drain_timeout_s))
+    server.run()
+    if server.gave_up:
+        raise SystemExit(1)

@@ -34,6 +34,7 @@ class ServerConfig:
     max_body_bytes: int | None = None  # a request body; None: room for a base64 upload, 4/3 x max_upload_bytes + 1 MiB
     body_timeout_s: float = 30.0  # each part of a request body must arrive within this
     send_timeout_s: float = 30.0  # a client that stops reading a stream for this long loses it (and its row)
+    drain_timeout_s: float = 30.0  # on SIGTERM, streams in flight may finish for this long
     # ref_audio as an http(s) URL: off unless allowed; `ref_audio_hosts` allows those hosts only (and then their
     # private addresses too); otherwise public addresses only.
     # Ends a request whose audio far outgrows its text, or repeats itself (q3tts.request.RunawayGuard); None: off.
@@ -46,7 +47,7 @@ class ServerConfig:
         if self.max_waiting < 1:
             raise ValueError("max_waiting must be >= 1 (every request waits in the queue before it runs)")
         limits = ("max_input_chars", "max_instructions_chars", "max_ref_text_chars", "max_voice_chars",
-                  "max_upload_bytes", "body_timeout_s", "send_timeout_s", "ref_audio_timeout_s")
+                  "max_upload_bytes", "body_timeout_s", "send_timeout_s", "drain_timeout_s", "ref_audio_timeout_s")
         for name in limits:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")

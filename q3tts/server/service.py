@@ -35,6 +35,7 @@ log = logging.getLogger("q3tts.server")
 _ids = itertools.count()
 PLACEHOLDER_VOICES = ("", "default")  # `voice` where none applies (VoiceDesign, ref_audio); OpenAI needs one
 OPENAI_MODEL_NAMES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # accepted as aliases of the loaded model
+MAX_RESTARTS = 3  # engine rebuilds after failures before the server gives up
 HTTP_NAMES = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # Python argument -> HTTP field
 
 
@@ -73,7 +74,11 @@ class SpeechService:
         self.engine = None
         self.owns_engine = False  # built here (closed at stop), not shared with other users of the same TTS
         self.ready = False
+        self.draining = False  # shutting down: running streams finish, new requests are refused
         self.failure: str | None = None
+        self.restarts = 0  # engines rebuilt after a failure
+        self.on_give_up: Any = None  # called when the engine cannot be rebuilt (serve(): the process exits)
+        self._watchdog: asyncio.Task | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
@@ -95,15 +100,48 @@ class SpeechService:
         except Exception as e:
             log.exception("engine start-up failed")
             self.failure = f"engine start-up failed: {e}"
+            return
+        if self.owns_engine and self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Rebuilds a failed engine (its streams have ended with an error event; meanwhile /ready and new requests
+        say 503). After MAX_RESTARTS failures, or if a rebuild fails, gives up: /health says 503 and
+        `on_give_up` (the process's exit under `q3tts serve`) lets a supervisor start it afresh."""
+        while not self.draining:
+            await asyncio.sleep(0.2)
+            if self.engine is None or self.engine.healthy:
+                continue
+            self.ready = False
+            self.restarts += 1
+            log.error("the engine failed (%d so far); rebuilding it", self.restarts)
+            try:
+                if self.restarts > MAX_RESTARTS:
+                    raise RuntimeError(f"the engine failed {self.restarts} times")
+                await asyncio.to_thread(self.tts.close)
+                self.tts.configure_engine(self.config.engine_config())
+                self.engine = await asyncio.to_thread(self.tts.prepare_engine)
+                if self.observer is not None:
+                    self.engine.metrics.observers.append(self.observer)
+                self.ready = True
+            except Exception as e:
+                log.exception("giving up on the engine")
+                self.failure = f"the engine failed and could not be rebuilt: {e}"
+                if self.on_give_up is not None:
+                    self.on_give_up()
+                return
 
     async def stop(self) -> None:
         self.ready = False
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self.owns_engine:
             await asyncio.to_thread(self.tts.close)
 
     @property
     def healthy(self) -> bool:
-        return self.failure is None and (self.engine is None or self.engine.healthy)
+        """Alive: not given up (a failed engine that is being rebuilt counts as alive)."""
+        return self.failure is None
 
     @property
     def task_type(self) -> str:
@@ -127,6 +165,9 @@ class SpeechService:
     # ---- requests -----------------------------------------------------------------------------------------
 
     def check_ready(self) -> None:
+        if self.draining:
+            raise errors.APIError(503, "the server is shutting down; retry on another instance", type=errors.SERVER,
+                                  code="shutting_down", headers={"Retry-After": "1"})
         if not self.ready or self.engine is None:
             raise errors.engine_failed(self.failure) if self.failure else errors.not_ready()
         if not self.engine.healthy:

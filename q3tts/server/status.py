@@ -24,7 +24,8 @@ async def health(request: Request) -> JSONResponse:
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
     service: SpeechService = request.app.state.service
-    is_ready = service.ready and service.healthy
+    is_ready = service.ready and service.healthy and not service.draining and bool(service.engine) \
+        and service.engine.healthy
     return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
 
