@@ -134,6 +134,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-runaway-guard", action="store_true",
                        help="let requests run to max_new_tokens (default: end audio beyond 20 frames per text token "
                             "+ 10 s, or 5 s of one frame repeated)")
+    serve.add_argument("--max-body-bytes", type=int,
+                       help="largest request body (default: room for a base64 reference recording of 25 MB)")
+    serve.add_argument("--body-timeout", type=float, default=30.0,
+                       help="seconds each part of a request body may take to arrive (default: 30)")
     serve.add_argument("--drain-timeout", type=float, default=30.0,
                        help="on SIGTERM, seconds streams in flight may take to finish (default: 30)")
     serve.add_argument("--send-timeout", type=float, default=30.0,
@@ -254,6 +258,7 @@ def _serve(args) -> int:
                           served_model_name=args.served_model_name, allow_ref_audio_urls=args.allow_ref_audio_urls,
                           ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
                           send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,
+                          body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
                           **({"runaway_guard": None} if args.no_runaway_guard else {}))
     serve(config, log_level=args.log_level)
     return 0

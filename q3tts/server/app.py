@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -89,6 +90,9 @@ def serve(config: ServerConfig, log_level: str = "info") -> None:
 
     server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                                    timeout_graceful_shutdown=config.drain_timeout_s))
+    # uvicorn drains on SIGTERM, then raises the signal again under the handler it found: a no-op one, so that a
+    # clean drain exits 0 (supervisors read a signal death as a crash).
+    signal.signal(signal.SIGTERM, lambda *_: None)
     server.run()
     if server.gave_up:
         raise SystemExit(1)

@@ -6,6 +6,8 @@
   is cut off at the limit with 413;
 - the body's pace: each part must arrive within `body_timeout_s`, else 408 (a client that trickles its body holds
   no worker and, not yet submitted, no row).
+The body is read here, whole (it is bounded), and handed to the app from memory: FastAPI would turn a failure
+while it reads the body into a 400.
 """
 
 from __future__ import annotations
@@ -18,12 +20,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .auth import is_authorized, unauthorized
 from .config import ServerConfig
 from .errors import APIError
-
-
-class BodyRefused(Exception):
-    def __init__(self, error: APIError):
-        super().__init__(error.message)
-        self.error = error
 
 
 class RequestGuard:
@@ -39,41 +35,46 @@ class RequestGuard:
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.config.max_body_bytes):
             return await self._too_large().response()(scope, receive, send)
-        started = False
-
-        async def send_tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
         try:
-            await self.app(scope, self._guarded(receive), send_tracked)
-        except BodyRefused as e:
-            if started:
-                raise
-            await e.error.response()(scope, receive, send)
+            body = await self._read_body(receive)
+        except _Refused as e:
+            return await e.error.response()(scope, receive, send)
+        await self.app(scope, _replay(body, receive), send)
 
-    def _guarded(self, receive: Receive) -> Receive:
-        received, body_done = 0, False
-
-        async def guarded_receive() -> Message:
-            nonlocal received, body_done
-            if body_done:  # afterwards only a disconnect can come: no deadline
-                return await receive()
+    async def _read_body(self, receive: Receive) -> list[Message]:
+        """The request's body messages, read within the limits (the app then reads them from memory)."""
+        messages, received = [], 0
+        while True:
             try:
                 message = await asyncio.wait_for(receive(), self.config.body_timeout_s)
             except asyncio.TimeoutError:
-                raise BodyRefused(APIError(408, f"the request body did not arrive within "
-                                                f"{self.config.body_timeout_s:g} s", code="request_timeout")) from None
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                body_done = not message.get("more_body", False)
-                if received > self.config.max_body_bytes:
-                    raise BodyRefused(self._too_large())
-            return message
-
-        return guarded_receive
+                raise _Refused(APIError(408, f"the request body did not arrive within "
+                                             f"{self.config.body_timeout_s:g} s", code="request_timeout")) from None
+            messages.append(message)
+            if message["type"] != "http.request":  # the client left
+                return messages
+            received += len(message.get("body", b""))
+            if received > self.config.max_body_bytes:
+                raise _Refused(self._too_large())
+            if not message.get("more_body", False):
+                return messages
 
     def _too_large(self) -> APIError:
         return APIError(413, f"the request body exceeds this server's {self.config.max_body_bytes} bytes",
                         code="request_too_large")
+
+
+class _Refused(Exception):
+    def __init__(self, error: APIError):
+        super().__init__(error.message)
+        self.error = error
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A `receive` that gives the body read already, then waits on the client (for its disconnect)."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed

@@ -24,9 +24,10 @@ class VoiceRef(BaseModel):
 
 
 class SpeechSettings(BaseModel):
-    """Everything about how to speak, shared by HTTP requests and WebSocket sessions."""
+    """Everything about how to speak, shared by HTTP requests and WebSocket sessions. Strict: a value of the wrong
+    JSON type is refused, never converted ("yes" is not True, "5" is not 5)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     voice: str | VoiceRef | None = None  # CustomVoice: preset speaker; Base: stored voice id or name
     instructions: str | None = None  # -> instruct (style on 1.7B CustomVoice, the voice itself on VoiceDesign)
