@@ -29,10 +29,12 @@ from .errors import RequestError
 from .models.qwen3_tts import Qwen3TTSModel
 from .models.speech_tokenizer import SpeechTokenizer
 from .official import OfficialAPI
+from .pieces import LONG_TEXT_CHARS, PIECE_CHARS, PieceStream, join
 from .prompt import build_prompt
 from .reference import generate_codes
 from .request import Request, RequestBuilder, RunawayGuard
 from .streaming import DEFAULT_SCHEDULE, AudioStream, check_chunking
+from .text_segmenter import split_text
 from .text_tokenizer import TextTokenizer
 from .voice import Voice, clone_voices
 
@@ -52,7 +54,7 @@ class TTS(OfficialAPI):
         self.sample_rate = speech_tokenizer.sample_rate
         self.engine_config = engine_config or EngineConfig()
         self.reference = reference
-        self.requests = RequestBuilder(self.config, text_tokenizer, generation_config, self._context_limit)
+        self.builder = RequestBuilder(self.config, text_tokenizer, generation_config, self._context_limit)
         self._engine: Engine | None = None
         self._engine_lock = threading.Lock()
         self._prompt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -147,9 +149,16 @@ class TTS(OfficialAPI):
         `sampling`: any generation_config field (`do_sample`, `temperature`, `top_k`, `top_p`,
         `repetition_penalty`, the `subtalker_*` ones, `max_new_tokens`); unset ones take the checkpoint's.
         `runaway_guard` (a `RunawayGuard`) ends audio that grows far beyond what the text needs, or repeats."""
-        return self.requests.build(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
+        return self.builder.build(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
                                    non_streaming_mode=non_streaming_mode, seed=seed, sampling=sampling,
                                    runaway_guard=runaway_guard)
+
+    def pieces(self, text: str, **kwargs: Any) -> list[Request]:
+        """`request` for a text of any length: one request, or for a text longer than LONG_TEXT_CHARS one per piece
+        of at most PIECE_CHARS characters, cut at sentence ends (q3tts.pieces), all validated now."""
+        if not isinstance(text, str) or len(text) <= LONG_TEXT_CHARS:
+            return [self.request(text, **kwargs)]
+        return [self.request(piece, **kwargs) for piece in split_text(text, PIECE_CHARS)]
 
     def prepare(self, request: Request) -> Prompt:
         """The request's prompt embeddings, built on a CUDA stream of their own (so that they do not queue behind
@@ -184,10 +193,11 @@ class TTS(OfficialAPI):
                    seed: int | None = None, on_frame: Callable[[int], None] | None = None,
                    **sampling: Any) -> np.ndarray:
         """One utterance as float32 audio at `self.sample_rate`, in whatever mode the checkpoint offers (see
-        `request` for the arguments). `on_frame(n)` is called as frames are produced (n: frames so far)."""
-        request = self.request(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
+        `request` for the arguments; a long text is spoken as pieces, see `pieces`). `on_frame(n)` is called as
+        frames are produced (n: frames so far of the piece)."""
+        requests = self.pieces(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
                                non_streaming_mode=non_streaming_mode, seed=seed, **sampling)
-        return self.synthesize_all([request], on_frame)[0]
+        return join(self.synthesize_all(requests, on_frame))
 
     def synthesize_all(self, requests: list[Request], on_frame: Callable[[int], None] | None = None
                        ) -> list[np.ndarray]:
@@ -204,18 +214,23 @@ class TTS(OfficialAPI):
         concatenated chunks equal `synthesize`'s audio. Leaving the loop early (or `close()`) frees the row."""
         started = time.perf_counter()
         schedule = check_chunking(chunk_schedule, pcm_format)
-        request = self.request(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
+        requests = self.pieces(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
                                non_streaming_mode=non_streaming_mode, seed=seed, **sampling)
-        return AudioStream(lambda: self.submit(request), schedule, pcm_format, self.sample_rate, started)
+        return AudioStream(lambda: self._submit_pieces(requests), schedule, pcm_format, self.sample_rate, started)
 
     def astream(self, text: str, **kwargs: Any) -> AudioStream:
         """`stream` for asyncio: `async for chunk in tts.astream(...)`, the same chunks, no thread per stream."""
         started = time.perf_counter()
         pcm_format = kwargs.pop("pcm_format", "float32")
         schedule = check_chunking(kwargs.pop("chunk_schedule", DEFAULT_SCHEDULE), pcm_format)
-        request = self.request(text, **kwargs)
-        return AudioStream(lambda: self.submit(request, asyncio_loop=True), schedule, pcm_format, self.sample_rate,
-                           started, submit_now=_loop_running())
+        requests = self.pieces(text, **kwargs)
+        return AudioStream(lambda: self._submit_pieces(requests, asyncio_loop=True), schedule, pcm_format,
+                           self.sample_rate, started, submit_now=_loop_running())
+
+    def _submit_pieces(self, requests: list[Request], asyncio_loop: bool = False) -> RequestStream | PieceStream:
+        if len(requests) == 1:
+            return self.submit(requests[0], asyncio_loop=asyncio_loop)
+        return PieceStream(lambda k: self.submit(requests[k], asyncio_loop=asyncio_loop), len(requests))
 
     # ---- rendering ----------------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ class OfficialAPI:
         items = zip(texts, _broadcast(speaker, len(texts), "speaker"), _broadcast(language, len(texts), "language"),
                     _broadcast(instruct, len(texts), "instruct"), _broadcast(kwargs.pop("seed", None), len(texts),
                                                                              "seed"))
-        requests = [self.requests.build(t, speaker=spk, language=lang, instruct=ins, seed=seed, official=True,
+        requests = [self.builder.build(t, speaker=spk, language=lang, instruct=ins, seed=seed, official=True,
                                         non_streaming_mode=non_streaming_mode, sampling=kwargs)
                     for t, spk, lang, ins, seed in items]
         return self._render(requests, official_cut=True), self.sample_rate
@@ -54,7 +54,7 @@ class OfficialAPI:
         texts = _as_list(text, "text")
         items = zip(texts, _broadcast(instruct, len(texts), "instruct"), _broadcast(language, len(texts), "language"),
                     _broadcast(kwargs.pop("seed", None), len(texts), "seed"))
-        requests = [self.requests.build(t, instruct=ins, language=lang, seed=seed, official=True,
+        requests = [self.builder.build(t, instruct=ins, language=lang, seed=seed, official=True,
                                         non_streaming_mode=non_streaming_mode, sampling=kwargs)
                     for t, ins, lang, seed in items]
         return self._render(requests, official_cut=True), self.sample_rate
@@ -69,7 +69,7 @@ class OfficialAPI:
         texts = _as_list(text, "text")
         languages = _broadcast(language, len(texts), "language")
         seeds = _broadcast(kwargs.pop("seed", None), len(texts), "seed")
-        self.requests.params(kwargs)  # bad sampling arguments are refused before the voices are made
+        self.builder.params(kwargs)  # bad sampling arguments are refused before the voices are made
         if voice_clone_prompt is None:
             if ref_audio is None:
                 raise RequestError("generate_voice_clone needs ref_audio or voice_clone_prompt", "ref_audio")
@@ -78,7 +78,7 @@ class OfficialAPI:
             voices = _voices_from_prompt(voice_clone_prompt)
         voices = _broadcast(voices, len(texts), "voice_clone_prompt")
         requests: list[Request] = [
-            self.requests.build(t, voice=v, language=lang, seed=seed, non_streaming_mode=non_streaming_mode,
+            self.builder.build(t, voice=v, language=lang, seed=seed, non_streaming_mode=non_streaming_mode,
                                 sampling=kwargs, official=True)
             for t, lang, v, seed in zip(texts, languages, voices, seeds)]
         return self._render(requests, official_cut=True), self.sample_rate

@@ -261,3 +261,22 @@ def test_runaway_guard_is_on_by_default(tmp_path):
         assert events[-1]["finish_reason"] == "runaway", events[-1]
         assert 2 <= events[-1]["usage"]["output_tokens"] < 10
         assert 'q3tts_requests_ended_total{reason="runaway"} 1.0' in httpx.get(guarded.url + "/metrics").text
+
+
+def test_a_long_input_is_spoken_as_pieces(server):
+    """An input longer than one generation should hold is cut at sentence ends and streamed back to back."""
+    from q3tts.pieces import PIECE_CHARS
+    from q3tts.text_segmenter import split_text
+
+    text = " ".join(f"Sentence {i} of a long input, spoken piece by piece." for i in range(14))
+    pieces = len(split_text(text, PIECE_CHARS))
+    assert len(text) <= 4096 and pieces >= 2
+    body = {"input": text, "voice": "ryan", "response_format": "pcm", "stream_format": "sse", "max_new_tokens": 4,
+            "seed": SEED}
+    config = ServerConfig(model="tiny", device="cpu", max_running=2, warmup=False)  # max_input_chars 4096
+    with ServerThread(config, server.app.state.service.tts) as long_server, \
+            httpx.stream("POST", long_server.url + "/v1/audio/speech", json=body, timeout=120) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] == 3 * pieces
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert len(audio) == 2 * 3 * pieces * FRAME

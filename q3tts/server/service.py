@@ -24,6 +24,7 @@ from ..engine import EngineError, QueueFull, RequestStream
 from ..engine.sequence import Prompt
 from ..errors import RequestError, quote
 from ..fetch import FetchError, FetchPolicy, fetch
+from ..pieces import PieceStream
 from ..request import Request
 from ..voice import Voice
 from . import errors
@@ -50,12 +51,14 @@ class VoiceChoice:
 
 @dataclass
 class PreparedSpeech:
-    request: Request
-    prompt: Prompt
+    """A request's pieces (one, or several for a long input: q3tts.pieces) and their prompts."""
+
+    requests: list[Request]
+    prompts: list[Prompt]
 
     @property
     def input_tokens(self) -> int:
-        return max(self.request.text_tokens, 0)
+        return sum(max(r.text_tokens, 0) for r in self.requests)
 
 
 def api_error(e: RequestError) -> errors.APIError:
@@ -160,7 +163,8 @@ class SpeechService:
                                  icl_mode=False, model_size=self.tts.config.tts_model_size)
         settings = SpeechSettings(max_new_tokens=4, seed=0)
         job = await self.prepare("Hello.", settings, choice)
-        await self.engine.submit(job.prompt, job.request.params, request_id="warmup", asyncio_loop=True).aread_all()
+        await self.engine.submit(job.prompts[0], job.requests[0].params, request_id="warmup",
+                                 asyncio_loop=True).aread_all()
 
     # ---- requests -----------------------------------------------------------------------------------------
 
@@ -194,10 +198,10 @@ class SpeechService:
                                      "`instructions` and omit `voice` (or pass 'default')", param="voice")
         speaker = s.voice_id if kind == "custom_voice" else None
         try:
-            instruct = self.tts.requests.check_mode(speaker, kind == "base", s.instructions)
-            self.tts.requests.language(s.language)
+            instruct = self.tts.builder.check_mode(speaker, kind == "base", s.instructions)
+            self.tts.builder.language(s.language)
             if speaker is not None:
-                speaker = self.tts.requests.speaker(speaker)
+                speaker = self.tts.builder.speaker(speaker)
         except RequestError as e:
             raise api_error(e) from e
         if kind == "base":
@@ -277,16 +281,23 @@ class SpeechService:
             raise api_error(e) from e
 
     def _build(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> PreparedSpeech:
-        request = self.tts.request(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
+        requests = self.tts.pieces(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
                                    language=s.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
                                    runaway_guard=self.config.runaway_guard, **s.sampling())
-        return PreparedSpeech(request, self.tts.prepare(request))
+        return PreparedSpeech(requests, [self.tts.prepare(r) for r in requests])
 
-    def submit(self, job: PreparedSpeech, request_id: str) -> RequestStream:
-        """Queues a prepared request on the engine (429 when the queue is full); read it with `async for`."""
+    def submit(self, job: PreparedSpeech, request_id: str) -> RequestStream | PieceStream:
+        """Queues a prepared request on the engine (429 when the queue is full); read it with `async for`. A long
+        input's pieces play back to back, the next one queued while one plays."""
         self.check_ready()
+        base = f"{request_id}#{next(_ids)}"
+
+        def one(k: int) -> RequestStream:
+            return self.tts.submit(job.requests[k], f"{base}.{k}" if len(job.requests) > 1 else base,
+                                   asyncio_loop=True, prompt=job.prompts[k])
+
         try:
-            return self.tts.submit(job.request, f"{request_id}#{next(_ids)}", asyncio_loop=True, prompt=job.prompt)
+            return one(0) if len(job.requests) == 1 else PieceStream(one, len(job.requests))
         except QueueFull as e:
             raise errors.queue_full(retry_after_s=1) from e
         except EngineError as e:

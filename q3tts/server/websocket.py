@@ -40,13 +40,13 @@ from pydantic import ValidationError
 
 from ..engine import EngineError
 from ..errors import quote
+from ..text_segmenter import TextSegmenter
 from . import errors
 from .audio_encoding import encode_async, flush_async, make_encoder
 from .auth import websocket_authorized
 from .middleware import request_id_of
 from .schemas import StreamConfig
 from .service import SpeechService, VoiceChoice
-from .text_segmenter import TextSegmenter
 
 log = logging.getLogger("q3tts.server")
 router = APIRouter()

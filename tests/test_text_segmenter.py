@@ -1,12 +1,8 @@
-"""How the WebSocket endpoint cuts streamed text into segments (pure)."""
+"""How text is cut into pieces worth speaking on their own: streamed (the WebSocket) or whole (long texts)."""
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("fastapi")
-
-from q3tts.server.text_segmenter import TextSegmenter  # noqa: E402
+from q3tts.text_segmenter import TextSegmenter, split_text
 
 
 def _feed(segmenter: TextSegmenter, pieces: list[str]) -> list[str]:
@@ -49,3 +45,15 @@ def test_flush_speaks_whatever_is_buffered():
     s = TextSegmenter()
     s.push("an unfinished thought")
     assert s.flush() == ["an unfinished thought"] and s.flush() == []
+
+
+def test_split_text_packs_sentences_into_pieces():
+    sentences = [f"Sentence number {i} is here, with a clause." for i in range(20)]
+    text = " ".join(sentences)
+    pieces = split_text(text, max_chars=200)
+    assert all(len(p) <= 200 for p in pieces) and " ".join(pieces) == text
+    assert all(p.endswith(".") for p in pieces) and [len(p) for p in pieces] == [167, 167, 169, 171, 171]
+    assert split_text("Short.") == ["Short."]
+    long_word = "x" * 500  # no boundary at all: cut at the limit
+    assert [len(p) for p in split_text(long_word, max_chars=200)] == [200, 200, 100]
+    assert split_text("你好。今天天气很好！谢谢。" * 30, max_chars=50)[0].endswith("。")

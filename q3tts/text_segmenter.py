@@ -1,4 +1,5 @@
-"""Cuts text that arrives in pieces (an LLM's deltas) into segments worth speaking on their own.
+"""Cuts text into segments worth speaking on their own: text that arrives in pieces (an LLM's deltas, the
+WebSocket) or a long text whole (`split_text`).
 
 A segment ends at a sentence end (`.!?…` followed by whitespace, or CJK `。！？`), at a clause mark (`,;:—`,
 CJK `，；：、`) once the segment is at least `clause_min_chars` long, or, failing both, at the last space
@@ -63,3 +64,17 @@ class TextSegmenter:
     def _length_cut(self) -> int:
         space = self.buffer.rfind(" ", 0, self.max_chars)
         return space if space > 0 else self.max_chars
+
+
+def split_text(text: str, max_chars: int = 300) -> list[str]:
+    """A whole text as pieces of at most `max_chars` characters: cut as the WebSocket cuts streamed text (at
+    sentence ends, else clause marks, else spaces), then consecutive segments packed together up to `max_chars`
+    (fewer, longer generations speak more naturally)."""
+    segmenter = TextSegmenter(clause_min_chars=max_chars, max_chars=max_chars)
+    pieces: list[str] = []
+    for segment in segmenter.push(text) + segmenter.flush():
+        if pieces and len(pieces[-1]) + 1 + len(segment) <= max_chars:
+            pieces[-1] += " " + segment
+        else:
+            pieces.append(segment)
+    return pieces
