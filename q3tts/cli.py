@@ -47,8 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands")
 
     say = sub.add_parser("say", help="synthesise text to a WAV file")
-    say.add_argument("text", help="the text to speak (use '-' to read it from standard input)")
+    say.add_argument("text", nargs="?", help="the text to speak ('-': read it from standard input; any length: "
+                     "long texts are spoken in pieces)")
+    say.add_argument("-f", "--file", type=Path, help="read the text from this file instead")
     say.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default: out.wav)")
+    say.add_argument("--play", action="store_true",
+                     help="also play the audio as it is generated (needs an audio output and `pip install "
+                          "'q3tts[play]'`; without them, says so and only writes the file)")
     _model_args(say)
     _memory_args(say, None)
     say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER})")
@@ -187,8 +192,8 @@ def _load(args, **engine):
 
 
 def _say(args) -> int:
-    """Everything that needs no model is checked first; then the model loads and the audio streams to the
-    file as it is generated."""
+    """Everything that needs no model is checked first; then the model loads and the audio streams to the file
+    (and with --play to the speakers) as it is generated."""
     import numpy as np
     import soundfile as sf
 
@@ -197,7 +202,7 @@ def _say(args) -> int:
     from .sampling import SamplingParams
     from .voice import Voice
 
-    text = check_text(sys.stdin.read() if args.text == "-" else args.text)
+    text = check_text(_read_text(args))
     output = Path(args.output)
     if not output.parent.is_dir():
         raise FileNotFoundError(f"-o {args.output}: the folder {str(output.parent)!r} does not exist")
@@ -207,7 +212,7 @@ def _say(args) -> int:
     SamplingParams(**sampling, seed=args.seed)  # bad numbers are refused before the model loads
     resolve_dtype(args.dtype, resolve_device(args.device))
     voice = Voice.load(args.voice) if args.voice else None
-    tts = _load(args, max_rows=1, max_context=args.max_context, kv_cache_gb=args.kv_cache_gb,
+    tts = _load(args, max_rows=2, max_context=args.max_context, kv_cache_gb=args.kv_cache_gb,
                 gpu_memory_utilization=args.gpu_memory_utilization)
     kind = tts.config.tts_model_type
     if kind == "base" and voice is None:
@@ -216,19 +221,54 @@ def _say(args) -> int:
                                "voice")
         voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
     speaker = args.speaker or (DEFAULT_SPEAKER if kind == "custom_voice" else None)
-    request = tts.request(text, speaker=speaker, voice=voice, instruct=args.instruct, language=args.language,
-                          non_streaming_mode=args.non_streaming_mode, seed=args.seed, **sampling)
-    progress = _Progress(request.text_tokens, request.params.max_new_tokens)
-    frames = []
-    for frame in tts.submit(request):
-        frames.append(frame)
-        progress.frame()
+    kwargs = dict(speaker=speaker, voice=voice, instruct=args.instruct, language=args.language,
+                  non_streaming_mode=args.non_streaming_mode, seed=args.seed, **sampling)
+    requests = tts.pieces(text, **kwargs)  # validated before anything runs
+    progress = _Progress(sum(r.text_tokens for r in requests), sum(r.params.max_new_tokens for r in requests))
+    player = _player(tts.sample_rate) if args.play else None
+    chunks = []
+    for chunk in tts.stream(text, chunk_schedule=(1,), **kwargs):
+        chunks.append(chunk.pcm)
+        if player is not None:
+            player.write(chunk.pcm)
+        progress.frame(chunk.num_frames)
     progress.close()
-    wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
+    if player is not None:
+        player.stop()
+    wav = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
     sf.write(output, wav, tts.sample_rate)
     print(f"wrote {args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
           + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
     return 0
+
+
+def _read_text(args) -> str:
+    if args.file is not None:
+        if args.text is not None:
+            raise ValueError("give the text or --file, not both")
+        try:
+            return args.file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--file {args.file}: {e}") from e
+    if args.text is None:
+        raise ValueError("give the text to speak, '-' to read it from standard input, or --file")
+    return sys.stdin.read() if args.text == "-" else args.text
+
+
+def _player(sample_rate: int):
+    """An output stream on the default audio device, or None with a message saying why there is none."""
+    try:
+        import sounddevice
+
+        stream = sounddevice.OutputStream(samplerate=sample_rate, channels=1, dtype="float32")
+        stream.start()
+        return stream
+    except ImportError:
+        reason = "the player is not installed (pip install 'q3tts[play]')"
+    except Exception as e:  # PortAudio: no device, no server, no permission
+        reason = f"no audio output device ({e})"
+    print(f"q3tts: cannot play: {reason}; writing the file only", file=sys.stderr)
+    return None
 
 
 def _voice_create(args) -> int:
@@ -328,8 +368,8 @@ class _Progress:
         self.frames, self.start, self.last = 0, time.perf_counter(), 0.0
         self.tty = sys.stderr.isatty()
 
-    def frame(self) -> None:
-        self.frames += 1
+    def frame(self, count: int = 1) -> None:
+        self.frames += count
         now = time.perf_counter()
         if now - self.last >= (0.25 if self.tty else 5.0) and now - self.start > 1.0:
             self.last = now

@@ -84,3 +84,23 @@ def test_benchmark_modules_import():
     for path in sorted((Path(__file__).resolve().parent.parent / "bench").glob("*.py")):
         spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def test_say_reads_a_file_or_standard_input_and_plays_if_it_can(tmp_path, capsys, monkeypatch):
+    """Text from a file (a long one, spoken in pieces) or from standard input; --play without an audio output (or
+    without the player installed) says so and still writes the file."""
+    import io
+
+    from q3tts.text_segmenter import split_text
+
+    long_text = " ".join(f"Line {i} of a text read from a file, spoken in pieces." for i in range(14))
+    (tmp_path / "text.txt").write_text(long_text, encoding="utf-8")
+    out = tmp_path / "file.wav"
+    assert main(["say", "-f", str(tmp_path / "text.txt"), "--model", "tiny", "--max-new-tokens", "3", "-o", str(out),
+                 "--play", "--seed", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "cannot play" in err and sf.info(out).frames == 2 * 1920 * len(split_text(long_text))
+    monkeypatch.setattr("sys.stdin", io.StringIO("From standard input."))
+    assert main(["say", "-", "--model", "tiny", "--max-new-tokens", "3", "-o", str(tmp_path / "stdin.wav")]) == 0
+    assert main(["say", "--model", "tiny", "-o", str(out)]) == 1
+    assert "give the text to speak" in capsys.readouterr().err
