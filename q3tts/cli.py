@@ -150,6 +150,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(run=_serve)
 
+    batch = sub.add_parser("batch", help="render many requests from a JSON-lines file into a folder (resumable)")
+    batch.add_argument("jobs", type=Path, help='one JSON object per line: {"text": ..., "speaker"/"voice"/"instruct": '
+                       '..., "language", "seed", "id", sampling fields}')
+    batch.add_argument("--out-dir", type=Path, required=True, help="folder for <id>.wav files and manifest.jsonl")
+    _model_args(batch)
+    _memory_args(batch, None)
+    batch.add_argument("--max-rows", type=int, default=64, help="requests decoded together (default: 64)")
+    batch.set_defaults(run=_batch)
+
     voice = sub.add_parser("voice", help="manage cloned voices").add_subparsers(title="voice commands")
     create = voice.add_parser("create", help="clone a voice from reference audio and save it")
     create.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
@@ -269,6 +278,20 @@ def _player(sample_rate: int):
         reason = f"no audio output device ({e})"
     print(f"q3tts: cannot play: {reason}; writing the file only", file=sys.stderr)
     return None
+
+
+def _batch(args) -> int:
+    from .batch import run
+
+    if not args.jobs.is_file():
+        raise FileNotFoundError(f"{args.jobs}: no such file")
+    tts = _load(args, max_rows=args.max_rows, max_context=args.max_context, kv_cache_gb=args.kv_cache_gb,
+                gpu_memory_utilization=args.gpu_memory_utilization)
+    counts = run(tts, args.jobs, args.out_dir, window=2 * args.max_rows,
+                 log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(f"{counts['rendered']} rendered, {counts['skipped']} already there, {counts['bad_lines']} bad lines; "
+          f"manifest: {args.out_dir / 'manifest.jsonl'}", file=sys.stderr)
+    return 0
 
 
 def _voice_create(args) -> int:

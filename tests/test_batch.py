@@ -1,0 +1,42 @@
+"""`q3tts batch`: many requests from a JSON-lines file, bad lines reported, resumable, with a manifest."""
+
+from __future__ import annotations
+
+import json
+
+import soundfile as sf
+
+from q3tts.cli import main
+
+JOBS = [
+    {"text": "Hello there.", "speaker": "ryan", "seed": 1, "max_new_tokens": 5},
+    {"text": "Second line.", "speaker": "eric", "id": "second", "max_new_tokens": 4},
+    "not json",
+    {"text": "", "speaker": "ryan"},
+    {"text": "Bad speaker.", "speaker": "nobody"},
+    {"text": "Twice.", "speaker": "ryan", "id": "second"},
+    {"text": "Third.", "speaker": "serena", "max_new_tokens": 6, "temperature": 0.5},
+]
+
+
+def test_batch_renders_resumes_and_reports(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("Q3TTS_CACHE", str(tmp_path / "cache"))
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("\n".join(j if isinstance(j, str) else json.dumps(j) for j in JOBS) + "\n\n")
+    out = tmp_path / "out"
+    assert main(["batch", str(jobs), "--out-dir", str(out), "--model", "tiny", "--max-rows", "2"]) == 0
+    err = capsys.readouterr().err
+    for line, words in ((3, "not JSON"), (4, "text is empty"), (5, "unknown speaker"), (6, "id 'second' is used by an earlier")):
+        assert f"line {line}: {words}" in err
+    assert "3 rendered, 0 already there, 4 bad lines" in err
+    frames = {"000001.wav": 4, "second.wav": 3, "000007.wav": 5}
+    assert sorted(p.name for p in out.glob("*.wav")) == sorted(frames)
+    for name, n in frames.items():
+        assert sf.info(out / name).frames == n * 1920
+    manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [m["line"] for m in manifest] == [1, 2, 3, 4, 5, 6, 7]
+    assert [m.get("status") for m in manifest] == ["rendered", "rendered", None, None, None, None, "rendered"]
+    (out / "second.wav").unlink()
+    assert main(["batch", str(jobs), "--out-dir", str(out), "--model", "tiny"]) == 0
+    assert "1 rendered, 2 already there, 4 bad lines" in capsys.readouterr().err
+    assert sf.info(out / "second.wav").frames == 3 * 1920
