@@ -24,5 +24,12 @@ if [ ! -f .venv-oracle/.ready ]; then
   touch .venv-oracle/.ready
 fi
 
+# The playground's browser tests: Debian's Chromium and ChromeDriver (Selenium comes with the dev extras).
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }
+fi
+
 .venv/bin/ruff check q3tts tests bench
-Q3TTS_REQUIRE_ORACLE=1 .venv/bin/python -m pytest -q "$@"
+# Screenshots of the browser tests land in test-artifacts/.
+Q3TTS_REQUIRE_ORACLE=1 Q3TTS_REQUIRE_BROWSER=1 Q3TTS_ARTIFACTS="$PWD/test-artifacts" .venv/bin/python -m pytest -q "$@"

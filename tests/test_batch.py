@@ -26,7 +26,8 @@ def test_batch_renders_resumes_and_reports(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     assert main(["batch", str(jobs), "--out-dir", str(out), "--model", "tiny", "--max-rows", "2"]) == 0
     err = capsys.readouterr().err
-    for line, words in ((3, "not JSON"), (4, "text is empty"), (5, "unknown speaker"), (6, "id 'second' is used by an earlier")):
+    reported = ((3, "not JSON"), (4, "text is empty"), (5, "unknown speaker"), (6, "id 'second' is used by"))
+    for line, words in reported:
         assert f"line {line}: {words}" in err
     assert "3 rendered, 0 already there, 4 bad lines" in err
     frames = {"000001.wav": 4, "second.wav": 3, "000007.wav": 5}

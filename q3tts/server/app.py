@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from . import errors, speech, status, voices, websocket
+from . import errors, playground, speech, status, voices, websocket
 from .config import ServerConfig
 from .guard import RequestGuard
 from .metrics import ServerMetrics
@@ -49,7 +49,7 @@ def create_app(config: ServerConfig, tts: Any = None) -> FastAPI:
     errors.install_handlers(app, on_error=metrics.count_error)
     app.add_middleware(RequestGuard, config=config)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)  # outermost: ids and counts for every answer
-    for module in (speech, voices, websocket, status):
+    for module in (speech, voices, websocket, status, playground):
         app.include_router(module.router)
     return app
 

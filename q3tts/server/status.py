@@ -41,5 +41,5 @@ async def list_models(request: Request) -> dict:
     model = {"id": service.config.model_id, "object": "model", "created": request.app.state.started_at,
              "owned_by": "q3tts", "task_type": service.task_type, "model_size": config.tts_model_size,
              "sample_rate": service.tts.sample_rate, "languages": service.tts.get_supported_languages(),
-             "speakers": service.tts.get_supported_speakers()}
+             "speakers": service.tts.get_supported_speakers(), "instructions": config.supports_instruct}
     return {"object": "list", "data": [model]}
