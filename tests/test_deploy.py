@@ -1,0 +1,69 @@
+"""The container and Kubernetes files (deploy/): they parse, their arguments are flags `q3tts serve` takes, and
+the endpoints they probe exist. (No Docker engine or cluster runs here: building the image and applying the
+manifests were not tried; the README says so.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+pytest.importorskip("fastapi")
+
+from q3tts.cli import _parser  # noqa: E402
+from q3tts.server import ServerConfig, create_app  # noqa: E402
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+REPO = DEPLOY.parent
+
+
+def routes() -> set[str]:
+    from q3tts.server import playground, speech, status, voices
+
+    create_app(ServerConfig(model="tiny"))  # the routers below are the app's
+    return {route.path for module in (status, speech, voices, playground) for route in module.router.routes}
+
+
+def serve_args(args: list[str]):
+    return _parser().parse_args(["serve", *args])
+
+
+def test_kubernetes_manifests():
+    deployment, = yaml.safe_load_all((DEPLOY / "k8s" / "deployment.yaml").read_text())
+    service, = yaml.safe_load_all((DEPLOY / "k8s" / "service.yaml").read_text())
+    assert deployment["kind"] == "Deployment" and service["kind"] == "Service"
+    pod = deployment["spec"]["template"]["spec"]
+    container, = pod["containers"]
+    args = serve_args(container["args"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["http"] == args.port and args.host == "0.0.0.0"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    probed = {container[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert probed <= routes()
+    assert pod["terminationGracePeriodSeconds"] > args.drain_timeout  # streams finish before the kill
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["targetPort"] in ports
+
+
+def test_dockerfile():
+    text = (DEPLOY / "Dockerfile").read_text()
+    instructions = {line.split()[0]: line for line in re.sub(r"\\\n\s*", " ", text).splitlines()
+                    if line and not line.startswith("#")}
+    entry = json.loads(instructions["ENTRYPOINT"].removeprefix("ENTRYPOINT"))
+    command = json.loads(instructions["CMD"].removeprefix("CMD"))
+    assert entry[-2:] == ["q3tts", "serve"] or entry[-1] == "serve"
+    args = serve_args(command)
+    assert instructions["EXPOSE"].split()[1] == str(args.port) and args.host == "0.0.0.0"
+    assert "/ready" in instructions["HEALTHCHECK"] and "/ready" in routes()
+    # The README's install command (torch as scripts/test.sh pins it, then the project), with the server extra.
+    test_sh = (REPO / "scripts" / "test.sh").read_text()
+    torch_pin = re.search(r"torch==[\d.]+", test_sh).group(0)
+    install = shlex.split(instructions["RUN"].split("&&")[-1])
+    assert install[1:] == ["install", torch_pin, ".[server]"]
+    assert torch_pin in (REPO / "README.md").read_text().split("\n", 5)[3]
