@@ -54,6 +54,8 @@ class PieceStream:
         self._streams: deque[RequestStream] = deque()
         self._next = self._playing = 0
         self._blocked_since: float | None = None  # when a piece first found the queue full
+        self._last: float | None = None  # the last sample played
+        self._piece_start = True
         self.channels: list[Channel] = []
         self._fill(first=True)
 
@@ -98,40 +100,38 @@ class PieceStream:
     close = cancel
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        last = None
         while self._streams or self._next < self.num_pieces:
-            if not self._streams:
+            if not self._streams:  # the next piece waits for room in the queue
                 self._fill()
                 time.sleep(0.01)
                 continue
-            first = True
             for frame in self._streams[0]:
-                if first and last is not None:
-                    frame = ramp(last, frame)
-                first, last = False, float(frame[-1])
-                self._fill()
-                yield frame
-            self._streams.popleft()
-            self._playing += 1
-            self._fill()
+                yield self._take(frame)
+            self._next_piece()
 
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
-        last = None
         while self._streams or self._next < self.num_pieces:
             if not self._streams:
                 self._fill()
                 await asyncio.sleep(0.01)
                 continue
-            first = True
             async for frame in self._streams[0]:
-                if first and last is not None:
-                    frame = ramp(last, frame)
-                first, last = False, float(frame[-1])
-                self._fill()
-                yield frame
-            self._streams.popleft()
-            self._playing += 1
-            self._fill()
+                yield self._take(frame)
+            self._next_piece()
+
+    def _take(self, frame: np.ndarray) -> np.ndarray:
+        """A frame of the playing piece: its first ramped from the last piece's end; the next piece queued."""
+        if self._piece_start and self._last is not None:
+            frame = ramp(self._last, frame)
+        self._piece_start, self._last = False, float(frame[-1])
+        self._fill()
+        return frame
+
+    def _next_piece(self) -> None:
+        self._streams.popleft()
+        self._playing += 1
+        self._piece_start = True
+        self._fill()
 
     def read_all(self) -> np.ndarray:
         frames = list(self)
