@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
-from .errors import RequestError
+from .errors import RequestError, quote
 
 DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
 DEFAULT_SPEAKER = "ryan"
@@ -120,9 +121,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("model", help="checkpoint folder, hub id, or a built-in tiny model ('tiny', 'tiny-base', ...)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="default: 8000")
-    serve.add_argument("--device", help="one device per process: cuda, cuda:1, cpu (default: cuda if available)")
+    placement = serve.add_mutually_exclusive_group()
+    placement.add_argument("--device", help="cuda, cuda:1, cpu ... (default: cuda if available)")
+    placement.add_argument("--devices", help="one engine per device behind this endpoint, requests to the least "
+                           "loaded: e.g. cuda:0,cuda:1")
+    placement.add_argument("--data-parallel", type=int, metavar="N", help="one engine on each of cuda:0 .. cuda:N-1")
     serve.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on a GPU, float32 on the CPU)")
-    serve.add_argument("--max-running", type=int, default=64, help="concurrent streams (default: 64)")
+    serve.add_argument("--max-running", type=int, default=64, help="concurrent streams (per engine; default: 64)")
     serve.add_argument("--max-waiting", type=int, default=256,
                        help="queued requests; more are refused with 429 (default: 256)")
     serve.add_argument("--max-input-chars", type=int, default=4096, help="longest input text (default: 4096)")
@@ -323,8 +328,34 @@ def _serve(args) -> int:
                           send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,
                           body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
                           **({"runaway_guard": None} if args.no_runaway_guard else {}))
-    serve(config, log_level=args.log_level)
+    devices = _serve_devices(args)
+    if devices:
+        from .server.router import serve_devices
+
+        serve_devices(config, devices, log_level=args.log_level)
+    else:
+        serve(config, log_level=args.log_level)
     return 0
+
+
+def _serve_devices(args) -> list[str]:
+    """The devices of `--devices` / `--data-parallel` (ValueError if they make no sense), else []."""
+    if args.data_parallel is not None:
+        if args.data_parallel < 1:
+            raise ValueError(f"--data-parallel needs N >= 1, got {args.data_parallel}")
+        return [f"cuda:{i}" for i in range(args.data_parallel)]
+    if args.devices is None:
+        return []
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    if not devices:
+        raise ValueError("--devices needs a comma-separated list, e.g. cuda:0,cuda:1")
+    for device in devices:
+        if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+            raise ValueError(f"--devices: {quote(device)} is not a device (cpu, cuda:N)")
+    cuda = [d for d in devices if d != "cpu"]
+    if len(set(cuda)) < len(cuda):
+        raise ValueError(f"--devices names a GPU twice ({args.devices}): one engine per GPU")
+    return devices
 
 
 def _bench_decode(args) -> int:

@@ -25,13 +25,16 @@ RTF_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 class ServerMetrics:
     """Also the engine's observer: `on_first_audio` / `on_finish` are called from the engine thread."""
 
-    def __init__(self):
+    def __init__(self, namespace: str = "q3tts", engine: bool = True):
+        """`engine=False`: the HTTP counters alone, named `<namespace>_...` (the `--devices` front's own)."""
         self.registry = CollectorRegistry()
         self.engine_source: Callable[[], Any] = lambda: None  # the AsyncEngine, once it exists
-        self.requests = Counter("q3tts_requests", "HTTP responses", ["route", "method", "status"],
+        self.requests = Counter(f"{namespace}_requests", "HTTP responses", ["route", "method", "status"],
                                 registry=self.registry)
-        self.errors = Counter("q3tts_errors", "Refused or failed requests, by error code", ["code"],
+        self.errors = Counter(f"{namespace}_errors", "Refused or failed requests, by error code", ["code"],
                               registry=self.registry)
+        if not engine:
+            return
         self.ttfa = Histogram("q3tts_time_to_first_audio_seconds", "Submission to first audio frame",
                               buckets=TTFA_BUCKETS, registry=self.registry)
         self.rtf = Histogram("q3tts_real_time_factor", "Wall seconds per audio second of a finished request",

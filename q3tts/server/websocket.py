@@ -67,10 +67,10 @@ async def speech_stream(websocket: WebSocket) -> None:
         await websocket.close(code=1000)
     except errors.APIError as e:
         websocket.app.state.metrics.count_error(e.code)
-        await _send_error(websocket, e)
+        await send_error(websocket, e)
     except EngineError as e:
         websocket.app.state.metrics.count_error("stream_failed")
-        await _send_error(websocket, errors.engine_failed(str(e)))
+        await send_error(websocket, errors.engine_failed(str(e)))
     except WebSocketDisconnect:
         log.info("websocket %s: client went away", request_id_of(websocket.scope))
     except asyncio.TimeoutError:
@@ -194,7 +194,7 @@ async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
     return data
 
 
-async def _send_error(websocket: WebSocket, error: errors.APIError) -> None:
+async def send_error(websocket: WebSocket, error: errors.APIError) -> None:
     code = 1013 if error.status == 429 else 1011 if error.status >= 500 else 1008
     with suppress(Exception):  # the client may be gone already
         await websocket.send_json({"type": "error", **error.body()})

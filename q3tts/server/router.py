@@ -1,0 +1,344 @@
+"""Every GPU of a host behind one endpoint: `q3tts serve MODEL --devices cuda:0,cuda:1` (or `--data-parallel 2`).
+
+One `q3tts serve` process per device (its own engine and interpreter: no engine's host loop waits on another's
+lock) on a loopback port, and this front in the main process. The front authenticates and bounds requests
+(guard.py) and sends each speech request, or WebSocket session, to the least-loaded ready engine: the fewest
+requests running and queued there, as its /metrics said at the last poll (every 100 ms), plus those sent to it
+since. A request whose engine cannot be reached goes to the next one. Voices live in one folder that every engine
+reads; uploads and deletions go to engine 0. An engine that exits or says it is unhealthy leaves the rotation
+(streams it was sending end cut off; the rest keep serving); /ready is 200 only when every engine is ready,
+/health while any serves; /metrics has each engine's metrics with an `engine` label ("0", "1", ...), their sums
+(`engine="all"`) and the front's own HTTP counters (`q3tts_router_*`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from . import errors, playground
+from .auth import websocket_authorized
+from .config import ServerConfig
+from .guard import RequestGuard
+from .metrics import CONTENT_TYPE, ServerMetrics
+from .middleware import RequestContextMiddleware, request_id_of
+from .websocket import send_error
+
+log = logging.getLogger("q3tts.server")
+POLL_S = 0.1
+# Not passed on: hop-by-hop headers, and those the proxy sets itself.
+HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "content-length", "host"}
+
+
+@dataclass
+class Backend:
+    """One engine process and what the front knows of it."""
+
+    index: int
+    device: str
+    url: str
+    process: subprocess.Popen | None = None
+    ready: bool = False
+    healthy: bool = True
+    load: float = 0.0  # running + queued requests at the last poll
+    sent: int = 0  # requests sent to it since the last poll
+    metrics: str = ""  # its /metrics at the last poll
+
+    @property
+    def alive(self) -> bool:
+        return self.healthy and (self.process is None or self.process.poll() is None)
+
+
+class Backends:
+    def __init__(self, backends: list[Backend]):
+        self.all = backends
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+
+    def pick(self, exclude: tuple[Backend, ...] = ()) -> Backend:
+        """The least-loaded ready engine (not in `exclude`); 503 if there is none."""
+        candidates = [b for b in self.all if b.alive and b.ready and b not in exclude]
+        if not candidates:
+            if any(b.alive for b in self.all):
+                raise errors.not_ready()
+            raise errors.engine_failed("no engine is serving")
+        best = min(candidates, key=lambda b: (b.load + b.sent, b.index))
+        best.sent += 1
+        return best
+
+    async def poll_forever(self) -> None:
+        while True:
+            await asyncio.gather(*(self._poll(b) for b in self.all))
+            await asyncio.sleep(POLL_S)
+
+    async def _poll(self, backend: Backend) -> None:
+        if backend.process is not None and backend.process.poll() is not None:
+            if backend.ready or backend.healthy:
+                log.error("engine %d (%s) exited with %s: out of rotation", backend.index, backend.device,
+                          backend.process.returncode)
+            backend.ready = backend.healthy = False
+            return
+        try:
+            metrics, ready, health = await asyncio.gather(*(self.client.get(backend.url + path, timeout=2)
+                                                            for path in ("/metrics", "/ready", "/health")))
+        except httpx.HTTPError:
+            backend.ready = False
+            return
+        if backend.healthy and health.status_code != 200:
+            log.error("engine %d (%s) is unhealthy: out of rotation", backend.index, backend.device)
+        backend.healthy, backend.ready = health.status_code == 200, ready.status_code == 200
+        backend.metrics = metrics.text
+        gauges = {f.name: f.samples[0].value for f in text_string_to_metric_families(metrics.text)
+                  if f.name in ("q3tts_running_streams", "q3tts_queue_depth") and f.samples}
+        backend.load, backend.sent = sum(gauges.values()), 0
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
+    metrics = ServerMetrics(namespace="q3tts_router", engine=False)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        poller = asyncio.create_task(backends.poll_forever())
+        try:
+            yield
+        finally:
+            poller.cancel()
+            await backends.close()
+
+    app = FastAPI(title="q3tts", summary="Qwen3-TTS speech server (one engine per device)", lifespan=lifespan)
+    app.state.config, app.state.metrics, app.state.draining = config, metrics, False
+    errors.install_handlers(app, on_error=metrics.count_error)
+    app.add_middleware(RequestGuard, config=config)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    app.include_router(playground.router)
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request) -> Response:
+        body, tried = await request.body(), ()
+        while True:
+            backend = backends.pick(exclude=tried)
+            try:
+                return await _forward(backends, backend, request, body)
+            except httpx.ConnectError:
+                backend.healthy = backend.ready = False  # nothing was sent: the next engine gets it
+                log.error("engine %d (%s) refused a connection: out of rotation", backend.index, backend.device)
+                tried += (backend,)
+
+    @app.api_route("/v1/audio/voices", methods=["GET", "POST"])
+    @app.api_route("/v1/audio/voices/{voice_id}", methods=["GET", "DELETE"])
+    @app.get("/v1/models")
+    async def to_engine_zero(request: Request) -> Response:
+        try:
+            return await _forward(backends, backends.all[0], request, await request.body())
+        except httpx.ConnectError as e:
+            raise errors.engine_failed(f"engine 0, which keeps the voices, did not answer: {e}") from e
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        serving = sum(b.alive for b in backends.all)
+        return JSONResponse({"status": "ok" if serving else "unhealthy", "engines": len(backends.all),
+                             "serving": serving}, status_code=200 if serving else 503)
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        ok = not app.state.draining and all(b.alive and b.ready for b in backends.all)
+        return JSONResponse({"ready": ok, "engines": [{"device": b.device, "ready": b.alive and b.ready}
+                                                      for b in backends.all]}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def all_metrics() -> Response:
+        return Response(generate_latest(metrics.registry) + merged_metrics([b.metrics for b in backends.all]),
+                        media_type=CONTENT_TYPE)
+
+    @app.websocket("/v1/audio/speech/stream")
+    async def speech_stream(websocket: WebSocket) -> None:
+        if not await websocket_authorized(websocket):
+            return
+        await websocket.accept()
+        try:
+            await _relay(backends.pick(), websocket)
+        except errors.APIError as e:
+            metrics.count_error(e.code)
+            await send_error(websocket, e)
+
+    return app
+
+
+async def _forward(backends: Backends, backend: Backend, request: Request, body: bytes) -> Response:
+    """The request on `backend`, its answer streamed back as it comes (status and headers first)."""
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+    headers["x-request-id"] = request_id_of(request.scope)  # one id in the front's and the engine's logs
+    upstream = backends.client.build_request(request.method, backend.url + request.url.path,
+                                             params=request.query_params, headers=headers, content=body)
+    response = await backends.client.send(upstream, stream=True)
+    passed = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS | {"x-request-id"}}
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError:
+            log.error("engine %d (%s) broke a stream off", backend.index, backend.device)
+            raise  # the client's response ends cut off (no final chunk): an error, not a short success
+        finally:
+            await response.aclose()
+
+    return StreamingResponse(chunks(), status_code=response.status_code, headers=passed)
+
+
+async def _relay(backend: Backend, websocket: WebSocket) -> None:
+    """A WebSocket session relayed to `backend`, both ways, until either side closes."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import WebSocketException
+
+    query = f"?{websocket.url.query}" if websocket.url.query else ""
+    url = backend.url.replace("http://", "ws://", 1) + websocket.url.path + query
+    headers = {"x-request-id": request_id_of(websocket.scope)}
+    if "authorization" in websocket.headers:
+        headers["authorization"] = websocket.headers["authorization"]
+    try:
+        async with connect(url, additional_headers=headers, max_size=None) as upstream:
+            async def client_to_engine() -> None:
+                with contextlib.suppress(WebSocketDisconnect):
+                    while (message := await websocket.receive())["type"] != "websocket.disconnect":
+                        await upstream.send(message.get("text") if message.get("text") is not None
+                                            else message["bytes"])
+                await upstream.close()
+
+            async def engine_to_client() -> None:
+                async for message in upstream:
+                    await (websocket.send_bytes(message) if isinstance(message, bytes)
+                           else websocket.send_text(message))
+
+            tasks = [asyncio.create_task(client_to_engine()), asyncio.create_task(engine_to_client())]
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # a dropped engine shows in the close code
+    except (OSError, WebSocketException) as e:
+        log.error("engine %d (%s) dropped a WebSocket session: %s", backend.index, backend.device, e)
+        raise errors.engine_failed(f"engine {backend.index} ended the session: {e}") from e
+    if upstream.close_code in (None, 1006):  # the engine went away without a closing handshake
+        raise errors.engine_failed(f"engine {backend.index} ended the session without closing it")
+    with contextlib.suppress(Exception):
+        await websocket.close(upstream.close_code)
+
+
+def merged_metrics(texts: list[str]) -> bytes:
+    """The engines' /metrics as one exposition: each sample with `engine="<index>"`, and `engine="all"` the sum
+    over engines (every q3tts engine metric is a count or a histogram: sums are meaningful)."""
+    families: dict[str, Metric] = {}
+    totals: dict[tuple, float] = {}
+    for index, text in enumerate(texts):
+        for family in text_string_to_metric_families(text):
+            if family.name.endswith("_created"):
+                continue
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                merged.add_sample(sample.name, {"engine": str(index), **sample.labels}, sample.value)
+                key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
+                totals[key] = totals.get(key, 0.0) + sample.value
+    for (family, name, labels), value in totals.items():
+        families[family].add_sample(name, {"engine": "all", **dict(labels)}, value)
+
+    class Merged:
+        def collect(self):
+            return families.values()
+
+    registry = CollectorRegistry()
+    registry.register(Merged())
+    return generate_latest(registry)
+
+
+def engine_args(config: ServerConfig, log_level: str) -> list[str]:
+    """`q3tts serve` flags that give an engine process the front's settings (its device, port and address
+    are added per engine; the API key travels in the environment, not on a command line others can read)."""
+    args = ["--max-running", config.max_running, "--max-waiting", config.max_waiting,
+            "--max-input-chars", config.max_input_chars, "--body-timeout", config.body_timeout_s,
+            "--drain-timeout", config.drain_timeout_s, "--send-timeout", config.send_timeout_s,
+            "--max-body-bytes", config.max_body_bytes, "--log-level", log_level]
+    for flag, value in (("--dtype", config.dtype), ("--max-context", config.max_context),
+                        ("--kv-cache-gb", config.kv_cache_gb),
+                        ("--gpu-memory-utilization", config.gpu_memory_utilization),
+                        ("--served-model-name", config.served_model_name),
+                        ("--ref-audio-hosts", ",".join(config.ref_audio_hosts) or None)):
+        if value is not None:
+            args += [flag, value]
+    if config.allow_ref_audio_urls:
+        args.append("--allow-ref-audio-urls")
+    if config.runaway_guard is None:
+        args.append("--no-runaway-guard")
+    return [str(a) for a in args]
+
+
+def start_backends(config: ServerConfig, devices: list[str], log_level: str) -> list[Backend]:
+    """One `q3tts serve` per device on a loopback port, all sharing one voices folder."""
+    voices_dir = config.voices_dir or tempfile.mkdtemp(prefix="q3tts-voices-")
+    env = {**os.environ, "Q3TTS_API_KEY": config.api_key or ""}
+    backends = []
+    for index, device in enumerate(devices):
+        port = _free_port()
+        cmd = [sys.executable, "-m", "q3tts.cli", "serve", config.model, *engine_args(config, log_level),
+               "--device", device, "--host", "127.0.0.1", "--port", str(port), "--voices-dir", str(voices_dir)]
+        backends.append(Backend(index, device, f"http://127.0.0.1:{port}", subprocess.Popen(cmd, env=env)))
+    return backends
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_devices(config: ServerConfig, devices: list[str], log_level: str = "info") -> None:
+    """The front on config.host:config.port over one engine process per device, until SIGINT/SIGTERM: then the
+    front and every engine drain (streams in flight finish for up to drain_timeout_s) and the process exits 0."""
+    import uvicorn
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    backends = start_backends(config, devices, log_level)
+    app = create_router_app(config, Backends(backends))
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.draining = True
+            super().handle_exit(sig, frame)
+
+    try:
+        server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                       timeout_graceful_shutdown=config.drain_timeout_s))
+        signal.signal(signal.SIGTERM, lambda *_: None)  # as serve(): a clean drain exits 0
+        server.run()
+    finally:
+        for b in backends:
+            if b.process.poll() is None:
+                b.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + config.drain_timeout_s + 5
+        for b in backends:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                b.process.wait(timeout=max(deadline - time.monotonic(), 1))
+            if b.process.poll() is None:
+                b.process.kill()

@@ -1,0 +1,267 @@
+"""`q3tts serve --devices`: one engine process per device behind one endpoint. The parts (metrics merging, the
+least-loaded pick, flags handed to the engines, a voices folder shared between stores) and then the whole of it:
+a real front over two CPU engines (tiny Base model), driven by the openai client, httpx and a WebSocket, with an
+engine killed mid-stream."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import suppress
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+import soundfile as sf  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from q3tts.cli import _parser, _serve_devices  # noqa: E402
+from q3tts.server import ServerConfig  # noqa: E402
+from q3tts.server.errors import APIError  # noqa: E402
+from q3tts.server.router import Backend, Backends, engine_args, merged_metrics  # noqa: E402
+from q3tts.server.voice_store import VoiceStore  # noqa: E402
+from q3tts.voice import Voice  # noqa: E402
+from tests.server_harness import FRAME, SEED, _free_port, frames  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+KEY = "router-test-key"
+
+ENGINE_METRICS = """# HELP q3tts_running_streams Requests generating now
+# TYPE q3tts_running_streams gauge
+q3tts_running_streams {running}
+# HELP q3tts_requests_total HTTP responses
+# TYPE q3tts_requests_total counter
+q3tts_requests_total{{route="/v1/audio/speech",method="POST",status="200"}} {ok}
+# HELP q3tts_requests_created HTTP responses
+# TYPE q3tts_requests_created gauge
+q3tts_requests_created{{route="/v1/audio/speech",method="POST",status="200"}} 1.7e+09
+# HELP q3tts_time_to_first_audio_seconds Submission to first audio frame
+# TYPE q3tts_time_to_first_audio_seconds histogram
+q3tts_time_to_first_audio_seconds_bucket{{le="0.05"}} {fast}
+q3tts_time_to_first_audio_seconds_bucket{{le="+Inf"}} {ok}
+q3tts_time_to_first_audio_seconds_count {ok}
+q3tts_time_to_first_audio_seconds_sum 0.5
+"""
+
+
+def test_metrics_per_engine_and_summed():
+    text = merged_metrics([ENGINE_METRICS.format(running=2, ok=5, fast=3),
+                           ENGINE_METRICS.format(running=1, ok=7, fast=7)]).decode()
+    samples = {(s.name, s.labels.get("engine"), s.labels.get("le")): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("q3tts_running_streams", "0", None)] == 2 and samples[("q3tts_running_streams", "1", None)] == 1
+    assert samples[("q3tts_running_streams", "all", None)] == 3
+    assert samples[("q3tts_requests_total", "all", None)] == 12
+    assert samples[("q3tts_time_to_first_audio_seconds_bucket", "all", "0.05")] == 10
+    assert samples[("q3tts_time_to_first_audio_seconds_sum", "all", None)] == 1.0
+    assert "_created" not in text  # per-process timestamps: summing them means nothing
+    families = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert len(families) == len(set(families)) == 3  # each family once, its samples together
+
+
+def test_least_loaded_ready_engine_is_picked():
+    engines = [Backend(i, f"cuda:{i}", f"http://127.0.0.1:{9000 + i}", ready=True) for i in range(3)]
+    engines[0].load, engines[1].load, engines[2].load = 4, 1, 1
+    backends = Backends(engines)
+    picks = [backends.pick().index for _ in range(4)]
+    assert picks == [1, 2, 1, 2]  # requests sent since the last poll count as load
+    engines[1].ready = engines[2].healthy = False
+    assert backends.pick().index == 0
+    with pytest.raises(APIError, match="loading"):  # engine 1 is alive but not ready yet
+        backends.pick(exclude=(engines[0],))
+    engines[0].healthy = engines[1].healthy = False
+    with pytest.raises(APIError, match="no engine is serving"):
+        backends.pick()
+
+
+def test_engines_get_the_fronts_settings():
+    config = ServerConfig(model="tiny", max_running=3, max_waiting=9, max_input_chars=100, max_context=512,
+                          kv_cache_gb=0.5, served_model_name="tts-1", allow_ref_audio_urls=True,
+                          ref_audio_hosts=("a.example",), send_timeout_s=4, drain_timeout_s=5, body_timeout_s=6,
+                          runaway_guard=None, dtype="float32", api_key="secret")
+    args = _parser().parse_args(["serve", "tiny", *engine_args(config, "warning")])
+    assert "secret" not in engine_args(config, "warning")  # the key goes by environment, not argv
+    assert (args.max_running, args.max_waiting, args.max_input_chars, args.max_context, args.kv_cache_gb) == \
+        (3, 9, 100, 512, 0.5)
+    assert (args.served_model_name, args.allow_ref_audio_urls, args.ref_audio_hosts, args.dtype) == \
+        ("tts-1", True, "a.example", "float32")
+    assert (args.send_timeout, args.drain_timeout, args.body_timeout, args.no_runaway_guard) == (4, 5, 6, True)
+    assert args.max_body_bytes == config.max_body_bytes and args.log_level == "warning"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--data-parallel", "2"], ["cuda:0", "cuda:1"]), (["--devices", "cuda:1, cuda:3"], ["cuda:1", "cuda:3"]),
+    (["--devices", "cpu,cpu"], ["cpu", "cpu"]), ([], []),
+    (["--data-parallel", "0"], "N >= 1"), (["--devices", ","], "comma-separated"),
+    (["--devices", "gpu0"], "not a device"), (["--devices", "cuda:0,cuda:0"], "GPU twice")])
+def test_device_flags(flags, expected):
+    args = _parser().parse_args(["serve", "tiny", *flags])
+    if isinstance(expected, list):
+        assert _serve_devices(args) == expected
+    else:
+        with pytest.raises(ValueError, match=expected):
+            _serve_devices(args)
+
+
+def test_device_and_devices_are_exclusive(capsys):
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "tiny", "--device", "cpu", "--devices", "cpu,cpu"])
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def test_stores_sharing_a_folder_see_each_others_voices(tmp_path):
+    first, second = VoiceStore(tmp_path), VoiceStore(tmp_path)
+    voice = Voice(ref_code=None, ref_spk_embedding=torch.ones(8), x_vector_only_mode=True, icl_mode=False)
+    entry = first.add(voice, name="shared")
+    assert second.get("shared")[0].id == entry.id and [e.id for e in second.list()] == [entry.id]
+    first.delete(entry.id)
+    assert second.get(entry.id) is None and second.list() == []
+
+
+# ---- the whole front over two engine processes ----------------------------------------------------------------
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _reference_wav() -> bytes:
+    t = np.arange(24000) / 24000
+    wav = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 4 * t))
+    out = io.BytesIO()
+    sf.write(out, wav.astype(np.float32), 24000, format="WAV")
+    return out.getvalue()
+
+
+def _frames_by_engine(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {s.labels["engine"]: s.value for f in text_string_to_metric_families(text)
+            if f.name == "q3tts_frames_generated" for s in f.samples}
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the engine processes through /proc")
+def test_two_engines_behind_one_endpoint(tmp_path):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "front.log"
+    env = {**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "Q3TTS_API_KEY": KEY}
+    cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny-base", "--devices", "cpu,cpu", "--port", str(port),
+           "--max-context", "4096", "--voices-dir", str(tmp_path / "voices"), "--log-level", "warning",
+           "--drain-timeout", "5", "--no-runaway-guard"]
+    with log.open("w") as out:
+        front = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    engines: list[int] = []
+    try:
+        started = time.monotonic()
+        while True:
+            assert front.poll() is None, log.read_text()[-3000:]
+            engines[:] = _children(front.pid)  # for the cleanup, whatever happens
+            with suppress(httpx.HTTPError):
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() - started < 240, log.read_text()[-3000:]
+            time.sleep(0.2)
+        ready_s = time.monotonic() - started
+        ready = httpx.get(url + "/ready").json()
+        assert [e["device"] for e in ready["engines"]] == ["cpu", "cpu"]
+        assert len(engines) == 2
+
+        # The front authenticates; voices are uploaded once and every engine speaks with them.
+        assert httpx.get(url + "/v1/audio/voices").status_code == 401
+        created = httpx.post(url + "/v1/audio/voices", headers=auth, data={"x_vector_only_mode": "true",
+                             "name": "shared"}, files={"file": ("ref.wav", _reference_wav(), "audio/wav")},
+                             timeout=60)
+        assert created.status_code == 201, created.text
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        results = []
+
+        def speak(max_new: int) -> None:
+            audio = client.audio.speech.create(model="tiny-base", voice="shared", input="Hello from both engines.",
+                                               response_format="pcm", extra_body={"max_new_tokens": max_new,
+                                                                                  "seed": SEED})
+            results.append(len(audio.content) // 2 == frames(max_new) * FRAME)
+
+        before = _frames_by_engine(url)  # the engines' warm-up requests
+        threads = [threading.Thread(target=speak, args=(40,)) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [True] * 6
+        time.sleep(0.3)  # a poll
+        by_engine = {k: v - before[k] for k, v in _frames_by_engine(url).items()}
+        assert by_engine["0"] > 0 and by_engine["1"] > 0, by_engine  # concurrent requests are spread
+        assert by_engine["all"] == by_engine["0"] + by_engine["1"] == 6 * frames(40)
+
+        # A WebSocket session goes through too.
+        from websockets.sync.client import connect
+
+        with connect(url.replace("http", "ws") + "/v1/audio/speech/stream", additional_headers=auth) as ws:
+            ws.send(json.dumps({"type": "session.config", "voice": "shared", "seed": SEED, "max_new_tokens": 5}))
+            ws.send(json.dumps({"type": "input.text", "text": "Through the front."}))
+            ws.send(json.dumps({"type": "input.done"}))
+            audio, events = 0, []
+            while (message := ws.recv(timeout=60)) is not None:
+                if isinstance(message, bytes):
+                    audio += len(message)
+                else:
+                    events.append(json.loads(message)["type"])
+                    if events[-1] in ("session.done", "error"):
+                        break
+        assert events[0] == "session.created" and events[-1] == "session.done" and audio == 2 * frames(5) * FRAME
+
+        # One engine killed while both stream: its stream ends cut off, the other's completes, the rest keep
+        # serving, /ready says no and /health yes.
+        outcomes: dict[int, str] = {}
+
+        def long_stream(i: int) -> None:
+            body = {"model": "tiny-base", "voice": "shared", "input": "A long one.", "response_format": "pcm",
+                    "max_new_tokens": 300, "seed": SEED}
+            try:
+                with httpx.stream("POST", url + "/v1/audio/speech", json=body, headers=auth, timeout=120) as r:
+                    n = sum(len(c) for c in r.iter_bytes())
+                outcomes[i] = "complete" if n == 2 * frames(300) * FRAME else f"short {n}"
+            except httpx.HTTPError as e:
+                outcomes[i] = f"cut: {type(e).__name__}"
+
+        streams = [threading.Thread(target=long_stream, args=(i,)) for i in range(2)]
+        for t in streams:
+            t.start()
+        deadline = time.monotonic() + 60
+        while _frames_by_engine(url)["all"] < before["all"] + 6 * frames(40) + 2 * 20:  # both under way
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(engines[1], signal.SIGKILL)
+        for t in streams:
+            t.join()
+        assert sorted(o.split(":")[0] for o in outcomes.values()) == ["complete", "cut"], outcomes
+        for _ in range(4):
+            speak(6)
+        assert results[-4:] == [True] * 4
+        time.sleep(0.3)
+        assert httpx.get(url + "/ready").status_code == 503 and httpx.get(url + "/health").status_code == 200
+        assert "engine=\"0\"" in httpx.get(url + "/metrics").text
+
+        front.send_signal(signal.SIGTERM)
+        assert front.wait(timeout=30) == 0
+        assert not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+                       for pid in engines)
+        print(f"\n--devices cpu,cpu: ready in {ready_s:.0f} s; 6 requests spread "
+              f"{by_engine['0']:.0f}/{by_engine['1']:.0f} frames; engine killed mid-stream: {outcomes}")
+    finally:
+        for pid in [front.pid, *engines]:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        front.wait()
