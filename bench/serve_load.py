@@ -11,7 +11,7 @@ encoding, the client's own parsing), with a voice uploaded once at the start.
 
 usage: python bench/serve_load.py --ckpt-root /tmp/peer_ckpt --sizes 1.7B-Base,0.6B-Base --rates 10,20,40
        [--duration 15] [--max-running 128] [--out results.json]   (GPU machine)
-       python bench/serve_load.py --http http://127.0.0.1:8000 --rates 10,20,40 [--out results.json]
+       python bench/serve_load.py --http http://127.0.0.1:8000 --rates 10,20,40 [--clients 4] [--out results.json]
 """
 
 from __future__ import annotations
@@ -96,6 +96,11 @@ async def run_rate(tts: TTS | None, rate: float, duration: float, seed: int,
                    http: tuple | None = None) -> dict:
     """Poisson arrivals at `rate` for `duration` s, in-process (engine) or over HTTP (http = client, model,
     voice)."""
+    return summarize(await arrivals(tts, rate, duration, seed, http), rate, duration)
+
+
+async def arrivals(tts: TTS | None, rate: float, duration: float, seed: int, http: tuple | None = None) -> list:
+    """The per-request records of Poisson arrivals at `rate` for `duration` s."""
     rng = random.Random(seed)
     record: list[dict] = []
     tasks = []
@@ -107,6 +112,12 @@ async def run_rate(tts: TTS | None, rate: float, duration: float, seed: int,
         tasks.append(asyncio.create_task(job))
         next_arrival += rng.expovariate(rate)
     await asyncio.gather(*tasks)
+    return record
+
+
+def summarize(record: list[dict], rate: float, duration: float) -> dict:
+    """Latency quantiles, lateness and throughput of one rate's records (perf_counter times: comparable across
+    processes of one host)."""
     done = [r for r in record if not r.get("rejected")]
     ttfa = sorted(r["ttfa"] * 1e3 for r in done)
     q = lambda p: ttfa[min(len(ttfa) - 1, int(p * len(ttfa)))] if ttfa else None
@@ -127,35 +138,62 @@ async def run_rate(tts: TTS | None, rate: float, duration: float, seed: int,
             "audio_s_per_s": round(audio / span, 1), "duration_s": duration, **parts}
 
 
-async def http_rates(url: str, rates: list[float], duration: float) -> list[dict]:
+async def http_setup(url: str) -> tuple[str, str, int]:
+    """(model id, a voice uploaded for the run, the number of engines behind `url`)."""
     import httpx
 
-    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0),
-                                 limits=httpx.Limits(max_connections=4096)) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0)) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        engines = len((await client.get("/ready")).json().get("engines", [None]))  # a `--devices` front lists them
         t = np.arange(48000) / 24000
         wav = (0.3 * np.sin(2 * np.pi * 140 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
         buffer = io.BytesIO()
         sf.write(buffer, wav, 24000, format="WAV")
         created = await client.post("/v1/audio/voices", files={"file": ("ref.wav", buffer.getvalue(), "audio/wav")},
-                                    data={"x_vector_only_mode": "true", "name": "load"})
+                                    data={"x_vector_only_mode": "true", "name": f"load-{time.time_ns()}"})
         created.raise_for_status()
-        voice = created.json()["id"]
-        await run_rate(None, 4.0, 2.0, 0, http=(client, model, voice))  # warm-up
-        rows = []
+        return model, created.json()["id"], engines
+
+
+def http_records(url: str, model: str, voice: str, rate: float, duration: float, seed: int) -> list[dict]:
+    """One load-generating client (a process of its own when there are several): its requests' records."""
+    import httpx
+
+    async def run() -> list[dict]:
+        async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0),
+                                     limits=httpx.Limits(max_connections=None)) as client:
+            return await arrivals(None, rate, duration, seed, http=(client, model, voice))
+
+    return asyncio.run(run())
+
+
+def http_rates(url: str, rates: list[float], duration: float, clients: int = 1) -> list[dict]:
+    """Each rate offered by `clients` processes (rate / clients each: still Poisson), so that one Python event
+    loop parsing every stream does not become the bottleneck being measured."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    model, voice, engines = asyncio.run(http_setup(url))
+    http_records(url, model, voice, 4.0, 2.0, 0)  # warm-up
+    rows = []
+    with ProcessPoolExecutor(clients, mp_context=multiprocessing.get_context("fork")) as pool:
         for rate in rates:
-            result = await run_rate(None, rate, duration, int(rate), http=(client, model, voice))
+            parts = pool.map(http_records, *zip(*[(url, model, voice, rate / clients, duration,
+                                                   int(rate) * 1000 + i) for i in range(clients)]))
+            result = summarize([r for part in parts for r in part], rate, duration)
             rows.append({"engine": "q3tts-serve (HTTP, pcm)", "benchmark": "serving", "model": model,
-                         "batch": None, "ms_per_frame": None, "gpu_mem_gb": None,
-                         "request_mix": "x-vector clone, English, 6-14 s uniform", **result})
+                         "gpus": engines, "batch": None, "ms_per_frame": None, "gpu_mem_gb": None,
+                         "client_processes": clients, "request_mix": "x-vector clone, English, 6-14 s uniform",
+                         **result})
             print(json.dumps(rows[-1]), flush=True)
-        return rows
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt-root", type=Path)
     parser.add_argument("--http", help="URL of a running `q3tts serve` to load instead of an in-process engine")
+    parser.add_argument("--clients", type=int, default=1, help="--http: load-generating processes (default: 1)")
     parser.add_argument("--sizes", default="1.7B-Base,0.6B-Base")
     parser.add_argument("--rates", default="10,20,40")
     parser.add_argument("--duration", type=float, default=15.0)
@@ -164,7 +202,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
-    rows = asyncio.run(http_rates(args.http, rates, args.duration)) if args.http else []
+    rows = http_rates(args.http, rates, args.duration, args.clients) if args.http else []
     for name in [] if args.http else args.sizes.split(","):
         tts = TTS.from_pretrained(args.ckpt_root / name, device="cuda", dtype=torch.bfloat16,
                                   engine_config=EngineConfig(max_rows=args.max_running, max_waiting=4096,
@@ -176,7 +214,7 @@ def main() -> None:
         asyncio.run(run_rate(tts, 4.0, 2.0, seed=0))  # warm-up
         for rate in rates:
             result = asyncio.run(run_rate(tts, rate, args.duration, seed=int(rate)))
-            row = {"engine": "q3tts", "benchmark": "serving", "model": name, "batch": args.max_running,
+            row = {"engine": "q3tts", "benchmark": "serving", "model": name, "gpus": 1, "batch": args.max_running,
                    "ms_per_frame": None, "gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
                    "request_mix": "x-vector clone, English, 6-14 s uniform, EOS off", **result}
             rows.append(row)

@@ -64,7 +64,8 @@ def write_results(rows: list, path: Path, command: str, extra_rows: list[dict] |
     # The GPU machine gets a copy of the working tree without .git: the caller passes the commit there.
     commit = os.environ.get("Q3TTS_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    doc = {"card": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    card = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    doc = {"card": card, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "commit": commit or None, "command": command,
            "env": {"torch": torch.__version__, "cuda": torch.version.cuda},
            "results": [asdict(r) if is_dataclass(r) else r for r in rows] + (extra_rows or [])}
