@@ -67,3 +67,34 @@ def test_dockerfile():
     install = shlex.split(instructions["RUN"].split("&&")[-1])
     assert install[1:] == ["install", torch_pin, ".[server]"]
     assert torch_pin in (REPO / "README.md").read_text().split("\n", 5)[3]
+
+
+def test_ray_service():
+    """The KubeRay RayService: its Serve config builds (q3tts.ray_serve checks every argument), the GPU workers
+    can hold the replicas, the voices folder is the shared volume on every node, and the images agree on Ray."""
+    pytest.importorskip("ray.serve")
+    import importlib
+
+    service, = yaml.safe_load_all((DEPLOY / "ray" / "rayservice.yaml").read_text())
+    pvc, = yaml.safe_load_all((DEPLOY / "ray" / "voices-pvc.yaml").read_text())
+    assert service["kind"] == "RayService" and service["apiVersion"] == "ray.io/v1"
+    application, = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    module, _, name = application["import_path"].partition(":")
+    app = getattr(importlib.import_module(module), name)(application["args"])
+    deployment = app._bound_deployment
+    scaling = deployment._deployment_config.autoscaling_config
+    cluster = service["spec"]["rayClusterConfig"]
+    workers, = cluster["workerGroupSpecs"]
+    worker, = workers["template"]["spec"]["containers"]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == deployment.ray_actor_options["num_gpus"] == 1
+    assert scaling.max_replicas <= workers["maxReplicas"] and cluster["enableInTreeAutoscaling"]
+    voices = application["args"]["voices_dir"]
+    for spec in (cluster["headGroupSpec"]["template"]["spec"], workers["template"]["spec"]):
+        mounts = {m["name"]: m["mountPath"] for c in spec["containers"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert mounts["voices"] == voices
+        assert volumes["voices"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    dockerfile = (DEPLOY / "ray" / "Dockerfile").read_text()
+    assert f"rayproject/ray:{cluster['rayVersion']}-" in dockerfile
+    assert re.search(r'pip install torch==[\d.]+ "\.\[ray\]"', dockerfile)

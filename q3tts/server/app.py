@@ -27,8 +27,10 @@ from .voice_store import VoiceStore
 log = logging.getLogger("q3tts.server")
 
 
-def create_app(config: ServerConfig, tts: Any = None) -> FastAPI:
-    """The ASGI app for `config.model` (or an already loaded `tts`, e.g. in tests)."""
+def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False) -> FastAPI:
+    """The ASGI app for `config.model` (or an already loaded `tts`, e.g. in tests). `start_ready`: start-up
+    returns only once the engine is warm, and fails if it cannot start (for hosts such as Ray Serve that send
+    traffic as soon as start-up returns and replace a replica whose start-up failed)."""
     metrics = ServerMetrics()
 
     @asynccontextmanager
@@ -38,6 +40,11 @@ def create_app(config: ServerConfig, tts: Any = None) -> FastAPI:
         metrics.engine_source = lambda: service.engine
         app.state.service = service
         starting = asyncio.create_task(service.start())
+        if start_ready:
+            await starting
+            if not service.ready:
+                await service.stop()
+                raise RuntimeError(service.failure or "the engine did not start")
         try:
             yield
         finally:
