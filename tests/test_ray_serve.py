@@ -155,3 +155,44 @@ def test_a_killed_replica_is_replaced_and_the_service_keeps_answering(cluster, v
     replaced = time.monotonic() - killed
     assert _speak(cluster, voice) == frames(MAX_NEW) * FRAME
     print(f"\nray serve: replica killed; 4 requests answered meanwhile; replaced in {replaced:.1f} s")
+
+
+def test_replicas_are_added_when_requests_queue(cluster, tmp_path):
+    """Autoscaling on requests in flight: one replica, a target of one request each; four long streams at once
+    bring a second replica up."""
+    app = build_app({"model": str(tiny_checkpoint("tiny-base", tmp_path)), "num_gpus": 0, "num_cpus": 0.5,
+                     "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0,
+                     "downscale_delay_s": 600, "max_running": 2, "max_context": 4096, "runaway_guard": False,
+                     "voices_dir": str(tmp_path / "voices"), "served_model_name": "tiny-base"})
+    serve.run(app, name="autoscaled", route_prefix="/autoscaled")
+    url = cluster + "/autoscaled"
+    voice = httpx.post(url + "/v1/audio/voices", data={"x_vector_only_mode": "true"},
+                       files={"file": ("ref.wav", _reference_wav(), "audio/wav")}, timeout=60).json()["id"]
+
+    def replicas() -> int:
+        return serve.status().applications["autoscaled"].deployments["q3tts"].replica_states.get("RUNNING", 0)
+
+    assert replicas() == 1
+    done = threading.Event()
+
+    def long_stream() -> None:  # read until the test has seen the second replica, then leave
+        body = {"input": "A long one.", "voice": voice, "response_format": "pcm", "max_new_tokens": 3000}
+        with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=120) as response:
+            for _ in response.iter_bytes():
+                if done.is_set():
+                    break
+
+    streams = [threading.Thread(target=long_stream) for _ in range(4)]
+    started = time.monotonic()
+    for t in streams:
+        t.start()
+    try:
+        while replicas() < 2:
+            assert time.monotonic() - started < 90, serve.status().applications["autoscaled"]
+            time.sleep(0.5)
+    finally:
+        done.set()
+        for t in streams:
+            t.join()
+    print(f"\nray serve autoscaling: a second replica running {time.monotonic() - started:.1f} s after 4 streams")
+    serve.delete("autoscaled")
