@@ -6,7 +6,8 @@ lock) on a loopback port, and this front in the main process. The front authenti
 requests running and queued there, as its /metrics said at the last poll (every 100 ms), plus those sent to it
 since. A request whose engine cannot be reached goes to the next one. Voices live in one folder that every engine
 reads; uploads and deletions go to engine 0. An engine that exits or says it is unhealthy leaves the rotation
-(streams it was sending end cut off; the rest keep serving); /ready is 200 only when every engine is ready,
+(streams it was sending end cut off; the rest keep serving) and an engine process that exited is started again
+(up to MAX_RESTARTS times each); /ready is 200 only when every engine is ready,
 /health while any serves; /metrics has each engine's metrics with an `engine` label ("0", "1", ...), their sums
 (`engine="all"`) and the front's own HTTP counters (`q3tts_router_*`).
 """
@@ -25,7 +26,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
@@ -44,6 +45,7 @@ from .websocket import send_error
 
 log = logging.getLogger("q3tts.server")
 POLL_S = 0.1
+MAX_RESTARTS = 5  # times each engine process is started again after it exited, before it is left out for good
 # Not passed on: hop-by-hop headers, and those the proxy sets itself.
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "content-length", "host"}
 
@@ -61,6 +63,12 @@ class Backend:
     load: float = 0.0  # running + queued requests at the last poll
     sent: int = 0  # requests sent to it since the last poll
     metrics: str = ""  # its /metrics at the last poll
+    command: list[str] = field(default_factory=list)  # how to start its process (again)
+    env: dict[str, str] | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.command, env=self.env)
 
     @property
     def alive(self) -> bool:
@@ -70,6 +78,7 @@ class Backend:
 class Backends:
     def __init__(self, backends: list[Backend]):
         self.all = backends
+        self.stopping = False  # set on SIGTERM/SIGINT: engines that exit now are not started again
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
 
@@ -91,10 +100,17 @@ class Backends:
 
     async def _poll(self, backend: Backend) -> None:
         if backend.process is not None and backend.process.poll() is not None:
-            if backend.ready or backend.healthy:
-                log.error("engine %d (%s) exited with %s: out of rotation", backend.index, backend.device,
-                          backend.process.returncode)
-            backend.ready = backend.healthy = False
+            backend.ready = False
+            if backend.command and backend.restarts < MAX_RESTARTS and not self.stopping:
+                backend.restarts += 1
+                log.error("engine %d (%s) exited with %s: out of rotation, started again (%d of %d)", backend.index,
+                          backend.device, backend.process.returncode, backend.restarts, MAX_RESTARTS)
+                backend.start()
+                backend.healthy = True
+            elif backend.healthy:
+                log.error("engine %d (%s) exited with %s after %d restarts: left out", backend.index,
+                          backend.device, backend.process.returncode, backend.restarts)
+                backend.healthy = False
             return
         try:
             metrics, ready, health = await asyncio.gather(*(self.client.get(backend.url + path, timeout=2)
@@ -163,8 +179,8 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         ok = not app.state.draining and all(b.alive and b.ready for b in backends.all)
-        return JSONResponse({"ready": ok, "engines": [{"device": b.device, "ready": b.alive and b.ready}
-                                                      for b in backends.all]}, status_code=200 if ok else 503)
+        engines = [{"device": b.device, "ready": b.alive and b.ready, "restarts": b.restarts} for b in backends.all]
+        return JSONResponse({"ready": ok, "engines": engines}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def all_metrics() -> Response:
@@ -303,7 +319,9 @@ def start_backends(config: ServerConfig, devices: list[str], log_level: str) -> 
         port = _free_port()
         cmd = [sys.executable, "-m", "q3tts.cli", "serve", config.model, *engine_args(config, log_level),
                "--device", device, "--host", "127.0.0.1", "--port", str(port), "--voices-dir", str(voices_dir)]
-        backends.append(Backend(index, device, f"http://127.0.0.1:{port}", subprocess.Popen(cmd, env=env)))
+        backend = Backend(index, device, f"http://127.0.0.1:{port}", command=cmd, env=env)
+        backend.start()
+        backends.append(backend)
     return backends
 
 
@@ -320,11 +338,12 @@ def serve_devices(config: ServerConfig, devices: list[str], log_level: str = "in
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     backends = start_backends(config, devices, log_level)
-    app = create_router_app(config, Backends(backends))
+    front = Backends(backends)
+    app = create_router_app(config, front)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
-            app.state.draining = True
+            app.state.draining = front.stopping = True
             super().handle_exit(sig, frame)
 
     try:
