@@ -4,10 +4,10 @@ One `q3tts serve` process per device (its own engine and interpreter: no engine'
 lock) on a loopback port, and this front in the main process. The front authenticates and bounds requests
 (guard.py) and sends each speech request, or WebSocket session, to the least-loaded ready engine: the fewest
 requests running and queued there, as its /metrics said at the last poll (every 100 ms), plus those sent to it
-since. A request whose engine cannot be reached goes to the next one. Voices live in one folder that every engine
-reads; uploads and deletions go to engine 0. An engine that exits or says it is unhealthy leaves the rotation
-(streams it was sending end cut off; the rest keep serving) and an engine process that exited is started again
-(up to MAX_RESTARTS times each); /ready is 200 only when every engine is ready,
+since. A request whose engine cannot be reached goes to the next one. Voices live in one folder that every
+engine reads; uploads and deletions go to engine 0 (its one writer). An engine that exits or says it is
+unhealthy leaves the rotation (streams it was sending end cut off; the rest keep serving), and an engine process
+that exited is started again (up to MAX_RESTARTS times each). /ready is 200 only when every engine is ready,
 /health while any serves; /metrics has each engine's metrics with an `engine` label ("0", "1", ...), their sums
 (`engine="all"`) and the front's own HTTP counters (`q3tts_router_*`).
 """
@@ -164,11 +164,14 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     @app.api_route("/v1/audio/voices", methods=["GET", "POST"])
     @app.api_route("/v1/audio/voices/{voice_id}", methods=["GET", "DELETE"])
     @app.get("/v1/models")
-    async def to_engine_zero(request: Request) -> Response:
+    async def voices_and_models(request: Request) -> Response:
+        """Reads go to any ready engine; uploads and deletions to engine 0, the voices folder's one writer."""
+        backend = backends.pick() if request.method == "GET" else backends.all[0]
         try:
-            return await _forward(backends, backends.all[0], request, await request.body())
+            return await _forward(backends, backend, request, await request.body())
         except httpx.ConnectError as e:
-            raise errors.engine_failed(f"engine 0, which keeps the voices, did not answer: {e}") from e
+            raise errors.engine_failed(f"engine {backend.index} did not answer (voices are uploaded and deleted "
+                                       f"through engine 0): {e}") from e
 
     @app.get("/health")
     async def health() -> JSONResponse:
