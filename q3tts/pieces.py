@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import numpy as np
 
 from .engine import EngineError, QueueFull, RequestStream
-from .engine.stream import Channel
+from .engine.stream import FRAME_SAMPLES, Channel
 
 LONG_TEXT_CHARS = 600  # longer texts are spoken as pieces
 PIECE_CHARS = 300
@@ -100,32 +100,42 @@ class PieceStream:
     close = cancel
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        for chunk in self.chunks():
+            yield from chunk.reshape(-1, FRAME_SAMPLES)
+
+    async def __aiter__(self) -> AsyncIterator[np.ndarray]:
+        async for chunk in self.achunks():
+            for frame in chunk.reshape(-1, FRAME_SAMPLES):
+                yield frame
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """The pieces' audio as the engine hands it out (RequestStream.chunks)."""
         while self._streams or self._next < self.num_pieces:
             if not self._streams:  # the next piece waits for room in the queue
                 self._fill()
                 time.sleep(0.01)
                 continue
-            for frame in self._streams[0]:
-                yield self._take(frame)
+            for chunk in self._streams[0].chunks():
+                yield self._take(chunk)
             self._next_piece()
 
-    async def __aiter__(self) -> AsyncIterator[np.ndarray]:
+    async def achunks(self) -> AsyncIterator[np.ndarray]:
         while self._streams or self._next < self.num_pieces:
             if not self._streams:
                 self._fill()
                 await asyncio.sleep(0.01)
                 continue
-            async for frame in self._streams[0]:
-                yield self._take(frame)
+            async for chunk in self._streams[0].achunks():
+                yield self._take(chunk)
             self._next_piece()
 
-    def _take(self, frame: np.ndarray) -> np.ndarray:
-        """A frame of the playing piece: its first ramped from the last piece's end; the next piece queued."""
+    def _take(self, chunk: np.ndarray) -> np.ndarray:
+        """Audio of the playing piece: its start ramped from the last piece's end; the next piece queued."""
         if self._piece_start and self._last is not None:
-            frame = ramp(self._last, frame)
-        self._piece_start, self._last = False, float(frame[-1])
+            chunk = ramp(self._last, chunk)
+        self._piece_start, self._last = False, float(chunk[-1])
         self._fill()
-        return frame
+        return chunk
 
     def _next_piece(self) -> None:
         self._streams.popleft()

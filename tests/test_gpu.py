@@ -132,6 +132,28 @@ def test_concurrency_and_closing_on_the_gpu(cache, on_gpu):
     entry.check_closed_streams(ours)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second GPU")
+def test_an_engine_on_the_second_gpu(cache):
+    """An engine on cuda:1, built and fed from threads whose current device is cuda:0 (as `q3tts serve --device
+    cuda:1` does from its worker threads), gives the same audio as on cuda:0."""
+    import threading
+
+    from q3tts.tiny import tiny_checkpoint
+
+    def render(device: str) -> list:
+        tts = TTS.from_pretrained(tiny_checkpoint("tiny", cache), device=device, dtype=torch.float32, max_rows=4)
+        out = {}
+        thread = threading.Thread(target=lambda: out.update(wavs=tts.synthesize_all(
+            [tts.request(t, speaker="ryan", seed=3) for t in ("Hello there.", "A second, longer sentence.")])))
+        thread.start()
+        thread.join()
+        tts.close()
+        return out["wavs"]
+
+    for a, b in zip(render("cuda:0"), render("cuda:1")):
+        assert a.shape == b.shape and float(abs(a - b).max()) < 1e-4
+
+
 def test_preemption_on_the_gpu(cache, on_gpu):
     """A KV cache of a few blocks: rows are swapped out to host memory and back (non-blocking copies on the
     engine's stream, the codec state on the codec's) and every request still equals its solo rendering."""

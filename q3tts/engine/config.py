@@ -42,6 +42,9 @@ class EngineConfig:
     # wait this long for the GIL if another thread is busy. Python's 5 ms default is half a frame step; None
     # leaves it alone.
     switch_interval: float | None = 0.001
+    # A stream at least this many seconds of audio ahead of real-time playback gets its frames in groups of this
+    # much audio, not one by one (engine/stream.py); 0 hands every frame out as it is made.
+    stream_hold_s: float = 1.0
 
     def __post_init__(self):
         if not isinstance(self.max_rows, int) or self.max_rows < 1:
@@ -53,6 +56,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb!r}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if not self.stream_hold_s >= 0:
+            raise ValueError(f"stream_hold_s must be >= 0 seconds, got {self.stream_hold_s!r}")
         if self.max_waiting < 0 or self.block_size < 16 or self.max_prefill_tokens < 1:
             raise ValueError("max_waiting >= 0, block_size >= 16 and max_prefill_tokens >= 1 are required")
         self.buckets = tuple(sorted(b for b in self.buckets if b <= self.max_rows))

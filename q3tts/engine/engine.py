@@ -8,7 +8,8 @@ background thread runs the frame loop; at every frame boundary it:
   3. gives each row the KV block it needs for the next frame, preempting the newest request when the cache is
      full (its row is swapped to host memory and comes back later exactly where it stopped);
   4. launches the next frame (the captured LM frame and codec step) and hands the finished frame's 80 ms of PCM
-     to each request while the new one runs.
+     to each request while the new one runs (a stream far enough ahead of real time gets its frames in groups:
+     stream.py).
 Each request's output depends only on its own prompt, parameters and seed, never on what else is in the batch.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import contextlib
 import itertools
 import logging
 import sys
@@ -40,7 +42,7 @@ from .readback import FrameOut, Readback
 from .runner import ModelRunner, SwappedRow
 from .scheduler import QueueFull, Scheduler
 from .sequence import Prompt, Sequence
-from .stream import END, Channel, RequestStream, post
+from .stream import END, Channel, RequestStream, deliver, post
 
 log = logging.getLogger("q3tts.engine")
 _ids = itertools.count()
@@ -87,11 +89,11 @@ class Engine:
 
     def __init__(self, model: Qwen3TTSModel, decoder: CodecDecoder, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
-        on_gpu = model.talker.codec_head.weight.device.type == "cuda"
-        self.runner = ModelRunner(model, config, kv_blocks=2 if on_gpu else None)  # sized below on a GPU
-        self.device = self.runner.device
-        self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets)
-        self._size_kv_cache()
+        self.device = model.talker.codec_head.weight.device
+        with device_scope(self.device):  # Triton launches on the current device, whatever the tensors'
+            self.runner = ModelRunner(model, config, kv_blocks=2 if self.device.type == "cuda" else None)
+            self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets)
+            self._size_kv_cache()  # (on a GPU: sized after a profiling run)
         self.scheduler = Scheduler(config.max_rows, config.max_waiting, self.runner.kv, config.max_prefill_tokens,
                                    config.prefill_seconds_per_token, config.safety_seconds)
         self.metrics = EngineMetrics()
@@ -99,6 +101,7 @@ class Engine:
         self.healthy = True
         self._cv = threading.Condition()
         self._dropped: collections.deque[str] = collections.deque()  # ended by RequestStream finalizers
+        self._preempted: list[Channel] = []  # since the last hand-out: their held frames go out now
         self._stopping = False
         self._saved_switch_interval: float | None = None
         # The thread captures the CUDA graphs, then runs the frame loop (graphs.py says why there).
@@ -251,6 +254,8 @@ class Engine:
     # ---- the frame loop (engine thread) ------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         try:
             with torch.no_grad():
                 self._capture_graphs()
@@ -316,6 +321,8 @@ class Engine:
                 row_map = list(self.rows)
             if last is not None:
                 outbox[:0] = self._audio(readback.pop_pcm().numpy(), audio)  # a stream's audio before its end
+            outbox = deliver(outbox, time.perf_counter(), self.config.stream_hold_s, self._preempted)
+            self._preempted = []
             for channel in post(outbox):  # their event loop is closed: nobody reads them
                 self._dropped.append(channel.request_id)
             last = (readback.pop(wait_pcm=False), row_map) if row_map is not None else None
@@ -367,6 +374,7 @@ class Engine:
     def _swap_out(self, seq: Sequence) -> None:
         row = self.rows.index(seq)
         seq.payload.swapped = (self.runner.swap_out(row), self.codec.swap_out(row))
+        self._preempted.append(seq.payload.channel)
         self._compact(row)
         self.metrics.preemptions += 1
         log.info("preempted %s (KV cache full, %d rows running)", seq.request_id, len(self.rows))
@@ -454,6 +462,12 @@ class Engine:
             post(items)
         else:
             outbox.extend(items)
+
+
+def device_scope(device: torch.device) -> contextlib.AbstractContextManager:
+    """`device` as the thread's current CUDA device meanwhile (Triton kernels launch there, and PyTorch's current
+    stream is that device's): needed off cuda:0 in any thread that launches work."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _finish_reason(seq: Sequence, done: bool) -> str | None:

@@ -3,6 +3,11 @@
 The engine thread writes into a `Channel` (a plain queue, or an asyncio queue of the event loop the request was
 submitted from); the caller holds a `RequestStream` around it. A stream that is cancelled, closed, or dropped
 without being read to the end frees its row at the next frame boundary; so does one whose event loop closes.
+
+Frames go out as soon as they are made while the reader is less than `hold_s` (EngineConfig.stream_hold_s) of
+audio ahead of real-time playback; beyond that they are held and go out together, `hold_s` of audio at a time
+(`deliver`). A stream generated at 10x real time then wakes its reader ~10x less often after its first second:
+the reader (an event loop writing HTTP chunks, say) shares the interpreter with the engine thread.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import numpy as np
 import torch
 
+from .sequence import FRAME_SECONDS
+
 END = object()  # the last item of every channel
+FRAME_SAMPLES = 1920  # one codec frame: 80 ms at 24 kHz
 
 
 class Channel:
@@ -31,6 +39,44 @@ class Channel:
         self.ref_tail: torch.Tensor | None = None  # see CodecRunner.start
         self.finish_reason: str | None = None  # "eos", "length", "cancelled" or "error"
         self.finished = False
+        # delivery (engine thread only): frames held back, frames handed out, when the first was
+        self.held: list[np.ndarray] = []
+        self.posted_frames = 0
+        self.first_post: float | None = None
+
+
+def deliver(items: list[tuple[Channel, object]], now: float, hold_s: float,
+            flush: list[Channel] = ()) -> list[tuple[Channel, object]]:
+    """`items` (frames of 1920 samples, errors, END) as the channels should get them: each stream's frames one
+    at a time while its reader is less than `hold_s` of audio ahead of real-time playback (counted from its
+    first frame), otherwise held until `hold_s` of audio is held; an end, and every channel in `flush` (a row
+    preempted: no frame comes for a while), hands out what is held first. A hand-out is [k, 1920]."""
+    out: list[tuple[Channel, object]] = []
+    touched: dict[Channel, None] = dict.fromkeys(flush)
+    for channel, item in items:
+        if isinstance(item, np.ndarray):
+            channel.held.append(item)
+            touched[channel] = None
+        else:
+            _hand_out(channel, out, now)
+            out.append((channel, item))
+    most = max(1, round(hold_s / FRAME_SECONDS))
+    for channel in touched:
+        if not channel.held:
+            continue
+        ahead = (float("-inf") if channel.first_post is None
+                 else channel.posted_frames * FRAME_SECONDS - (now - channel.first_post))
+        if ahead < hold_s or len(channel.held) >= most or channel in flush:
+            _hand_out(channel, out, now)
+    return out
+
+
+def _hand_out(channel: Channel, out: list, now: float) -> None:
+    if channel.held:
+        out.append((channel, np.stack(channel.held)))
+        channel.first_post = channel.first_post or now
+        channel.posted_frames += len(channel.held)
+        channel.held = []
 
 
 def post(items: list[tuple[Channel, object]]) -> list[Channel]:
@@ -92,10 +138,8 @@ class RequestStream:
             self._drop(self._channel.request_id)
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        if self._channel.loop is not None:
-            raise TypeError("this stream was submitted for asyncio: iterate it with `async for`")
-        while not self._ended:
-            yield from self._take(self._channel.queue.get())
+        for chunk in self.chunks():
+            yield from chunk.reshape(-1, FRAME_SAMPLES)
 
     def __aiter__(self) -> AsyncIterator[np.ndarray]:
         if self._channel.loop is None:
@@ -103,9 +147,25 @@ class RequestStream:
         return self._aiter()
 
     async def _aiter(self) -> AsyncIterator[np.ndarray]:
-        while not self._ended:
-            for frame in self._take(await self._channel.queue.get()):
+        async for chunk in self.achunks():
+            for frame in chunk.reshape(-1, FRAME_SAMPLES):
                 yield frame
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """The audio as the engine hands it out: whole frames, one or several joined (see the module's
+        docstring); fewer, larger pieces than iterating frame by frame, for writers that pay per write."""
+        if self._channel.loop is not None:
+            raise TypeError("this stream was submitted for asyncio: iterate it with `async for`")
+        while not self._ended:
+            yield from self._take(self._channel.queue.get())
+
+    async def achunks(self) -> AsyncIterator[np.ndarray]:
+        """`chunks` for a stream submitted from an event loop."""
+        if self._channel.loop is None:
+            raise TypeError("this stream was submitted without an event loop: iterate it with `for`")
+        while not self._ended:
+            for chunk in self._take(await self._channel.queue.get()):
+                yield chunk
 
     def _take(self, item: object) -> list[np.ndarray]:
         if item is END:
@@ -114,7 +174,7 @@ class RequestStream:
         if isinstance(item, BaseException):
             self._ended = True
             raise item
-        return [item]
+        return [item.reshape(-1)]
 
     def read_all(self) -> np.ndarray:
         """The whole audio (blocks until the request ends)."""

@@ -21,6 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from ..engine import EngineError, RequestStream
+from ..engine.stream import FRAME_SAMPLES
 from .audio_encoding import MEDIA_TYPES, AudioEncoder, encode_async, flush_async, make_encoder
 from .errors import SERVER, error_body
 from .middleware import request_id_of
@@ -78,7 +79,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> StreamingRespo
 async def audio_bytes(stream: RequestStream, encoder: AudioEncoder,
                       on_failure: Callable[[str], None]) -> AsyncIterator[bytes]:
     try:
-        async for pcm in stream:
+        async for pcm in stream.achunks():  # one write per hand-out, not per frame
             if data := await encode_async(encoder, pcm):
                 yield data
     except EngineError:
@@ -93,8 +94,8 @@ async def sse_events(stream: RequestStream, encoder: AudioEncoder, input_tokens:
                      on_failure: Callable[[str], None]) -> AsyncIterator[bytes]:
     frames = 0
     try:
-        async for pcm in stream:
-            frames += 1
+        async for pcm in stream.achunks():
+            frames += len(pcm) // FRAME_SAMPLES
             if data := await encode_async(encoder, pcm):
                 yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
     except EngineError as e:

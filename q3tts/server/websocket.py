@@ -39,6 +39,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from ..engine import EngineError
+from ..engine.stream import FRAME_SAMPLES
 from ..errors import quote
 from ..text_segmenter import TextSegmenter
 from . import errors
@@ -168,8 +169,8 @@ class StreamSession:
         self.input_tokens += job.input_tokens
         await self.websocket.send_json({"type": "segment.started", "segment": index, "text": text})
         try:
-            async for pcm in stream:
-                frames += 1
+            async for pcm in stream.achunks():
+                frames += len(pcm) // FRAME_SAMPLES
                 if data := await encode_async(self.encoder, pcm):
                     # A client that stops reading loses the session (and its row) after send_timeout_s.
                     await asyncio.wait_for(self.websocket.send_bytes(data), self.service.config.send_timeout_s)
