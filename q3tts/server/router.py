@@ -28,19 +28,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-import httpx
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from . import errors, playground
+from . import errors, playground, upstream
 from .auth import websocket_authorized
 from .config import ServerConfig
 from .guard import RequestGuard
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .middleware import RequestContextMiddleware, request_id_of
+from .upstream import Pool
 from .websocket import send_error
 
 log = logging.getLogger("q3tts.server")
@@ -66,6 +66,11 @@ class Backend:
     command: list[str] = field(default_factory=list)  # how to start its process (again)
     env: dict[str, str] | None = None
     restarts: int = 0
+    pool: Pool = field(init=False, repr=False)  # keep-alive connections to it
+
+    def __post_init__(self):
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        self.pool = Pool(host, int(port))
 
     def start(self) -> None:
         self.process = subprocess.Popen(self.command, env=self.env)
@@ -79,8 +84,6 @@ class Backends:
     def __init__(self, backends: list[Backend]):
         self.all = backends
         self.stopping = False  # set on SIGTERM/SIGINT: engines that exit now are not started again
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
-                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
 
     def pick(self, exclude: tuple[Backend, ...] = ()) -> Backend:
         """The least-loaded ready engine (not in `exclude`); 503 if there is none."""
@@ -113,21 +116,20 @@ class Backends:
                 backend.healthy = False
             return
         try:
-            metrics, ready, health = await asyncio.gather(*(self.client.get(backend.url + path, timeout=2)
-                                                            for path in ("/metrics", "/ready", "/health")))
-        except httpx.HTTPError:
+            (_, metrics), (ready, _), (health, _) = await asyncio.gather(
+                *(upstream.get(backend.pool, path, timeout=2) for path in ("/metrics", "/ready", "/health")))
+        except (OSError, asyncio.TimeoutError):
             backend.ready = False
             return
-        if backend.healthy and health.status_code != 200:
+        if backend.healthy and health != 200:
             log.error("engine %d (%s) is unhealthy: out of rotation", backend.index, backend.device)
-        backend.healthy, backend.ready = health.status_code == 200, ready.status_code == 200
-        backend.metrics = metrics.text
-        gauges = {f.name: f.samples[0].value for f in text_string_to_metric_families(metrics.text)
-                  if f.name in ("q3tts_running_streams", "q3tts_queue_depth") and f.samples}
-        backend.load, backend.sent = sum(gauges.values()), 0
+        backend.healthy, backend.ready = health == 200, ready == 200
+        backend.metrics = metrics.decode()
+        backend.load, backend.sent = _load(backend.metrics), 0
 
     async def close(self) -> None:
-        await self.client.aclose()
+        for backend in self.all:
+            backend.pool.close()
 
 
 def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
@@ -155,10 +157,15 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
         while True:
             backend = backends.pick(exclude=tried)
             try:
-                return await _forward(backends, backend, request, body)
-            except httpx.ConnectError:
+                return await _forward(backend, request, body)
+            except upstream.ConnectError:
                 backend.healthy = backend.ready = False  # nothing was sent: the next engine gets it
                 log.error("engine %d (%s) refused a connection: out of rotation", backend.index, backend.device)
+                tried += (backend,)
+            except upstream.UpstreamError as e:  # no answer began: if the engine has the request, it saw us go
+                backend.ready = False  # until the next poll says otherwise
+                log.error("engine %d (%s) dropped a request unanswered (%s): trying another", backend.index,
+                          backend.device, e)
                 tried += (backend,)
 
     @app.api_route("/v1/audio/voices", methods=["GET", "POST"])
@@ -168,8 +175,8 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
         """Reads go to any ready engine; uploads and deletions to engine 0, the voices folder's one writer."""
         backend = backends.pick() if request.method == "GET" else backends.all[0]
         try:
-            return await _forward(backends, backend, request, await request.body())
-        except httpx.ConnectError as e:
+            return await _forward(backend, request, await request.body())
+        except OSError as e:
             raise errors.engine_failed(f"engine {backend.index} did not answer (voices are uploaded and deleted "
                                        f"through engine 0): {e}") from e
 
@@ -204,26 +211,25 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     return app
 
 
-async def _forward(backends: Backends, backend: Backend, request: Request, body: bytes) -> Response:
+async def _forward(backend: Backend, request: Request, body: bytes) -> Response:
     """The request on `backend`, its answer streamed back as it comes (status and headers first)."""
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-    headers["x-request-id"] = request_id_of(request.scope)  # one id in the front's and the engine's logs
-    upstream = backends.client.build_request(request.method, backend.url + request.url.path,
-                                             params=request.query_params, headers=headers, content=body)
-    response = await backends.client.send(upstream, stream=True)
-    passed = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS | {"x-request-id"}}
+    headers = [(k, v) for k, v in request.headers.items() if k not in HOP_HEADERS | {"x-request-id"}]
+    headers.append(("x-request-id", request_id_of(request.scope)))  # one id in the front's and the engine's logs
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    response = await backend.pool.request(request.method, target, headers, body)
+    passed = [(k, v) for k, v in response.headers if k not in HOP_HEADERS | {"x-request-id", "date", "server"}]
 
     async def chunks() -> AsyncIterator[bytes]:
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.body():
                 yield chunk
-        except httpx.HTTPError:
+        except upstream.UpstreamError:
             log.error("engine %d (%s) broke a stream off", backend.index, backend.device)
             raise  # the client's response ends cut off (no final chunk): an error, not a short success
-        finally:
-            await response.aclose()
 
-    return StreamingResponse(chunks(), status_code=response.status_code, headers=passed)
+    relayed = StreamingResponse(chunks(), status_code=response.status)
+    relayed.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in passed]
+    return relayed
 
 
 async def _relay(backend: Backend, websocket: WebSocket) -> None:
@@ -262,6 +268,15 @@ async def _relay(backend: Backend, websocket: WebSocket) -> None:
         raise errors.engine_failed(f"engine {backend.index} ended the session without closing it")
     with contextlib.suppress(Exception):
         await websocket.close(upstream.close_code)
+
+
+def _load(metrics: str) -> float:
+    """Running + queued requests, from an engine's /metrics text (two gauges: read directly, not parsed)."""
+    load = 0.0
+    for line in metrics.splitlines():
+        if line.startswith(("q3tts_running_streams ", "q3tts_queue_depth ")):
+            load += float(line.split()[1])
+    return load
 
 
 def merged_metrics(texts: list[str]) -> bytes:
