@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import gc
 import itertools
 import logging
 import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -37,6 +40,8 @@ _ids = itertools.count()
 PLACEHOLDER_VOICES = ("", "default")  # `voice` where none applies (VoiceDesign, ref_audio); OpenAI needs one
 OPENAI_MODEL_NAMES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # accepted as aliases of the loaded model
 MAX_RESTARTS = 3  # engine rebuilds after failures before the server gives up
+PREPARE_THREADS = 2
+T = TypeVar("T")
 HTTP_NAMES = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # Python argument -> HTTP field
 
 
@@ -82,6 +87,9 @@ class SpeechService:
         self.restarts = 0  # engines rebuilt after a failure
         self.on_give_up: Any = None  # called when the engine cannot be rebuilt (serve(): the process exits)
         self._watchdog: asyncio.Task | None = None
+        # Prompts are built (and stored voices read) on two threads of the service's own, not asyncio's default
+        # pool (up to 32 threads): every thread that holds the interpreter delays the engine thread's next frame.
+        self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare")
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
@@ -98,6 +106,10 @@ class SpeechService:
                 await self._warm_up()
             if self.observer is not None:
                 self.engine.metrics.observers.append(self.observer)
+            # What exists now (the model, the engine, the imports) lives as long as the process: out of the
+            # garbage collector's sight, so that its full collections do not stall the engine for tens of ms.
+            gc.collect()
+            gc.freeze()
             self.ready = True
             log.info("engine ready: %s", self.config.model_id)
         except Exception as e:
@@ -140,6 +152,7 @@ class SpeechService:
             self._watchdog.cancel()
         if self.owns_engine:
             await asyncio.to_thread(self.tts.close)
+        self._workers.shutdown(wait=False)
 
     @property
     def healthy(self) -> bool:
@@ -224,7 +237,7 @@ class SpeechService:
         if not s.voice_id:
             raise errors.bad_request("this Base checkpoint clones voices: pass `voice` (an id from POST "
                                      "/v1/audio/voices) or `ref_audio`", param="voice", code="missing")
-        found = await asyncio.to_thread(self.voices.get, s.voice_id)
+        found = await self._in_worker(self.voices.get, s.voice_id)
         if found is None:
             raise errors.not_found(f"voice {quote(s.voice_id)} not found", param="voice", code="voice_not_found")
         return found[1]
@@ -276,9 +289,12 @@ class SpeechService:
         """Validates the request (text, voice, sampling, length) and builds its prompt, in a worker thread."""
         seed = s.seed if seed is None else seed
         try:
-            return await asyncio.to_thread(self._build, text, s, choice, seed)
+            return await self._in_worker(self._build, text, s, choice, seed)
         except RequestError as e:
             raise api_error(e) from e
+
+    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
     def _build(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> PreparedSpeech:
         requests = self.tts.pieces(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
