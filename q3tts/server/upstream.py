@@ -82,6 +82,9 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.response is None:  # nothing was asked on this connection: an engine out of step
+            self.close()
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
