@@ -80,6 +80,8 @@ def main() -> None:
     parser.add_argument("--rates-many", default="80,120,160,200")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--client", choices=("httpx", "openai"), default="httpx",
+                        help="send the requests as raw HTTP (httpx) or through the openai package")
     parser.add_argument("--ttfa-ms", type=float, default=50.0)
     parser.add_argument("--serve-flags", default="--max-running 128 --max-waiting 4096 --log-level warning",
                         help="flags for every `q3tts serve` (default: %(default)s)")
@@ -92,7 +94,8 @@ def main() -> None:
     for name, placement, rates in (("one", ["--device", args.one], args.rates_one),
                                    ("many", ["--devices", args.many], args.rates_many)):
         with server(args.model, placement, flags, args.logs / f"serve-{name}.log") as url:
-            measured = http_rates(url, [float(r) for r in rates.split(",")], args.duration, args.clients)
+            measured = http_rates(url, [float(r) for r in rates.split(",")], args.duration, args.clients,
+                                  args.client)
         rows += measured
         found[measured[0]["gpus"]] = capacity(measured, args.ttfa_ms)
     one, many = found.values()

@@ -71,25 +71,43 @@ async def consume(tts: TTS, rng: random.Random, record: list) -> None:
 
 
 async def consume_http(client, model: str, voice: str, rng: random.Random, record: list) -> None:
-    """One streamed OpenAI speech request (raw 16-bit PCM); frame deadlines checked chunk by chunk."""
+    """One streamed OpenAI speech request (raw 16-bit PCM); frame deadlines checked chunk by chunk. `client`: an
+    httpx.AsyncClient on the server, or an openai.AsyncOpenAI (the same request through the openai package)."""
     text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 35))) + "."
     frames = rng.randint(75, 175)
     body = {"model": model, "input": text, "voice": voice, "response_format": "pcm", "language": "english",
             "max_new_tokens": frames + 1, "seed": rng.randrange(1 << 30)}
     start = time.perf_counter()
     received, first, late = 0, None, 0.0
-    async with client.stream("POST", "/v1/audio/speech", json=body) as response:
-        if response.status_code == 429:
-            record.append({"rejected": True})
-            return
-        response.raise_for_status()
-        async for chunk in response.aiter_bytes():
-            now = time.perf_counter()
-            first = first or now
-            late = max(late, now - (first + received / BYTES_PER_FRAME * FRAME))
-            received += len(chunk)
+    sdk = hasattr(client, "audio")
+    try:
+        async with _speech(client, body) as response:
+            if response.status_code == 429:  # (the openai package raises it instead)
+                record.append({"rejected": True})
+                return
+            if not sdk:  # (the openai package raises every error status itself)
+                response.raise_for_status()
+            async for chunk in response.iter_bytes() if sdk else response.aiter_bytes():
+                now = time.perf_counter()
+                first = first or now
+                late = max(late, now - (first + received / BYTES_PER_FRAME * FRAME))
+                received += len(chunk)
+    except Exception as e:
+        if getattr(e, "status_code", None) != 429:
+            raise
+        record.append({"rejected": True})
+        return
     record.append({"ttfa": first - start, "frames": received // BYTES_PER_FRAME, "expected": frames, "late_s": late,
                    "start": start, "end": now})
+
+
+def _speech(client, body: dict):
+    """The streamed response of POST /v1/audio/speech through whichever client."""
+    if hasattr(client, "audio"):  # openai.AsyncOpenAI: the extra Qwen3-TTS fields go in extra_body
+        known = {k: body[k] for k in ("model", "input", "voice", "response_format")}
+        extra = {k: v for k, v in body.items() if k not in known}
+        return client.audio.speech.with_streaming_response.create(**known, extra_body=extra)
+    return client.stream("POST", "/v1/audio/speech", json=body)
 
 
 async def run_rate(tts: TTS | None, rate: float, duration: float, seed: int,
@@ -155,36 +173,44 @@ async def http_setup(url: str) -> tuple[str, str, int]:
         return model, created.json()["id"], engines
 
 
-def http_records(url: str, model: str, voice: str, rate: float, duration: float, seed: int) -> list[dict]:
+def http_records(url: str, model: str, voice: str, rate: float, duration: float, seed: int,
+                 client: str = "httpx") -> list[dict]:
     """One load-generating client (a process of its own when there are several): its requests' records."""
     import httpx
 
     async def run() -> list[dict]:
-        async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0),
-                                     limits=httpx.Limits(max_connections=None)) as client:
-            return await arrivals(None, rate, duration, seed, http=(client, model, voice))
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0), limits=limits) as http:
+            if client == "openai":
+                import openai
+
+                sdk = openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0, http_client=http)
+                return await arrivals(None, rate, duration, seed, http=(sdk, model, voice))
+            return await arrivals(None, rate, duration, seed, http=(http, model, voice))
 
     return asyncio.run(run())
 
 
-def http_rates(url: str, rates: list[float], duration: float, clients: int = 1) -> list[dict]:
+def http_rates(url: str, rates: list[float], duration: float, clients: int = 1, client: str = "httpx"
+               ) -> list[dict]:
     """Each rate offered by `clients` processes (rate / clients each: still Poisson), so that one Python event
-    loop parsing every stream does not become the bottleneck being measured."""
+    loop parsing every stream does not become the bottleneck being measured. `client`: httpx (the speech
+    request as raw HTTP) or openai (the same through the openai package, its own overhead included)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     model, voice, engines = asyncio.run(http_setup(url))
-    http_records(url, model, voice, 4.0, 2.0, 0)  # warm-up
+    http_records(url, model, voice, 4.0, 2.0, 0, client)  # warm-up
     rows = []
     with ProcessPoolExecutor(clients, mp_context=multiprocessing.get_context("fork")) as pool:
         for rate in rates:
             parts = pool.map(http_records, *zip(*[(url, model, voice, rate / clients, duration,
-                                                   int(rate) * 1000 + i) for i in range(clients)]))
+                                                   int(rate) * 1000 + i, client) for i in range(clients)]))
             result = summarize([r for part in parts for r in part], rate, duration)
             rows.append({"engine": "q3tts-serve (HTTP, pcm)", "benchmark": "serving", "model": model,
                          "gpus": engines, "batch": None, "ms_per_frame": None, "gpu_mem_gb": None,
-                         "client_processes": clients, "request_mix": "x-vector clone, English, 6-14 s uniform",
-                         **result})
+                         "client_processes": clients, "client": client,
+                         "request_mix": "x-vector clone, English, 6-14 s uniform", **result})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -194,6 +220,8 @@ def main() -> None:
     parser.add_argument("--ckpt-root", type=Path)
     parser.add_argument("--http", help="URL of a running `q3tts serve` to load instead of an in-process engine")
     parser.add_argument("--clients", type=int, default=1, help="--http: load-generating processes (default: 1)")
+    parser.add_argument("--client", choices=("httpx", "openai"), default="httpx",
+                        help="--http: send the requests as raw HTTP (httpx) or through the openai package")
     parser.add_argument("--sizes", default="1.7B-Base,0.6B-Base")
     parser.add_argument("--rates", default="10,20,40")
     parser.add_argument("--duration", type=float, default=15.0)
@@ -202,7 +230,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
-    rows = http_rates(args.http, rates, args.duration, args.clients) if args.http else []
+    rows = http_rates(args.http, rates, args.duration, args.clients, args.client) if args.http else []
     for name in [] if args.http else args.sizes.split(","):
         tts = TTS.from_pretrained(args.ckpt_root / name, device="cuda", dtype=torch.bfloat16,
                                   engine_config=EngineConfig(max_rows=args.max_running, max_waiting=4096,
