@@ -128,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     placement.add_argument("--data-parallel", type=int, metavar="N", help="one engine on each of cuda:0 .. cuda:N-1")
     serve.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on a GPU, float32 on the CPU)")
     serve.add_argument("--max-running", type=int, default=64, help="concurrent streams (per engine; default: 64)")
+    serve.add_argument("--prefix-cache-gb", type=float, default=0.25,
+                       help="memory for voice prefixes reused across requests (the prompt positions that depend "
+                            "on the voice alone); 0 turns it off (default: 0.25)")
     serve.add_argument("--max-waiting", type=int, default=256,
                        help="queued requests; more are refused with 429 (default: 256)")
     serve.add_argument("--max-input-chars", type=int, default=4096, help="longest input text (default: 4096)")
@@ -322,7 +325,8 @@ def _serve(args) -> int:
                           max_running=args.max_running, max_waiting=args.max_waiting,
                           max_input_chars=args.max_input_chars, max_context=args.max_context,
                           kv_cache_gb=args.kv_cache_gb, gpu_memory_utilization=args.gpu_memory_utilization,
-                          api_key=args.api_key or None, voices_dir=args.voices_dir,
+                          prefix_cache_gb=args.prefix_cache_gb, api_key=args.api_key or None,
+                          voices_dir=args.voices_dir,
                           served_model_name=args.served_model_name, allow_ref_audio_urls=args.allow_ref_audio_urls,
                           ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
                           send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,

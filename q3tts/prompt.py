@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from dataclasses import dataclass
 
@@ -91,7 +92,50 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Promp
         parts.append(tp(input_ids[3:4]) + codec[-1:])
         trailing = torch.cat([tp(input_ids[4:-5]), eos[None]])
         trailing_ids = spec.input_ids[4:-5] + [config.tts_eos_token_id]
-    return Prompt(embeds=torch.cat(parts), trailing=trailing, pad=pad, trailing_ids=trailing_ids)
+    embeds = torch.cat(parts)
+    prefix_len, prefix_key = prefix_of(spec, ctrl, n, embeds.shape[0])
+    return Prompt(embeds=embeds, trailing=trailing, pad=pad, trailing_ids=trailing_ids, prefix_len=prefix_len,
+                  prefix_key=prefix_key)
+
+
+def prefix_of(spec: PromptSpec, ctrl: list[int], codec_rows: int, num_positions: int) -> tuple[int, str]:
+    """How many of the prompt's first positions depend on the voice alone, and a digest of what they depend on
+    (the engine's prefix cache reuses their keys and values). From the layout above: the instruction, the
+    assistant header and the codec prefix but its last row (held back for the first text position) depend on the
+    instruction, the language tag and the speaker; an in-context voice adds its transcript's positions (in
+    streaming mode each also carries a reference frame; in non-streaming mode a codec pad). The text starts
+    after them in every mode. At least the last position is always left to prefill."""
+    n = len(spec.instruct_ids or ()) + 3 + codec_rows - 1
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(repr((spec.instruct_ids, spec.input_ids[:3], ctrl, spec.speaker)).encode())
+    if spec.speaker_embedding is not None:
+        digest.update(_tensor_digest(spec.speaker_embedding))
+    if spec.ref_codes is not None:
+        ref_text = len(spec.ref_ids) - 5
+        n += ref_text if spec.non_streaming_mode else min(ref_text, 1 + spec.ref_codes.shape[0])
+        digest.update(repr((spec.non_streaming_mode, spec.ref_ids[3:-2])).encode())
+        digest.update(_tensor_digest(spec.ref_codes))
+    n = min(n, num_positions - 1)
+    digest.update(str(n).encode())
+    return n, digest.hexdigest()
+
+
+_DIGESTS: dict[int, tuple[weakref.ref, int, bytes]] = {}  # by id (tensors compare elementwise, so no weak dict)
+
+
+def _tensor_digest(t: torch.Tensor) -> bytes:
+    """A digest of a tensor's dtype, shape and values, kept per tensor object (a voice's embedding and codes are
+    the same objects request after request) until it changes in place."""
+    version = -1 if t.is_inference() else t._version  # (inference tensors keep no version counter)
+    hit = _DIGESTS.get(id(t))
+    if hit is not None and hit[0]() is t and hit[1] == version:
+        return hit[2]
+    data = t.detach().to("cpu").contiguous()
+    digest = hashlib.blake2b(repr((data.dtype, tuple(data.shape))).encode() + data.view(torch.uint8).numpy().tobytes(),
+                             digest_size=16).digest()
+    key = id(t)
+    _DIGESTS[key] = (weakref.ref(t, lambda _: _DIGESTS.pop(key, None)), version, digest)
+    return digest
 
 
 _FIXED: weakref.WeakKeyDictionary[Talker, dict] = weakref.WeakKeyDictionary()

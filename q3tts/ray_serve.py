@@ -9,7 +9,8 @@ is warm; Ray restarts a replica whose engine has failed for good (`check_health`
 
 Arguments (`key=value` on `serve run`, or `args:` in a Serve config / KubeRay RayService):
 - `model` (required), `dtype`, `max_running` (rows per replica, 64), `max_waiting` (queued requests per replica,
-  256), `max_context`, `kv_cache_gb`, `gpu_memory_utilization` (0.9), `max_input_chars`, `api_key`,
+  256), `max_context`, `kv_cache_gb`, `prefix_cache_gb` (0.25), `gpu_memory_utilization` (0.9),
+  `max_input_chars`, `api_key`,
   `served_model_name`, `allow_ref_audio_urls`, `ref_audio_hosts` (comma-separated), `runaway_guard` (true).
 - `voices_dir`: where uploaded voices live. Every replica must see the same folder (a shared volume on a
   cluster); required when there can be more than one replica, so that a voice uploaded to one replica is never
@@ -94,7 +95,8 @@ def build_app(args: dict[str, Any]) -> Application:
 
 def _server_config(args: dict[str, Any], device: str) -> ServerConfig:
     fields = {"model": str, "dtype": str, "max_running": int, "max_waiting": int, "max_context": int,
-              "kv_cache_gb": float, "gpu_memory_utilization": float, "max_input_chars": int, "api_key": str,
+              "kv_cache_gb": float, "prefix_cache_gb": float, "gpu_memory_utilization": float,
+              "max_input_chars": int, "api_key": str,
               "served_model_name": str, "voices_dir": Path, "allow_ref_audio_urls": _boolean,
               "ref_audio_hosts": lambda v: tuple(h for h in str(v).split(",") if h), "runaway_guard": _boolean}
     unknown = sorted(set(args) - set(fields))

@@ -88,13 +88,13 @@ def test_least_loaded_ready_engine_is_picked():
 
 def test_engines_get_the_fronts_settings():
     config = ServerConfig(model="tiny", max_running=3, max_waiting=9, max_input_chars=100, max_context=512,
-                          kv_cache_gb=0.5, served_model_name="tts-1", allow_ref_audio_urls=True,
+                          kv_cache_gb=0.5, prefix_cache_gb=0.125, served_model_name="tts-1", allow_ref_audio_urls=True,
                           ref_audio_hosts=("a.example",), send_timeout_s=4, drain_timeout_s=5, body_timeout_s=6,
                           runaway_guard=None, dtype="float32", api_key="secret")
     args = _parser().parse_args(["serve", "tiny", *engine_args(config, "warning")])
     assert "secret" not in engine_args(config, "warning")  # the key goes by environment, not argv
-    assert (args.max_running, args.max_waiting, args.max_input_chars, args.max_context, args.kv_cache_gb) == \
-        (3, 9, 100, 512, 0.5)
+    assert (args.max_running, args.max_waiting, args.max_input_chars, args.max_context, args.kv_cache_gb,
+            args.prefix_cache_gb) == (3, 9, 100, 512, 0.5, 0.125)
     assert (args.served_model_name, args.allow_ref_audio_urls, args.ref_audio_hosts, args.dtype) == \
         ("tts-1", True, "a.example", "float32")
     assert (args.send_timeout, args.drain_timeout, args.body_timeout, args.no_runaway_guard) == (4, 5, 6, True)

@@ -99,7 +99,8 @@ def test_models_health_ready(server, client):
 
 
 def test_metrics_after_requests(server, client):
-    client.audio.speech.create(**_speech(response_format="pcm"))
+    for _ in range(2):  # the same voice twice: the second reuses its prompt prefix (after the warm-up's voice)
+        client.audio.speech.create(**_speech(response_format="pcm"))
     text = httpx.get(server.url + "/metrics").text
     for name in ("q3tts_queue_depth", "q3tts_running_streams", "q3tts_time_to_first_audio_seconds_bucket",
                  "q3tts_real_time_factor_bucket", "q3tts_frames_generated_total", "q3tts_requests_total",
@@ -110,6 +111,7 @@ def test_metrics_after_requests(server, client):
     assert samples["q3tts_frames_generated_total"] >= frames(MAX_NEW)
     assert samples["q3tts_time_to_first_audio_seconds_count"] >= 1
     assert samples['q3tts_requests_total{method="POST",route="/v1/audio/speech",status="200"}'] >= 1
+    assert samples["q3tts_prefix_cache_hits_total"] >= 1 and samples["q3tts_prefix_cache_misses_total"] >= 1
 
 
 def test_request_id_is_set_and_honoured(server):

@@ -45,6 +45,9 @@ class EngineConfig:
     # A stream at least this many seconds of audio ahead of real-time playback gets its frames in groups of this
     # much audio, not one by one (engine/stream.py); 0 hands every frame out as it is made.
     stream_hold_s: float = 1.0
+    # Keys and values of voice prefixes kept for reuse across requests (engine/prefix_cache.py), at most this much
+    # memory beside the KV cache; 0 turns the cache off.
+    prefix_cache_gb: float = 0.25
 
     def __post_init__(self):
         if not isinstance(self.max_rows, int) or self.max_rows < 1:
@@ -56,6 +59,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb!r}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if not self.prefix_cache_gb >= 0:
+            raise ValueError(f"prefix_cache_gb must be >= 0, got {self.prefix_cache_gb!r}")
         if not self.stream_hold_s >= 0:
             raise ValueError(f"stream_hold_s must be >= 0 seconds, got {self.stream_hold_s!r}")
         if self.max_waiting < 0 or self.block_size < 16 or self.max_prefill_tokens < 1:

@@ -209,7 +209,7 @@ class Engine:
         free, total = torch.cuda.mem_get_info(self.device)
         fraction = cfg.gpu_memory_utilization or 0.9
         # The graphs' pool will hold about the profiled peak; cuBLAS workspaces and fragmentation the margin.
-        available = fraction * total - (total - free) - 1.2 * peak - 256 * 2**20
+        available = fraction * total - (total - free) - 1.2 * peak - 256 * 2**20 - cfg.prefix_cache_gb * 2**30
         if cfg.gpu_memory_utilization is not None and available < 16 * runner.kv_bytes_per_block:
             raise MemoryError(f"gpu_memory_utilization {cfg.gpu_memory_utilization} leaves no room for the KV cache "
                               f"({(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use, {peak / 2**30:.1f} "

@@ -26,6 +26,7 @@ from .config import EngineConfig
 from .decoder import FlatDecoder, PagedCache
 from .graphs import capture_buckets, replay_or_run, side_stream
 from .kv_blocks import KVBlocks, OutOfBlocks
+from .prefix_cache import PrefixCache
 from .sampler import TalkerProcessors, sample_tokens
 from .sequence import Prompt
 
@@ -107,6 +108,7 @@ class ModelRunner:
         self._head_out_dtype = _probe_fp32_head(self.device, self.dtype)
         self.cache: PagedCache | None = None
         self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
+        self.prefix_cache = PrefixCache(int(cfg.prefix_cache_gb * 2**30)) if cfg.prefix_cache_gb else None
 
     @property
     def kv_bytes_per_block(self) -> int:
@@ -139,9 +141,13 @@ class ModelRunner:
             raise OutOfBlocks(f"{need} KV blocks needed for the prompts, {self.kv.num_free} free")
         for row, n in zip(rows, lengths):
             self.grow(row, n + 1)
+        starts, store = self._reuse_prefixes(rows, prompts)
         idx = to_device(rows, dev)
-        hidden = self._prefill_tokens(rows, lengths, to_device(torch.cat([p.embeds for p in prompts]), dev))
-        last = to_device(torch.tensor(lengths).cumsum(0) - 1, dev)
+        x = torch.cat([p.embeds[start:] for p, start in zip(prompts, starts)])
+        hidden = self._prefill_tokens(rows, starts, lengths, to_device(x, dev))
+        for row, prompt in store:  # computed just now: kept for the next request with this voice
+            self.prefix_cache.put(prompt.prefix_key, *self._read_kv(row, prompt.prefix_len))
+        last = to_device((torch.tensor(lengths) - torch.tensor(starts)).cumsum(0) - 1, dev)
         s.hidden[idx] = hidden[last]
         s.positions[idx] = to_device(lengths, dev, torch.int32)
         s.steps[idx] = 0
@@ -164,13 +170,50 @@ class ModelRunner:
         if new:
             self.cache.block_table[row, start:start + len(new)] = to_device(new, self.device, torch.int32)
 
-    def _prefill_tokens(self, rows: list[int], lengths: list[int], x: torch.Tensor) -> torch.Tensor:
-        """Runs the prompts' tokens (rows[i] gets lengths[i] tokens at positions 0..) through the talker and
-        returns their normed hidden states [N, H]. Up to the largest prefill bucket the tokens are padded to a
-        bucket (padding tokens go to the scratch row) and the captured graph runs; beyond it, eagerly."""
+    def _reuse_prefixes(self, rows: list[int], prompts: list[Prompt]) -> tuple[list[int], list]:
+        """Copies the cached keys and values of each prompt's voice prefix into its row. Returns the position
+        each row's prefill starts at, and the (row, prompt) whose prefix should be kept once prefilled."""
+        starts, store = [0] * len(rows), []
+        if self.prefix_cache is None:
+            return starts, store
+        for i, (row, prompt) in enumerate(zip(rows, prompts)):
+            if not prompt.prefix_key or prompt.prefix_len < 1:
+                continue
+            hit = self.prefix_cache.get(prompt.prefix_key)
+            if hit is None:
+                if all(p.prefix_key != prompt.prefix_key for _, p in store):
+                    store.append((row, prompt))
+                continue
+            self._write_kv(row, *hit)
+            starts[i] = prompt.prefix_len
+        return starts, store
+
+    def _kv_slots(self, row: int, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, offset) of the row's positions 0..num_positions-1 in the paged cache."""
+        bs = self.config.block_size
+        positions = torch.arange(num_positions)
+        blocks = torch.tensor(self.kv.rows[row])[positions // bs]
+        return to_device(blocks, self.device), to_device(positions % bs, self.device)
+
+    def _read_kv(self, row: int, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks, offsets = self._kv_slots(row, num_positions)
+        return self.cache.k[:, blocks, offsets], self.cache.v[:, blocks, offsets]  # (copies)
+
+    def _write_kv(self, row: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        blocks, offsets = self._kv_slots(row, k.shape[1])
+        self.cache.k[:, blocks, offsets] = k
+        self.cache.v[:, blocks, offsets] = v
+
+    def _prefill_tokens(self, rows: list[int], starts: list[int], lengths: list[int], x: torch.Tensor
+                        ) -> torch.Tensor:
+        """Runs the prompts' tokens (rows[i] gets positions starts[i]..lengths[i]-1, those before already in its
+        KV) through the talker and returns their normed hidden states [N, H]. Up to the largest prefill bucket
+        the tokens are padded to a bucket (padding tokens go to the scratch row) and the captured graph runs;
+        beyond it, eagerly."""
         N, dev = x.shape[0], self.device
-        flat_rows = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int32), torch.tensor(lengths))
-        flat_pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in lengths])
+        counts = torch.tensor(lengths) - torch.tensor(starts)
+        flat_rows = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int32), counts)
+        flat_pos = torch.cat([torch.arange(a, n, dtype=torch.int32) for a, n in zip(starts, lengths)])
         bucket = next((b for b in self.config.prefill_buckets if b >= N), None)
         if bucket is None:
             return self.talker(x, to_device(flat_rows, dev), to_device(flat_pos, dev), self.cache)

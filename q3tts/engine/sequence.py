@@ -17,6 +17,8 @@ class Prompt:
     trailing: torch.Tensor  # [N, H] added to the frame embedding at decode step s < N, TTS_PAD after that
     pad: torch.Tensor  # [H] TTS_PAD
     trailing_ids: list[int]  # text ids whose projections are `trailing` (the engine projects them per step)
+    prefix_len: int = 0  # the first positions, which depend on the voice alone (engine/prefix_cache.py)
+    prefix_key: str | None = None  # a digest of what they depend on
 
     @property
     def num_positions(self) -> int:

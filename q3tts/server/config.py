@@ -21,6 +21,7 @@ class ServerConfig:
     max_context: int | None = None  # talker positions per request (prompt + frames); None: the model's limit
     gpu_memory_utilization: float | None = 0.9  # the GPU memory fraction the server may hold (the KV cache: the rest)
     kv_cache_gb: float | None = None  # or the KV cache's size itself
+    prefix_cache_gb: float = 0.25  # voice prefixes' keys and values kept for reuse (0: off)
     api_key: str | None = None  # bearer token required on /v1/* when set
     voices_dir: Path | None = None  # where uploaded voices persist; None keeps them in memory
     served_model_name: str | None = None  # the id /v1/models reports (default: `model`)
@@ -70,5 +71,5 @@ class ServerConfig:
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_rows=self.max_running, max_waiting=self.max_waiting, max_context=self.max_context,
-                            kv_cache_gb=self.kv_cache_gb,
+                            kv_cache_gb=self.kv_cache_gb, prefix_cache_gb=self.prefix_cache_gb,
                             gpu_memory_utilization=None if self.kv_cache_gb else self.gpu_memory_utilization)

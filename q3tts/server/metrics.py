@@ -3,6 +3,7 @@
 - `q3tts_queue_depth`, `q3tts_running_streams`: the engine's waiting and running requests (read at scrape).
 - `q3tts_frames_generated_total`, `q3tts_engine_requests_{finished,cancelled}_total`, `q3tts_engine_errors_total`:
   the engine's own counters (read at scrape).
+- `q3tts_prefix_cache_{hits,misses}_total`: prompts whose voice prefix was reused / computed (engine/prefix_cache.py).
 - `q3tts_time_to_first_audio_seconds`: submission -> first 80 ms frame, per request.
 - `q3tts_real_time_factor`: wall seconds (submission -> end) per second of audio, per finished request; below 1
   is faster than real time.
@@ -72,6 +73,10 @@ class _EngineCollector:
                                  "requests_cancelled"),
                                 ("q3tts_engine_errors", "Engine failures", "errors")):
             yield CounterMetricFamily(name, doc, value=getattr(m, attr) if m else 0)
+        prefixes = engine.runner.prefix_cache if engine else None
+        for name, doc, attr in (("q3tts_prefix_cache_hits", "Prompts whose voice prefix was reused", "hits"),
+                                ("q3tts_prefix_cache_misses", "Prompts whose voice prefix was computed", "misses")):
+            yield CounterMetricFamily(name, doc, value=getattr(prefixes, attr) if prefixes else 0)
         reasons = CounterMetricFamily("q3tts_requests_ended", "Requests that ran to their end, by finish reason "
                                       "(eos, length, runaway, repetition)", labels=["reason"])
         for reason, count in (m.finish_reasons.items() if m else ()):

@@ -313,7 +313,8 @@ def engine_args(config: ServerConfig, log_level: str) -> list[str]:
     args = ["--max-running", config.max_running, "--max-waiting", config.max_waiting,
             "--max-input-chars", config.max_input_chars, "--body-timeout", config.body_timeout_s,
             "--drain-timeout", config.drain_timeout_s, "--send-timeout", config.send_timeout_s,
-            "--max-body-bytes", config.max_body_bytes, "--log-level", log_level]
+            "--max-body-bytes", config.max_body_bytes, "--prefix-cache-gb", config.prefix_cache_gb,
+            "--log-level", log_level]
     for flag, value in (("--dtype", config.dtype), ("--max-context", config.max_context),
                         ("--kv-cache-gb", config.kv_cache_gb),
                         ("--gpu-memory-utilization", config.gpu_memory_utilization),

@@ -1,0 +1,50 @@
+"""Prompt prefixes' keys and values, kept across requests (EngineConfig.prefix_cache_gb).
+
+A prompt's first positions depend only on the voice: the instruction, the assistant header, the codec control
+tags (language), the speaker (a preset's id or an x-vector) and, for an in-context voice, the positions of its
+reference transcript (`q3tts.prompt.prefix_of` says which, mode by mode, from the layout in the spec). The talker's
+keys and values there are the same for every request with that voice, so the first request computes them and
+later ones copy them into their own KV blocks and prefill only the rest. Copied, not shared: a prefix is
+tens of positions (an x-vector voice: ~10 of ~11 in streaming mode; a 10 s reference: its transcript's ~30-50
+of ~140), less than a 64-position block, so sharing whole blocks copy-on-write would reuse nothing; a copy
+costs one gather and one scatter per request. Entries are keyed by content (a digest of everything those
+positions depend on), least recently used first out within the byte budget.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+
+class PrefixCache:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self.bytes = 0
+        self.hits = self.misses = 0
+
+    def get(self, key: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(keys, values) [layers, positions, kv heads, head dim] of a prefix, or None."""
+        entry = self.entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.entries.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def put(self, key: str, k: torch.Tensor, v: torch.Tensor) -> None:
+        size = 2 * k.numel() * k.element_size()
+        if key in self.entries or size > self.max_bytes:
+            return
+        while self.bytes + size > self.max_bytes:
+            _, (old_k, old_v) = self.entries.popitem(last=False)
+            self.bytes -= 2 * old_k.numel() * old_k.element_size()
+        self.entries[key] = (k, v)
+        self.bytes += size
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.bytes = 0

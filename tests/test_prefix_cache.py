@@ -1,0 +1,99 @@
+"""The voice prefix cache (engine/prefix_cache.py): which prompt positions depend on the voice alone (checked on
+the prompts themselves, mode by mode), cached and uncached requests give identical codes, the budget holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from q3tts import TTS
+from q3tts.engine import EngineConfig
+from q3tts.engine.prefix_cache import PrefixCache
+from q3tts.tiny import tiny_checkpoint
+from tests.test_equivalence import speech_like
+
+GREEDY = {"do_sample": False, "subtalker_dosample": False, "max_new_tokens": 12}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def ref_wav(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ref") / "ref.wav"
+    sf.write(path, speech_like(1.5, 24000, 7), 24000)
+    return path
+
+
+def load(name: str, cache, prefix_cache_gb: float) -> TTS:
+    return TTS.from_pretrained(tiny_checkpoint(name, cache), device="cpu",
+                               engine_config=EngineConfig(max_rows=4, prefix_cache_gb=prefix_cache_gb))
+
+
+def modes(tts: TTS, name: str, ref_wav) -> dict[str, dict]:
+    """Request arguments per mode of the checkpoint (all but the text)."""
+    if name == "tiny":
+        return {"preset": {"speaker": "ryan"}, "preset+instruct": {"speaker": "ryan", "instruct": "Slowly."},
+                "preset, non-streaming": {"speaker": "ryan", "non_streaming_mode": True}}
+    if name == "tiny-voice-design":
+        return {"design": {"instruct": "A deep calm voice, speaking slowly and warmly."}}
+    icl = tts.create_voice(str(ref_wav), "Good morning.")  # (a transcript shorter than the reference frames)
+    xvec = tts.create_voice(str(ref_wav), x_vector_only=True)
+    return {"x-vector": {"voice": xvec}, "in-context": {"voice": icl},
+            "in-context, non-streaming": {"voice": icl, "non_streaming_mode": True}}
+
+
+NAMES = ["tiny", "tiny-voice-design", "tiny-base"]
+TEXTS = ["Hello there, how are you?", "A different sentence, rather longer than the first one was."]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_prefix_depends_on_the_voice_alone(cache, ref_wav, name):
+    """Two texts in one voice: the same prefix length and key, identical embeddings over it, and the text
+    starts right after it (the next position differs); another voice has another key. A preset speaker's prefix
+    is the same in streaming and non-streaming mode (so is its key); an in-context voice's is not."""
+    tts = load(name, cache, 0)
+    keys = {}
+    for mode, kw in modes(tts, name, ref_wav).items():
+        a, b = (tts.prepare(tts.request(text, language="english", **kw)) for text in TEXTS)
+        assert a.prefix_len == b.prefix_len and 0 < a.prefix_len < a.num_positions, mode
+        assert a.prefix_key == b.prefix_key, mode
+        p = a.prefix_len
+        torch.testing.assert_close(a.embeds[:p], b.embeds[:p], rtol=0, atol=0, msg=mode)
+        assert not torch.equal(a.embeds[p], b.embeds[p]), f"{mode}: position {p} does not depend on the text"
+        keys[mode] = a.prefix_key
+    if name == "tiny":
+        assert keys.pop("preset, non-streaming") == keys["preset"]
+    assert len(set(keys.values())) == len(keys)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cached_and_uncached_requests_give_identical_codes(cache, ref_wav, name):
+    with load(name, cache, 0.01) as cached, load(name, cache, 0) as uncached:
+        for mode, kw in modes(cached, name, ref_wav).items():
+            for text in TEXTS + TEXTS[:1]:
+                got = cached.submit(cached.request(text, language="english", seed=1, **kw | GREEDY))
+                want = uncached.submit(uncached.request(text, language="english", seed=1, **kw | GREEDY))
+                a, b = got.read_all(), want.read_all()
+                assert np.array_equal(np.stack(got.channel.codes), np.stack(want.channel.codes)), mode
+                np.testing.assert_array_equal(a, b)
+        prefixes = cached.engine.runner.prefix_cache
+        assert prefixes.hits >= 2 * len(modes(cached, name, ref_wav)) and prefixes.bytes <= prefixes.max_bytes
+        assert uncached.engine.runner.prefix_cache is None
+
+
+def test_the_budget_evicts_the_least_recently_used():
+    kv = lambda: torch.zeros(2, 10, 2, 4)  # 640 bytes each of k and v
+    prefixes = PrefixCache(max_bytes=3 * 2 * 640)
+    for key in "abc":
+        prefixes.put(key, kv(), kv())
+    assert prefixes.get("a") is not None  # a is now the most recent
+    prefixes.put("d", kv(), kv())
+    assert list(prefixes.entries) == ["c", "a", "d"] and prefixes.bytes == 3 * 2 * 640
+    assert prefixes.get("b") is None and (prefixes.hits, prefixes.misses) == (1, 1)
+    prefixes.put("huge", torch.zeros(2, 100, 2, 4), torch.zeros(2, 100, 2, 4))  # larger than the budget: not kept
+    assert "huge" not in prefixes.entries
