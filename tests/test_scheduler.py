@@ -134,3 +134,14 @@ def test_kv_blocks_grow_release_move():
     assert kv.rows[2] == [1, 2] and kv.rows[0] == []
     assert kv.release(2) == [1, 2] and kv.num_free == 4
     assert kv.capacity_positions == 4 * 64
+
+
+def test_the_prefill_budget_counts_what_will_be_computed():
+    """With a prompt's prefix cached, only the rest counts against max_prefill_tokens."""
+    seqs = [Sequence(f"r{i}", 100, 0.0) for i in range(3)]
+    for cached, expected in ((False, 1), (True, 3)):
+        s = scheduler(max_running=8, max_prefill_tokens=150,
+                      prefill_tokens=lambda seq, cached=cached: 40 if cached else seq.num_positions)
+        for seq in seqs:
+            s.add(Sequence(seq.request_id, seq.num_positions, 0.0))
+        assert len(s.admit(0.0)[1]) == expected

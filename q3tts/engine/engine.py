@@ -95,7 +95,8 @@ class Engine:
             self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets)
             self._size_kv_cache()  # (on a GPU: sized after a profiling run)
         self.scheduler = Scheduler(config.max_rows, config.max_waiting, self.runner.kv, config.max_prefill_tokens,
-                                   config.prefill_seconds_per_token, config.safety_seconds)
+                                   config.prefill_seconds_per_token, config.safety_seconds,
+                                   lambda seq: self.runner.prefill_tokens(seq.payload.prompt))
         self.metrics = EngineMetrics()
         self.rows: list[Sequence] = []  # rows[i]: the sequence in batch row i
         self.healthy = True

@@ -170,6 +170,11 @@ class ModelRunner:
         if new:
             self.cache.block_table[row, start:start + len(new)] = to_device(new, self.device, torch.int32)
 
+    def prefill_tokens(self, prompt: Prompt) -> int:
+        """The positions `add_rows` would prefill for `prompt` now (its cached prefix, if any, is copied)."""
+        cached = self.prefix_cache is not None and prompt.prefix_key in self.prefix_cache.entries
+        return prompt.num_positions - (prompt.prefix_len if cached else 0)
+
     def _reuse_prefixes(self, rows: list[int], prompts: list[Prompt]) -> tuple[list[int], list]:
         """Copies the cached keys and values of each prompt's voice prefix into its row. Returns the position
         each row's prefill starts at, and the (row, prompt) whose prefix should be kept once prefilled."""

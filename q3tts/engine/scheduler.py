@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 
 from .kv_blocks import KVBlocks
 from .sequence import Sequence
@@ -30,13 +31,17 @@ class QueueFull(Exception):
 
 class Scheduler:
     def __init__(self, max_running: int, max_waiting: int, kv: KVBlocks, max_prefill_tokens: int = 4096,
-                 prefill_seconds_per_token: float = 1e-4, safety_seconds: float = 0.04):
+                 prefill_seconds_per_token: float = 1e-4, safety_seconds: float = 0.04,
+                 prefill_tokens: Callable[[Sequence], int] = lambda seq: seq.num_positions):
+        """prefill_tokens: the positions a waiting request's prefill will compute (fewer than its prompt when
+        part of it is cached)."""
         if max_running < 1 or max_waiting < 0 or max_prefill_tokens < 1:
             raise ValueError("max_running and max_prefill_tokens must be >= 1, max_waiting >= 0")
         self.max_running, self.max_waiting, self.kv = max_running, max_waiting, kv
         self.max_prefill_tokens = max_prefill_tokens
         self.prefill_seconds_per_token = prefill_seconds_per_token
         self.safety_seconds = safety_seconds
+        self.prefill_tokens = prefill_tokens
         self.waiting: deque[Sequence] = deque()
         self.swapped: list[Sequence] = []  # preempted, oldest admission first
         self.running: dict[str, Sequence] = {}
@@ -99,7 +104,7 @@ class Scheduler:
             blocks = self.kv.blocks_for(seq.num_positions + 1)
             if blocks + self._reserve(len(admitted)) > free_blocks:
                 break
-            new_tokens = tokens + seq.num_positions
+            new_tokens = tokens + self.prefill_tokens(seq)
             over_budget = (new_tokens > self.max_prefill_tokens
                            or new_tokens * self.prefill_seconds_per_token > stall_budget)
             if admitted and over_budget:

@@ -39,6 +39,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from ..engine import EngineError
+from ..engine.sequence import FRAME_SECONDS
 from ..engine.stream import FRAME_SAMPLES
 from ..errors import quote
 from ..text_segmenter import TextSegmenter
@@ -53,7 +54,6 @@ log = logging.getLogger("q3tts.server")
 router = APIRouter()
 MAX_SEGMENT_CHARS = 300
 PENDING_TEXT_FACTOR = 16  # text received but not yet spoken may reach this many times --max-input-chars
-FRAME_SECONDS = 0.08
 
 
 @router.websocket("/v1/audio/speech/stream")
