@@ -1,6 +1,7 @@
 """`q3tts bench streaming`: time to first audio (request to the first PCM on the host) at 1, 16 and 64
 streams, the codec's GPU cost next to the language model's, the streaming loop with and without the codec
-overlapped, and the bf16 codec's error against fp32."""
+overlapped, the bf16 codec's error against fp32, and first audio per voice kind (x-vector, in-context with 3 s
+and 10 s references) with the voice's prompt prefix cached and not, at 1 and 64 streams."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ..engine.codec_stream import StreamingDecoder
 from ..engine.readback import Readback
 from ..models.speech_tokenizer import SpeechTokenizer
 from ..sampling import SamplingParams
-from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model, random_decoder
+from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model, random_decoder, voice_prompt
 
 
 def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple[int, ...] = (1, 16, 64),
@@ -39,6 +40,11 @@ def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple
                 f"{row['lm_frame_gpu_ms']} ms + codec {row['codec_frame_gpu_ms']} ms per frame step "
                 f"({row['codec_share_of_lm']:.0%}); streaming loop {row['step_ms_codec_overlapped']} ms per step "
                 f"with the codec overlapped, {row['step_ms_codec_sequential']} ms sequential")
+        for row in voice_rows(engine, model, name, tuple(b for b in (1, 64) if b in concurrency), reps):
+            rows.append(row)
+            log(f"{name} B={row['batch']} {row['voice']}, prefix {'cached' if row['prefix_cached'] else 'not cached'}"
+                f" ({row['prefix_positions']} of {row['prompt_positions']} positions): first audio p50 "
+                f"{row['ttfa_ms_p50']} ms p95 {row['ttfa_ms_p95']} ms")
         del engine, model, decoder
         torch.cuda.empty_cache()
     return rows
@@ -121,40 +127,77 @@ def peer_streaming_rows(paths: list[Path]) -> list[dict]:
     return rows
 
 
-def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = None) -> list[float]:
-    """`batch` requests submitted together: ms from submission (text ids in hand) to each stream's first PCM
-    on the host (prompt building, prefill, first frame, its decode and the copy included). With `phases` (a dict
-    to fill) the GPU is synchronised after each phase and its ms recorded: prompt building, prefill (row setup
-    included), the first frame, its decode + copy (the syncs keep the GPU from running ahead, so the phases add
-    up to a little more than an unsynchronised run)."""
+def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = None, ref_seconds: float = 0.0,
+                   cached: bool = False) -> list[float]:
+    """`batch` requests in one voice with different texts, submitted together: ms from submission (text ids in
+    hand) to each stream's first PCM on the host (prompt building, prefill, first frame, its decode and the copy
+    included). The voice: an x-vector, or with `ref_seconds` an in-context voice with a reference that long.
+    `cached`: the voice's prompt prefix is in the engine's prefix cache beforehand (one earlier request);
+    otherwise the cache is off for the run. With `phases` (a dict to fill) the device is synchronised after
+    each phase and its ms recorded: prompt building, prefill (row setup included), the first frame, its decode
+    + copy (the syncs keep the GPU from running ahead, so the phases add up to a little more than an
+    unsynchronised run)."""
     runner, codec = engine.runner, engine.codec
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    marks = [start]
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else lambda: None
+    saved = runner.prefix_cache
+    if not cached:
+        runner.prefix_cache = None
+    elif saved is not None:  # one earlier request with the voice
+        prompt, _ = voice_prompt(model, seed=0, ref_seconds=ref_seconds, text_seed=batch + 1)
+        runner.add_rows([0], [prompt], [SamplingParams(max_new_tokens=20)])
+        runner.release_rows([0])
+    try:
+        sync()
+        start = time.perf_counter()
+        marks = [start]
 
-    def phase(name: str) -> None:
-        if phases is not None:
-            torch.cuda.synchronize()
-            marks.append(time.perf_counter())
-            phases[name] = (marks[-1] - marks[-2]) * 1e3
+        def phase(name: str) -> None:
+            if phases is not None:
+                sync()
+                marks.append(time.perf_counter())
+                phases[name] = (marks[-1] - marks[-2]) * 1e3
 
-    prompts = [clone_prompt(model) for _ in range(batch)]
-    phase("prompt")
-    rows = list(range(batch))
-    runner.add_rows(rows, prompts, [SamplingParams(max_new_tokens=20, seed=i) for i in rows])
-    codec.start(rows, [None] * batch)
-    phase("prefill")
-    readback = Readback(runner, depth=2, pcm=codec.pcm, pcm_stream=codec.pcm_stream)
-    runner.step(batch)
-    phase("frame")
-    codec.step(batch)
-    readback.push(batch)
-    out = readback.pop()
-    arrived = (time.perf_counter() - start) * 1e3
-    phase("decode")
-    assert bool(out.emitted.all()) and out.pcm.abs().sum() > 0
-    runner.release_rows(rows)
+        made = [voice_prompt(model, seed=0, ref_seconds=ref_seconds, text_seed=i + 1) for i in range(batch)]
+        phase("prompt")
+        rows = list(range(batch))
+        runner.add_rows(rows, [p for p, _ in made], [SamplingParams(max_new_tokens=20, seed=i) for i in rows])
+        codec.start(rows, [codes for _, codes in made])
+        phase("prefill")
+        readback = Readback(runner, depth=2, pcm=codec.pcm, pcm_stream=codec.pcm_stream)
+        runner.step(batch)
+        phase("frame")
+        codec.step(batch)
+        readback.push(batch)
+        out = readback.pop()
+        arrived = (time.perf_counter() - start) * 1e3
+        phase("decode")
+        assert bool(out.emitted.all()) and out.pcm.abs().sum() > 0
+        runner.release_rows(rows)
+    finally:
+        runner.prefix_cache = saved
     return [arrived] * batch
+
+
+def voice_rows(engine, model, name: str, batches: tuple[int, ...], reps: int,
+               references: tuple[float, ...] = (0.0, 3.0, 10.0)) -> list[dict]:
+    """First audio per voice kind (x-vector; in-context with 3 s and 10 s references), its prompt prefix cached
+    or not, at each batch: `batch` requests in one voice submitted together."""
+    rows = []
+    for ref_seconds in references:
+        prompt, _ = voice_prompt(model, seed=0, ref_seconds=ref_seconds, text_seed=1)
+        for batch in batches:
+            for cached in (False, True):
+                first_audio_ms(engine, model, batch, ref_seconds=ref_seconds, cached=cached)  # warm-up
+                flat = sorted(t for _ in range(reps)
+                              for t in first_audio_ms(engine, model, batch, ref_seconds=ref_seconds, cached=cached))
+                rows.append({"engine": "q3tts", "benchmark": "first_audio_by_voice", "model": name, "batch": batch,
+                             "voice": f"in-context {ref_seconds:g} s" if ref_seconds else "x-vector",
+                             "prefix_cached": cached, "prompt_positions": prompt.num_positions,
+                             "prefix_positions": prompt.prefix_len,
+                             "ttfa_ms_p50": round(statistics.median(flat), 2),
+                             "ttfa_ms_p95": round(flat[min(len(flat) - 1, int(0.95 * len(flat)))], 2),
+                             "ms_per_frame": None, "audio_s_per_s": None, "rps": None, "gpu_mem_gb": None})
+    return rows
 
 
 def codec_precision(frames: int = 100) -> dict:
