@@ -26,6 +26,8 @@ class Engine:
                 length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                                   if line.lower().startswith(b"content-length")))
                 await reader.readexactly(length)
+                if self.mode == "interim":
+                    writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: audio/pcm\r\ntransfer-encoding: chunked\r\n\r\n")
                 for i, chunk in enumerate(self.chunks):
                     if self.mode == "break" and i == 1:
@@ -50,7 +52,7 @@ async def serve(engine: Engine):
 
 def test_keep_alive_and_a_connection_closed_while_idle():
     async def main():
-        for mode, connections in (("ok", 1), ("close-after", 3)):
+        for mode, connections in (("ok", 1), ("close-after", 3), ("interim", 1)):
             engine = Engine([b"a" * 10, b"b" * 20000, b"c"], mode)
             server, pool = await serve(engine)
             for _ in range(3):

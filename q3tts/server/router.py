@@ -47,7 +47,7 @@ log = logging.getLogger("q3tts.server")
 POLL_S = 0.1
 MAX_RESTARTS = 5  # times each engine process is started again after it exited, before it is left out for good
 # Not passed on: hop-by-hop headers, and those the proxy sets itself.
-HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "content-length", "host"}
+HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "content-length", "host", "expect"}
 
 
 @dataclass

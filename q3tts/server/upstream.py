@@ -76,6 +76,7 @@ class _Connection(asyncio.Protocol):
         self.response: Response | None = None
         self.closed = False
         self.paused = False
+        self.interim = False
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -101,7 +102,12 @@ class _Connection(asyncio.Protocol):
         self.response.headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        self.response.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+            self.interim = True
+            self.response.headers.clear()
+            return
+        self.response.status = status
         self.response.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
@@ -114,6 +120,9 @@ class _Connection(asyncio.Protocol):
         response.wake()
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self.response.complete = True
         self.response.wake()
         if not self.parser.should_keep_alive():
