@@ -50,12 +50,14 @@ def on_gpu(monkeypatch):
     monkeypatch.setitem(entry.CURRENT, "device", "cuda")
 
 
-def test_graphs_match_reference_loop(tiny_cuda):
-    """fp32 on the GPU: the captured frame graphs give the reference loop's codes (greedy and seeded)."""
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernel-attention", "fused-decode-attention"])
+def test_graphs_match_reference_loop(tiny_cuda, fused):
+    """fp32 on the GPU: the captured frame graphs give the reference loop's codes (greedy and seeded), with the
+    decode steps' attention as two kernels or as one (EngineConfig.fused_decode_attention)."""
     prompts, params = _requests(tiny_cuda)
     reference = generate_codes(tiny_cuda.model.talker, prompts, params)
     runner = ModelRunner(tiny_cuda.model, EngineConfig(max_rows=8, max_context=256, block_size=16, max_trailing=64,
-                                                       buckets=(1, 2, 4, 8)))
+                                                       buckets=(1, 2, 4, 8), fused_decode_attention=fused))
     runner.capture_graphs()
     assert set(runner.graphs) == {1, 2, 4, 8}
     ours = _run_engine(runner, prompts, params)

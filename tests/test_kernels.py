@@ -97,6 +97,29 @@ def test_qk_norm_rope_store_and_attention(monkeypatch, dtype):
     _close(out, out_ref, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_equals_store_then_attend(monkeypatch, dtype):
+    """The fused decode kernel against the twin of the two kernels it replaces: one new token per row, each
+    row with its earlier positions already in the cache (written first, as the frames before did)."""
+    history = [6, 0, 36, 16]
+    args = _paged_setup(dtype, [n + 1 for n in history], seed=3)
+    first = [sum(n + 1 for n in history[:r]) for r in range(len(history))]
+    old = torch.tensor([i for r, n in enumerate(history) for i in range(first[r], first[r] + n)], dtype=torch.long,
+                       device=DEVICE)
+    new = torch.tensor([first[r] + n for r, n in enumerate(history)], dtype=torch.long, device=DEVICE)
+    pick = lambda index: {**args, "qkv": args["qkv"][index], "rows": args["rows"][index],
+                          "positions": args["positions"][index]}
+    _twin(monkeypatch, kernels.qk_norm_rope_store, **pick(old))  # the history, in both caches
+    ref = {**pick(new), "k_cache": args["k_cache"].clone(), "v_cache": args["v_cache"].clone()}
+    out = kernels.decode_attention(**pick(new), out_dtype=dtype)
+    out_ref = _twin(monkeypatch, kernels.decode_attention, **ref, out_dtype=dtype)
+    _close(out, out_ref, dtype)
+    written = ~torch.isnan(ref["k_cache"])
+    assert torch.equal(written, ~torch.isnan(args["k_cache"]))
+    _close(args["k_cache"][written], ref["k_cache"][written], dtype)
+    assert torch.equal(args["v_cache"][written], ref["v_cache"][written])
+
+
 def test_attention_twin_matches_sdpa():
     """The twin itself against PyTorch's attention on contiguous keys."""
     args = _paged_setup(torch.float32, [9])
@@ -306,3 +329,38 @@ def test_removed_tokens_never_drawn(monkeypatch):
         ids = sample_tokens(logits, params, torch.arange(B, device=DEVICE), counters)
         top5 = logits.topk(5, dim=-1).indices
         assert bool((top5 == ids[:, None]).any(-1).all())
+
+
+def test_a_decoder_step_with_the_fused_attention(monkeypatch, tmp_path):
+    """One decode step of the tiny talker (rows at different positions, one crossing a block) with the fused
+    kernel equals the step with the two kernels: hidden states and the caches."""
+    from q3tts import TTS
+    from q3tts.engine.decoder import FlatDecoder, PagedCache
+    from q3tts.tiny import tiny_checkpoint
+
+    tts = TTS.from_pretrained(tiny_checkpoint("tiny", tmp_path), device=DEVICE, dtype=torch.float32)
+    talker, tc = tts.model.talker, tts.config.talker_config
+    decoder = FlatDecoder(talker.model.layers, talker.model.norm.weight, tc.rms_norm_eps, tc.num_attention_heads,
+                          tc.head_dim, talker.model.inv_freq)
+    history = [5, 17, 0]
+    caches = []
+    for _ in range(2):
+        cache = PagedCache.allocate(tc.num_hidden_layers, 8, 16, tc.num_key_value_heads, tc.head_dim, 4, 2,
+                                    torch.float32, torch.device(DEVICE))
+        cache.block_table.copy_(torch.tensor([[1, 2], [3, 4], [5, 6], [7, 0]], dtype=torch.int32))
+        caches.append(cache)
+    g = torch.Generator(DEVICE).manual_seed(0)
+    rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
+    positions = torch.tensor([i for n in history for i in range(n)], dtype=torch.int32, device=DEVICE)
+    past = torch.randn(len(rows), tc.hidden_size, generator=g, device=DEVICE)
+    x = torch.randn(len(history), tc.hidden_size, generator=g, device=DEVICE)
+    step_rows = torch.arange(len(history), dtype=torch.int32, device=DEVICE)
+    step_positions = torch.tensor(history, dtype=torch.int32, device=DEVICE)
+    outs = []
+    with torch.no_grad():
+        for cache, decode in zip(caches, (False, True)):
+            _twin(monkeypatch, decoder, past, rows, positions, cache)  # the same history in both
+            outs.append(decoder(x, step_rows, step_positions, cache, decode=decode))
+    _close(outs[1], outs[0], torch.float32)
+    _close(caches[1].k, caches[0].k, torch.float32)  # (layer 2 on: from hidden states equal to rounding)
+    _close(caches[1].v, caches[0].v, torch.float32)

@@ -45,6 +45,9 @@ class EngineConfig:
     # A stream at least this many seconds of audio ahead of real-time playback gets its frames in groups of this
     # much audio, not one by one (engine/stream.py); 0 hands every frame out as it is made.
     stream_hold_s: float = 1.0
+    # The decode steps' q/k norm, RoPE, KV store and attention as one kernel per layer (kernels.decode_attention)
+    # instead of two. Off until measured and tested on a GPU (docs/perf-notes.md, entry 36).
+    fused_decode_attention: bool = False
     # Keys and values of voice prefixes kept for reuse across requests (engine/prefix_cache.py), at most this much
     # memory beside the KV cache; 0 turns the cache off.
     prefix_cache_gb: float = 0.25

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..layers.attention import FusedLayerWeights, fuse_layer
-from .kernels import add_rmsnorm, paged_attention, qk_norm_rope_store, silu_mul
+from .kernels import add_rmsnorm, decode_attention, paged_attention, qk_norm_rope_store, silu_mul
 
 
 @dataclass
@@ -42,16 +42,24 @@ class FlatDecoder:
         self.num_heads, self.head_dim = num_heads, head_dim
         self.inv_freq = inv_freq.float()
 
-    def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
+                 decode: bool = False) -> torch.Tensor:
         """x: [N, hidden] (any float dtype; the residual stream is fp32) -> normed hidden [N, hidden] in the
-        weights' dtype. Writes each token's keys and values at its (row, position)."""
+        weights' dtype. Writes each token's keys and values at its (row, position). `decode`: every token is the
+        only new one of its row, so q/k norm, RoPE, the KV store and attention run as one kernel."""
         dtype = self.final_norm.dtype
         h, residual = x, None
         for i, w in enumerate(self.layers):
             y, residual = add_rmsnorm(h, residual, w.input_norm, self.eps, dtype)
-            q = qk_norm_rope_store(F.linear(y, w.qkv), w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
-                                   cache.block_table, cache.k[i], cache.v[i], self.num_heads)
-            h = F.linear(paged_attention(q, cache.k[i], cache.v[i], cache.block_table, rows, positions, dtype), w.o)
+            qkv = F.linear(y, w.qkv)
+            if decode:
+                attended = decode_attention(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
+                                            cache.block_table, cache.k[i], cache.v[i], self.num_heads, dtype)
+            else:
+                q = qk_norm_rope_store(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
+                                       cache.block_table, cache.k[i], cache.v[i], self.num_heads)
+                attended = paged_attention(q, cache.k[i], cache.v[i], cache.block_table, rows, positions, dtype)
+            h = F.linear(attended, w.o)
             y, residual = add_rmsnorm(h, residual, w.post_norm, self.eps, dtype)
             h = F.linear(silu_mul(F.linear(y, w.gate_up)), w.down)
         return add_rmsnorm(h, residual, self.final_norm, self.eps, dtype)[0]

@@ -228,6 +228,104 @@ if triton is not None:
         tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=in_group[:, None])
 
 
+# ---- decode: q/k RMSNorm + RoPE + KV store + attention in one kernel --------------------------------------------
+
+def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+                     inv_freq: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
+                     out_dtype: torch.dtype) -> torch.Tensor:
+    """`qk_norm_rope_store` then `paged_attention`, in one launch, for decode: every token is the one new token
+    of its row (tokens of one row would race: a program reads only the keys it wrote itself). Returns
+    [N, Hq * D]."""
+    N = qkv.shape[0]
+    _, block_size, num_kv, D = k_cache.shape
+    if not use_triton(qkv):
+        q = _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache,
+                                    v_cache, num_heads)
+        return _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
+    if block_size < 16 or num_heads // num_kv > 16:
+        raise ValueError("the attention kernel needs block_size >= 16 and <= 16 query heads per KV head")
+    out = torch.empty(N, num_heads * D, dtype=out_dtype, device=qkv.device)
+    _decode_attention_kernel[(N, num_kv)](
+        qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
+        block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
+        IEEE=k_cache.dtype == torch.float32, num_warps=4)
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _norm_rope(x, x_partner, w, w_partner, cos, sin, sign, eps, D: tl.constexpr):
+        """RMSNorm over the last axis (D) then rotate-half RoPE; `x_partner` is x at (d + D/2) % D."""
+        inv = tl.rsqrt(tl.sum(x * x, axis=-1, keep_dims=True) / D + eps)
+        return x * inv * w * cos + sign * (x_partner * inv * w_partner) * sin
+
+    @triton.jit
+    def _decode_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, rows_ptr, pos_ptr, table_ptr, k_ptr, v_ptr,
+                                 out_ptr, eps, scale, table_stride, cache_s0, cache_s1, cache_s2,
+                                 NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr,
+                                 D: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
+        # One program per (token, kv head): its key and value normed, rotated and stored, then its GROUP query
+        # heads (padded to 16 rows for the tensor cores) normed, rotated and attended over the row's positions.
+        t = tl.program_id(0).to(tl.int64)
+        kv_head = tl.program_id(1)
+        width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV) * D
+        d = tl.arange(0, D)
+        partner = (d + D // 2) % D
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        pos = tl.load(pos_ptr + t)
+        freqs = pos.to(tl.float32) * tl.load(inv_freq_ptr + d % (D // 2))
+        cos, sin = tl.cos(freqs), tl.sin(freqs)
+        row = tl.load(rows_ptr + t).to(tl.int64)
+
+        k_base = qkv_ptr + t * width + (NUM_HEADS + kv_head) * D
+        k = _norm_rope(tl.load(k_base + d).to(tl.float32), tl.load(k_base + partner).to(tl.float32),
+                       tl.load(kn_ptr + d).to(tl.float32), tl.load(kn_ptr + partner).to(tl.float32), cos, sin, sign,
+                       eps, D)
+        block = tl.load(table_ptr + row * table_stride + pos // BLOCK_SIZE).to(tl.int64)
+        slot = block * cache_s0 + (pos % BLOCK_SIZE) * cache_s1 + kv_head * cache_s2
+        tl.store(k_ptr + slot + d, k.to(k_ptr.dtype.element_ty))
+        tl.store(v_ptr + slot + d, tl.load(qkv_ptr + t * width + (NUM_HEADS + NUM_KV + kv_head) * D + d))
+
+        g = tl.arange(0, 16)
+        in_group = g < GROUP
+        q_base = qkv_ptr + t * width + (kv_head * GROUP + g[:, None]) * D
+        q = _norm_rope(tl.load(q_base + d[None, :], mask=in_group[:, None], other=0.0).to(tl.float32),
+                       tl.load(q_base + partner[None, :], mask=in_group[:, None], other=0.0).to(tl.float32),
+                       tl.load(qn_ptr + d).to(tl.float32)[None, :], tl.load(qn_ptr + partner).to(tl.float32)[None, :],
+                       cos[None, :], sin[None, :], sign[None, :], eps, D)
+        q = q.to(k_ptr.dtype.element_ty)  # [16, D]
+        tl.debug_barrier()  # the key and value stored above are read below by other threads of this program
+
+        n = tl.arange(0, BLOCK_SIZE)
+        m = tl.full([16], float("-inf"), tl.float32)
+        denom = tl.zeros([16], tl.float32)
+        acc = tl.zeros([16, D], tl.float32)
+        for start in range(0, pos + 1, BLOCK_SIZE):
+            block = tl.load(table_ptr + row * table_stride + start // BLOCK_SIZE).to(tl.int64)
+            offs = block * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
+            valid = (start + n) <= pos
+            keys = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)  # [N, D]
+            values = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale  # [16, N]
+            else:
+                s = tl.dot(q, tl.trans(keys)) * scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            denom = denom * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, values, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values)
+            m = m_new
+        out_offs = (t * NUM_HEADS + kv_head * GROUP + g[:, None]) * D + d[None, :]
+        tl.store(out_ptr + out_offs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=in_group[:, None])
+
+
 # ---- SwiGLU activation ---------------------------------------------------------------------------------------
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -342,7 +342,7 @@ class ModelRunner:
             frame = frame + embed.float()
             if g < cp.config.num_code_groups - 2:
                 h = self.cp(cp.small_to_mtp_projection(embed), self.row_ids[:B], self.cp_positions[g + 2, :B],
-                            self.cp_cache)
+                            self.cp_cache, decode=self.config.fused_decode_attention)
         return codes, frame
 
     def _talker_step(self, B: int, c0: torch.Tensor, codes: list[torch.Tensor], frame: torch.Tensor) -> None:
@@ -353,7 +353,8 @@ class ModelRunner:
         text_id = s.trailing_ids[:B].gather(1, steps.clamp(max=s.trailing_ids.shape[1] - 1)[:, None])[:, 0]
         text_id = torch.where(in_text, text_id, self.model.config.tts_pad_token_id)
         x = frame + talker.embed_text(text_id).float()
-        new_hidden = self.talker(x, self.row_ids[:B], s.positions[:B], self.cache)
+        new_hidden = self.talker(x, self.row_ids[:B], s.positions[:B], self.cache,
+                                 decode=self.config.fused_decode_attention)
         finished = (c0 == talker.config.codec_eos_token_id) | (steps + 1 >= s.max_new[:B])
         s.emitted[:B] = ~s.done[:B] & ~finished
         s.done[:B] |= finished
