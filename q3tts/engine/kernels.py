@@ -187,20 +187,12 @@ def _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions):
 
 if triton is not None:
     @triton.jit
-    def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, out_ptr, scale, table_stride,
-                                cache_s0, cache_s1, cache_s2, GROUP: tl.constexpr, D: tl.constexpr,
-                                BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
-        # One program per (token, kv head): its GROUP query heads, padded to 16 rows for the tensor cores.
-        t = tl.program_id(0).to(tl.int64)
-        kv_head = tl.program_id(1)
-        g = tl.arange(0, 16)
+    def _attend(q, k_ptr, v_ptr, table_ptr, row, pos, kv_head, scale, table_stride, cache_s0, cache_s1, cache_s2,
+                D: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
+        """Softmax attention of q [16, D] (the cache's dtype) over positions 0..pos of `row` for `kv_head`,
+        online over the row's blocks; returns [16, D] fp32."""
         d = tl.arange(0, D)
         n = tl.arange(0, BLOCK_SIZE)
-        in_group = g < GROUP
-        q_offs = (t * GROUP * tl.num_programs(1) + kv_head * GROUP + g[:, None]) * D + d[None, :]
-        q = tl.load(q_ptr + q_offs, mask=in_group[:, None], other=0.0).to(k_ptr.dtype.element_ty)  # [16, D]
-        row = tl.load(rows_ptr + t).to(tl.int64)
-        pos = tl.load(pos_ptr + t)
         m = tl.full([16], float("-inf"), tl.float32)
         denom = tl.zeros([16], tl.float32)
         acc = tl.zeros([16, D], tl.float32)
@@ -224,7 +216,24 @@ if triton is not None:
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
-        out = acc / denom[:, None]
+        return acc / denom[:, None]
+
+    @triton.jit
+    def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, out_ptr, scale, table_stride,
+                                cache_s0, cache_s1, cache_s2, GROUP: tl.constexpr, D: tl.constexpr,
+                                BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
+        # One program per (token, kv head): its GROUP query heads, padded to 16 rows for the tensor cores.
+        t = tl.program_id(0).to(tl.int64)
+        kv_head = tl.program_id(1)
+        g = tl.arange(0, 16)
+        d = tl.arange(0, D)
+        in_group = g < GROUP
+        q_offs = (t * GROUP * tl.num_programs(1) + kv_head * GROUP + g[:, None]) * D + d[None, :]
+        q = tl.load(q_ptr + q_offs, mask=in_group[:, None], other=0.0).to(k_ptr.dtype.element_ty)  # [16, D]
+        row = tl.load(rows_ptr + t).to(tl.int64)
+        pos = tl.load(pos_ptr + t)
+        out = _attend(q, k_ptr, v_ptr, table_ptr, row, pos, kv_head, scale, table_stride, cache_s0, cache_s1,
+                      cache_s2, D, BLOCK_SIZE, IEEE)
         tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=in_group[:, None])
 
 
@@ -298,32 +307,10 @@ if triton is not None:
         q = q.to(k_ptr.dtype.element_ty)  # [16, D]
         tl.debug_barrier()  # the key and value stored above are read below by other threads of this program
 
-        n = tl.arange(0, BLOCK_SIZE)
-        m = tl.full([16], float("-inf"), tl.float32)
-        denom = tl.zeros([16], tl.float32)
-        acc = tl.zeros([16, D], tl.float32)
-        for start in range(0, pos + 1, BLOCK_SIZE):
-            block = tl.load(table_ptr + row * table_stride + start // BLOCK_SIZE).to(tl.int64)
-            offs = block * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
-            valid = (start + n) <= pos
-            keys = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)  # [N, D]
-            values = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale  # [16, N]
-            else:
-                s = tl.dot(q, tl.trans(keys)) * scale
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            denom = denom * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p, values, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values)
-            m = m_new
+        out = _attend(q, k_ptr, v_ptr, table_ptr, row, pos, kv_head, scale, table_stride, cache_s0, cache_s1,
+                      cache_s2, D, BLOCK_SIZE, IEEE)
         out_offs = (t * NUM_HEADS + kv_head * GROUP + g[:, None]) * D + d[None, :]
-        tl.store(out_ptr + out_offs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=in_group[:, None])
+        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=in_group[:, None])
 
 
 # ---- SwiGLU activation ---------------------------------------------------------------------------------------

@@ -44,7 +44,3 @@ class PrefixCache:
             self.bytes -= 2 * old_k.numel() * old_k.element_size()
         self.entries[key] = (k, v)
         self.bytes += size
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.bytes = 0
