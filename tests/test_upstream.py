@@ -61,6 +61,7 @@ def test_keep_alive_and_a_connection_closed_while_idle():
                 assert await response.read() == b"a" * 10 + b"b" * 20000 + b"c"
                 await asyncio.sleep(0.05)  # the engine's close reaches us while the connection is idle
             assert engine.connections == connections
+            assert len(pool.idle) == (0 if mode == "close-after" else 1)  # closed ones leave the pool
             pool.close()
             server.close()
 

@@ -94,6 +94,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self in self.pool.idle:  # the engine closed it while idle (its keep-alive timeout)
+            self.pool.idle.remove(self)
         if self.response is not None and not self.response.complete:
             self._fail(exc or ConnectionResetError("the engine closed the connection"))
 
