@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -63,19 +65,10 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Promp
     lid = language_id(config, spec.language, spec.speaker)
     ctrl = ([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id] if lid is None
             else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
-    codec = [ec(ids(ctrl))]
-    if spec.speaker:
-        codec.append(ec(ids([tc.spk_id[spec.speaker]])))
-    if spec.speaker_embedding is not None:
-        codec.append(to_device(spec.speaker_embedding.to(pad.dtype), device)[None])
-    codec.append(ec(ids([tc.codec_pad_id, tc.codec_bos_id])))
-    codec = torch.cat(codec)
-    n = codec.shape[0]
-
-    parts = [tp(ids(spec.instruct_ids))] if spec.instruct_ids else []
-    parts.append(_fixed_projection(talker, tuple(spec.input_ids[:3])))  # <|im_start|>assistant\n
-    # The final codec_bos is held back: it goes with the first text position below.
-    parts.append(torch.cat([pad.expand(n - 2, -1), bos[None]]) + codec[:-1])
+    voice = _voice_digest(spec, ctrl)
+    head = _voice_head(talker, config, spec, ctrl, voice, bos, pad)
+    codec_bos = _fixed_codec(talker, (tc.codec_bos_id,))  # the codec prefix's last row: with the first text
+    parts = [head]
     text = input_ids[3:-5]
     if spec.ref_codes is not None:
         icl, trailing, tail = _icl_part(talker, tc, ids(spec.ref_ids)[3:-2], text, ids(spec.ref_codes), eos, pad,
@@ -89,27 +82,106 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Promp
         parts.append(pad[None] + ec(ids([tc.codec_bos_id])))
         trailing, trailing_ids = pad[None], []
     else:
-        parts.append(tp(input_ids[3:4]) + codec[-1:])
+        parts.append(tp(input_ids[3:4]) + codec_bos)
         trailing = torch.cat([tp(input_ids[4:-5]), eos[None]])
         trailing_ids = spec.input_ids[4:-5] + [config.tts_eos_token_id]
     embeds = torch.cat(parts)
-    prefix_len, prefix_key = prefix_of(spec, ctrl, n, embeds.shape[0])
+    prefix_len, prefix_key = prefix_of(spec, voice, head.shape[0], embeds.shape[0])
     return Prompt(embeds=embeds, trailing=trailing, pad=pad, trailing_ids=trailing_ids, prefix_len=prefix_len,
                   prefix_key=prefix_key)
 
 
-def prefix_of(spec: PromptSpec, ctrl: list[int], codec_rows: int, num_positions: int) -> tuple[int, str]:
-    """How many of the prompt's first positions depend on the voice alone, and a digest of what they depend on
-    (the engine's prefix cache reuses their keys and values). From the layout above: the instruction, the
-    assistant header and the codec prefix but its last row (held back for the first text position) depend on the
-    instruction, the language tag and the speaker; an in-context voice adds its transcript's positions (in
-    streaming mode each also carries a reference frame; in non-streaming mode a codec pad). The text starts
-    after them in every mode. At least the last position is always left to prefill."""
-    n = len(spec.instruct_ids or ()) + 3 + codec_rows - 1
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(repr((spec.instruct_ids, spec.input_ids[:3], ctrl, spec.speaker)).encode())
+def _voice_head(talker: Talker, config: ModelConfig, spec: PromptSpec, ctrl: list[int], voice: bytes,
+                bos: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """The prompt's positions before the text (instruction, assistant header, the codec prefix but its last row),
+    which depend on the voice alone: computed once per voice (`voice`: their inputs' digest) and kept per talker,
+    the most recently used within HEAD_CACHE_BYTES."""
+    with _HEADS_LOCK:
+        heads = _HEADS.setdefault(talker, _HeadCache())
+        hit = heads.get(voice, _weights(talker))
+    if hit is not None:
+        return hit
+    tc, device = config.talker_config, talker.codec_head.weight.device
+    ids = lambda values: to_device(values, device, torch.long)
+    codec = [talker.embed_codec(ids(ctrl))]
+    if spec.speaker:
+        codec.append(talker.embed_codec(ids([tc.spk_id[spec.speaker]])))
+    if spec.speaker_embedding is not None:
+        codec.append(to_device(spec.speaker_embedding.to(pad.dtype), device)[None])
+    codec.append(talker.embed_codec(ids([tc.codec_pad_id])))
+    codec = torch.cat(codec)  # the codec prefix without its last row (codec_bos)
+    parts = [talker.embed_text(ids(spec.instruct_ids))] if spec.instruct_ids else []
+    parts.append(_fixed_projection(talker, tuple(spec.input_ids[:3])))  # <|im_start|>assistant\n
+    parts.append(torch.cat([pad.expand(codec.shape[0] - 1, -1), bos[None]]) + codec)
+    head = torch.cat(parts)
+    if device.type == "cuda":  # complete before a prompt built on another stream or thread reads it
+        torch.cuda.current_stream(device).synchronize()
+    with _HEADS_LOCK:
+        heads.put(voice, head, _weights(talker))
+    return head
+
+
+HEAD_CACHE_BYTES = 64 * 2**20
+
+
+class _HeadCache:
+    def __init__(self):
+        self.entries: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self.bytes, self.weights = 0, None
+
+    def get(self, key: bytes, weights: tuple) -> torch.Tensor | None:
+        if weights != self.weights:  # the model's embeddings changed: nothing kept is valid
+            self.entries.clear()
+            self.bytes, self.weights = 0, weights
+        head = self.entries.get(key)
+        if head is not None:
+            self.entries.move_to_end(key)
+        return head
+
+    def put(self, key: bytes, head: torch.Tensor, weights: tuple) -> None:
+        size = head.numel() * head.element_size()
+        if weights != self.weights or key in self.entries or size > HEAD_CACHE_BYTES:
+            return
+        while self.bytes + size > HEAD_CACHE_BYTES:
+            self.bytes -= _nbytes(self.entries.popitem(last=False)[1])
+        self.entries[key] = head
+        self.bytes += size
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+_HEADS: weakref.WeakKeyDictionary[Talker, _HeadCache] = weakref.WeakKeyDictionary()
+_HEADS_LOCK = threading.Lock()
+
+
+def _weights(talker: Talker) -> tuple:
+    """What the cached embeddings were computed from (they are stale once any of it changes)."""
+    params = [talker.model.text_embedding.weight, talker.model.codec_embedding.weight,
+              *talker.text_projection.parameters()]
+    return tuple((p.data_ptr(), p._version) for p in params)
+
+
+def _voice_digest(spec: PromptSpec, ctrl: list[int]) -> bytes:
+    """A digest of everything the positions before the text depend on."""
+    digest = hashlib.blake2b(repr((spec.instruct_ids, spec.input_ids[:3], ctrl, spec.speaker)).encode(),
+                             digest_size=16)
     if spec.speaker_embedding is not None:
         digest.update(_tensor_digest(spec.speaker_embedding))
+    return digest.digest()
+
+
+def prefix_of(spec: PromptSpec, voice: bytes, head_len: int, num_positions: int) -> tuple[int, str]:
+    """How many of the prompt's first positions depend on the voice alone, and a digest of what they depend on
+    (the engine's prefix cache reuses their keys and values). From the layout above: the instruction, the
+    assistant header and the codec prefix but its last row (`head_len` positions, held back for the first text
+    position; their inputs' digest `voice`) depend on the instruction, the language tag and the speaker; an
+    in-context voice adds its transcript's positions (in streaming mode each also carries a reference frame; in
+    non-streaming mode a codec pad). The text starts after them in every mode. At least the last position is
+    always left to prefill."""
+    n = head_len
+    digest = hashlib.blake2b(voice, digest_size=16)
     if spec.ref_codes is not None:
         ref_text = len(spec.ref_ids) - 5
         n += ref_text if spec.non_streaming_mode else min(ref_text, 1 + spec.ref_codes.shape[0])
@@ -154,6 +226,20 @@ def _fixed_projection(talker: Talker, token_ids: tuple[int, ...]) -> torch.Tenso
         if device.type == "cuda":  # complete before a prompt built on another stream reads it
             torch.cuda.current_stream(device).synchronize()
         hit = cache[token_ids] = (weights, projected)
+    return hit[1]
+
+
+def _fixed_codec(talker: Talker, codec_ids: tuple[int, ...]) -> torch.Tensor:
+    """Ec(codec_ids) for the codec ids every prompt has, kept like `_fixed_projection`."""
+    weights = (talker.model.codec_embedding.weight.data_ptr(), talker.model.codec_embedding.weight._version)
+    cache = _FIXED.setdefault(talker, {})
+    hit = cache.get(("codec", codec_ids))
+    if hit is None or hit[0] != weights:
+        device = talker.codec_head.weight.device
+        embedded = talker.embed_codec(to_device(list(codec_ids), device, torch.long))
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        hit = cache[("codec", codec_ids)] = (weights, embedded)
     return hit[1]
 
 

@@ -97,3 +97,23 @@ def test_the_budget_evicts_the_least_recently_used():
     assert prefixes.get("b") is None and (prefixes.hits, prefixes.misses) == (1, 1)
     prefixes.put("huge", torch.zeros(2, 100, 2, 4), torch.zeros(2, 100, 2, 4))  # larger than the budget: not kept
     assert "huge" not in prefixes.entries
+
+
+def test_voice_heads_are_built_once_and_never_stale(cache):
+    """The positions before the text are kept per voice: a second prompt equals one built with nothing kept, and
+    a change to the embeddings is seen at once."""
+    from q3tts import prompt as prompt_module
+
+    tts = load("tiny", cache, 0)
+    request = tts.request("Hello there.", speaker="ryan", instruct="Slowly.", language="english")
+    first = tts.prepare(request)
+    again = tts.prepare(request)  # from the kept head
+    prompt_module._HEADS.clear()
+    fresh = tts.prepare(request)
+    assert torch.equal(again.embeds, fresh.embeds) and torch.equal(first.embeds, fresh.embeds)
+    with torch.no_grad():
+        tts.model.talker.model.codec_embedding.weight[tts.config.talker_config.spk_id["ryan"]] += 1.0
+    changed = tts.prepare(request)
+    prompt_module._HEADS.clear()
+    assert torch.equal(changed.embeds, tts.prepare(request).embeds)
+    assert not torch.equal(changed.embeds, fresh.embeds)
