@@ -113,35 +113,48 @@ def breakdown(runner: ModelRunner, prompt, batch: int, replays: int = 50) -> dic
 
 def bench_decode(names: list[str], batches: list[int], n_short: int = 50, n_long: int = 200, reps: int = 2,
                  ckpt_root: Path | None = None, breakdown_batches: tuple[int, ...] = (1, 64),
-                 log=print) -> list[DecodeRow]:
+                 fused: tuple[bool, ...] = (False,), log=print) -> list[DecodeRow]:
+    """`fused`: run with EngineConfig.fused_decode_attention off and/or on (rows "q3tts" / "q3tts, fused
+    attention"). The prefix cache is off: every admission prefills its whole prompt, as the peers do."""
     device = torch.device("cuda")
     rows: list[DecodeRow] = []
     for name in names:
         model = load_model(name, ckpt_root, device)
         prompt = clone_prompt(model)
-        config = EngineConfig(max_rows=max(batches), max_context=512, block_size=64,
-                              max_trailing=64, buckets=tuple(batches))
-        start = time.perf_counter()
-        runner = ModelRunner(model, config)
-        runner.capture_graphs()
-        log(f"{name}: {len(runner.graphs)} graphs captured in {time.perf_counter() - start:.1f} s")
-        for batch in batches:
-            torch.cuda.reset_peak_memory_stats()
-            result = bench_batch(runner, prompt, batch, n_short, n_long, reps)
-            parts = breakdown(runner, prompt, batch) if batch in breakdown_batches else None
-            ms = result["ms_per_frame"]
-            row = DecodeRow(engine="q3tts", benchmark="decode", model=name, batch=batch, ms_per_frame=round(ms, 3),
-                            audio_s_per_s=round(batch * FRAME_SECONDS / ms * 1e3, 2),
-                            x_realtime_per_stream=round(FRAME_SECONDS / ms * 1e3, 2),
-                            ttff_ms=round(result["ttff_ms"], 2),
-                            gpu_mem_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2), frames_long=n_long,
-                            frames_short=n_short, reps=reps,
-                            breakdown_ms={k: round(v, 3) for k, v in parts.items()} if parts else None)
-            rows.append(row)
-            log(f"{name} B={batch}: {row.ms_per_frame:.2f} ms/frame, {row.audio_s_per_s:.1f} audio-s/s, "
-                f"first frame {row.ttff_ms:.1f} ms" + (f", breakdown {row.breakdown_ms}" if parts else ""))
-        del runner, model
+        for fuse in fused:
+            rows += _decode_rows(model, name, prompt, batches, n_short, n_long, reps, breakdown_batches, fuse, log)
+        del model
         torch.cuda.empty_cache()
+    return rows
+
+
+def _decode_rows(model, name: str, prompt, batches: list[int], n_short: int, n_long: int, reps: int,
+                 breakdown_batches: tuple[int, ...], fused: bool, log) -> list[DecodeRow]:
+    config = EngineConfig(max_rows=max(batches), max_context=512, block_size=64, max_trailing=64,
+                          buckets=tuple(batches), prefix_cache_gb=0, fused_decode_attention=fused)
+    engine = "q3tts, fused attention" if fused else "q3tts"
+    start = time.perf_counter()
+    runner = ModelRunner(model, config)
+    runner.capture_graphs()
+    log(f"{name} ({engine}): {len(runner.graphs)} graphs captured in {time.perf_counter() - start:.1f} s")
+    rows = []
+    for batch in batches:
+        torch.cuda.reset_peak_memory_stats()
+        result = bench_batch(runner, prompt, batch, n_short, n_long, reps)
+        parts = breakdown(runner, prompt, batch) if batch in breakdown_batches else None
+        ms = result["ms_per_frame"]
+        row = DecodeRow(engine=engine, benchmark="decode", model=name, batch=batch, ms_per_frame=round(ms, 3),
+                        audio_s_per_s=round(batch * FRAME_SECONDS / ms * 1e3, 2),
+                        x_realtime_per_stream=round(FRAME_SECONDS / ms * 1e3, 2),
+                        ttff_ms=round(result["ttff_ms"], 2),
+                        gpu_mem_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2), frames_long=n_long,
+                        frames_short=n_short, reps=reps,
+                        breakdown_ms={k: round(v, 3) for k, v in parts.items()} if parts else None)
+        rows.append(row)
+        log(f"{name} B={batch} ({engine}): {row.ms_per_frame:.2f} ms/frame, {row.audio_s_per_s:.1f} audio-s/s, "
+            f"first frame {row.ttff_ms:.1f} ms" + (f", breakdown {row.breakdown_ms}" if parts else ""))
+    del runner
+    torch.cuda.empty_cache()
     return rows
 
 
