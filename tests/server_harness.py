@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import socket
 import threading
 import time
@@ -24,6 +25,27 @@ SEED = 7  # every request is seeded: the tiny random models then never sample EO
 def frames(max_new_tokens: int) -> int:
     """Frames a request yields when it runs to its limit: max_new_tokens = N gives N - 1 (as official)."""
     return max_new_tokens - 1
+
+
+def speak_over_websocket(base_url: str, voice: str, text: str, max_new_tokens: int,
+                         headers: dict[str, str] | None = None) -> tuple[list[str], int]:
+    """One WebSocket session (config, one text, done) on `base_url`: the event types in order, up to
+    session.done or an error, and the bytes of audio received."""
+    from websockets.sync.client import connect
+
+    config = {"type": "session.config", "voice": voice, "seed": SEED, "max_new_tokens": max_new_tokens}
+    with connect(base_url.replace("http", "ws") + "/v1/audio/speech/stream", additional_headers=headers) as ws:
+        for message in (config, {"type": "input.text", "text": text}, {"type": "input.done"}):
+            ws.send(json.dumps(message))
+        audio, events = 0, []
+        while (message := ws.recv(timeout=60)) is not None:
+            if isinstance(message, bytes):
+                audio += len(message)
+            else:
+                events.append(json.loads(message)["type"])
+                if events[-1] in ("session.done", "error"):
+                    break
+    return events, audio
 
 
 class ServerThread:

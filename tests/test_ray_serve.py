@@ -5,7 +5,6 @@ replica killed mid-test."""
 from __future__ import annotations
 
 import io
-import json
 import threading
 import time
 
@@ -21,7 +20,7 @@ import soundfile as sf  # noqa: E402
 
 from q3tts.ray_serve import build_app  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
-from tests.server_harness import FRAME, SEED, _free_port, frames  # noqa: E402
+from tests.server_harness import FRAME, SEED, _free_port, frames, speak_over_websocket  # noqa: E402
 
 MAX_NEW = 8
 
@@ -125,20 +124,7 @@ def test_the_openai_api_through_ray_serve(cluster, voice):
 
 
 def test_websocket_sessions_through_ray_serve(cluster, voice):
-    from websockets.sync.client import connect
-
-    with connect(cluster.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": voice, "seed": SEED, "max_new_tokens": 5}))
-        ws.send(json.dumps({"type": "input.text", "text": "Through Ray."}))
-        ws.send(json.dumps({"type": "input.done"}))
-        audio, events = 0, []
-        while (message := ws.recv(timeout=60)) is not None:
-            if isinstance(message, bytes):
-                audio += len(message)
-            else:
-                events.append(json.loads(message)["type"])
-                if events[-1] in ("session.done", "error"):
-                    break
+    events, audio = speak_over_websocket(cluster, voice, "Through Ray.", 5)
     assert events[0] == "session.created" and events[-1] == "session.done" and audio == 2 * frames(5) * FRAME
 
 

@@ -6,7 +6,6 @@ engine killed mid-stream."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 import subprocess
@@ -33,7 +32,7 @@ from q3tts.server.errors import APIError  # noqa: E402
 from q3tts.server.router import Backend, Backends, engine_args, merged_metrics  # noqa: E402
 from q3tts.server.voice_store import VoiceStore  # noqa: E402
 from q3tts.voice import Voice  # noqa: E402
-from tests.server_harness import FRAME, SEED, _free_port, frames  # noqa: E402
+from tests.server_harness import FRAME, SEED, _free_port, frames, speak_over_websocket  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = "router-test-key"
@@ -206,20 +205,7 @@ def test_two_engines_behind_one_endpoint(tmp_path):
         assert by_engine["all"] == by_engine["0"] + by_engine["1"] == 6 * frames(40)
 
         # A WebSocket session goes through too.
-        from websockets.sync.client import connect
-
-        with connect(url.replace("http", "ws") + "/v1/audio/speech/stream", additional_headers=auth) as ws:
-            ws.send(json.dumps({"type": "session.config", "voice": "shared", "seed": SEED, "max_new_tokens": 5}))
-            ws.send(json.dumps({"type": "input.text", "text": "Through the front."}))
-            ws.send(json.dumps({"type": "input.done"}))
-            audio, events = 0, []
-            while (message := ws.recv(timeout=60)) is not None:
-                if isinstance(message, bytes):
-                    audio += len(message)
-                else:
-                    events.append(json.loads(message)["type"])
-                    if events[-1] in ("session.done", "error"):
-                        break
+        events, audio = speak_over_websocket(url, "shared", "Through the front.", 5, headers=auth)
         assert events[0] == "session.created" and events[-1] == "session.done" and audio == 2 * frames(5) * FRAME
 
         # One engine killed while both stream: its stream ends cut off, the other's completes, the rest keep
