@@ -58,8 +58,8 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Promp
     device = talker.codec_head.weight.device
     ids = lambda values: to_device(values, device, torch.long)  # no device sync per request
     tp, ec = talker.embed_text, talker.embed_codec
-    bos, eos, pad = _fixed_projection(talker, (config.tts_bos_token_id, config.tts_eos_token_id,
-                                               config.tts_pad_token_id))
+    bos, eos, pad = _fixed(talker, "text", (config.tts_bos_token_id, config.tts_eos_token_id,
+                                            config.tts_pad_token_id))
     input_ids = ids(spec.input_ids)
 
     lid = language_id(config, spec.language, spec.speaker)
@@ -67,7 +67,7 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Promp
             else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
     voice = _voice_digest(spec, ctrl)
     head = _voice_head(talker, config, spec, ctrl, voice, bos, pad)
-    codec_bos = _fixed_codec(talker, (tc.codec_bos_id,))  # the codec prefix's last row: with the first text
+    codec_bos = _fixed(talker, "codec", (tc.codec_bos_id,))  # the codec prefix's last row: with the first text
     parts = [head]
     text = input_ids[3:-5]
     if spec.ref_codes is not None:
@@ -111,7 +111,7 @@ def _voice_head(talker: Talker, config: ModelConfig, spec: PromptSpec, ctrl: lis
     codec.append(talker.embed_codec(ids([tc.codec_pad_id])))
     codec = torch.cat(codec)  # the codec prefix without its last row (codec_bos)
     parts = [talker.embed_text(ids(spec.instruct_ids))] if spec.instruct_ids else []
-    parts.append(_fixed_projection(talker, tuple(spec.input_ids[:3])))  # <|im_start|>assistant\n
+    parts.append(_fixed(talker, "text", tuple(spec.input_ids[:3])))  # <|im_start|>assistant\n
     parts.append(torch.cat([pad.expand(codec.shape[0] - 1, -1), bos[None]]) + codec)
     head = torch.cat(parts)
     if device.type == "cuda":  # complete before a prompt built on another stream or thread reads it
@@ -139,7 +139,7 @@ class _HeadCache:
         return head
 
     def put(self, key: bytes, head: torch.Tensor, weights: tuple) -> None:
-        size = head.numel() * head.element_size()
+        size = _nbytes(head)
         if weights != self.weights or key in self.entries or size > HEAD_CACHE_BYTES:
             return
         while self.bytes + size > HEAD_CACHE_BYTES:
@@ -213,33 +213,20 @@ def _tensor_digest(t: torch.Tensor) -> bytes:
 _FIXED: weakref.WeakKeyDictionary[Talker, dict] = weakref.WeakKeyDictionary()
 
 
-def _fixed_projection(talker: Talker, token_ids: tuple[int, ...]) -> torch.Tensor:
-    """tp(token_ids) for the token sequences every prompt has (the special tokens, the assistant header),
-    computed by the same call as before and kept per talker until its text embedding or projection changes."""
-    params = [talker.model.text_embedding.weight, *talker.text_projection.parameters()]
-    weights = tuple((p.data_ptr(), p._version) for p in params)
+def _fixed(talker: Talker, kind: str, ids: tuple[int, ...]) -> torch.Tensor:
+    """tp(ids) (`kind` "text") or Ec(ids) ("codec") for the ids every prompt has (the special tokens, the
+    assistant header, codec_bos), computed by the same call as before and kept per talker until its embeddings
+    change."""
+    weights = _weights(talker)
     cache = _FIXED.setdefault(talker, {})
-    hit = cache.get(token_ids)
+    hit = cache.get((kind, ids))
     if hit is None or hit[0] != weights:
         device = talker.codec_head.weight.device
-        projected = talker.embed_text(to_device(list(token_ids), device, torch.long))
+        embed = talker.embed_text if kind == "text" else talker.embed_codec
+        embedded = embed(to_device(list(ids), device, torch.long))
         if device.type == "cuda":  # complete before a prompt built on another stream reads it
             torch.cuda.current_stream(device).synchronize()
-        hit = cache[token_ids] = (weights, projected)
-    return hit[1]
-
-
-def _fixed_codec(talker: Talker, codec_ids: tuple[int, ...]) -> torch.Tensor:
-    """Ec(codec_ids) for the codec ids every prompt has, kept like `_fixed_projection`."""
-    weights = (talker.model.codec_embedding.weight.data_ptr(), talker.model.codec_embedding.weight._version)
-    cache = _FIXED.setdefault(talker, {})
-    hit = cache.get(("codec", codec_ids))
-    if hit is None or hit[0] != weights:
-        device = talker.codec_head.weight.device
-        embedded = talker.embed_codec(to_device(list(codec_ids), device, torch.long))
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()
-        hit = cache[("codec", codec_ids)] = (weights, embedded)
+        hit = cache[(kind, ids)] = (weights, embedded)
     return hit[1]
 
 
