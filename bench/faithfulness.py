@@ -100,13 +100,13 @@ def official_logits(folder: Path, spec: PromptSpec, codes: torch.Tensor, embeddi
     return talker_logits, cp_logits.float()
 
 
-def measure(folder: Path, frames: int) -> dict:
+def measure(folder: Path, frames: int, fused_decode: str = EngineConfig.fused_decode) -> dict:
     ref_gpu = load(folder, "cuda", torch.float32)
     embedding = torch.randn(ref_gpu.config.talker_config.hidden_size, generator=torch.Generator().manual_seed(1))
     spec = spec_for(ref_gpu.config, embedding)
     prompt = build_prompt(ref_gpu.talker, ref_gpu.config, spec)
     codes = generate_codes(ref_gpu.talker, [prompt], [SamplingParams(max_new_tokens=frames + 1, seed=7)])[0]
-    results = {"checkpoint": str(folder), "frames": int(codes.shape[0])}
+    results = {"checkpoint": str(folder), "frames": int(codes.shape[0]), "fused_decode": fused_decode}
     gpu = teacher_forced_logits(ref_gpu.talker, prompt, codes)
     del ref_gpu
     ref_cpu = load(folder, "cpu", torch.float32)
@@ -114,7 +114,8 @@ def measure(folder: Path, frames: int) -> dict:
     del ref_cpu
     results["ref_gpu_vs_ref_cpu"] = {"talker": compare(gpu[0], cpu[0]), "code_predictor": compare(gpu[1], cpu[1])}
     fast = load(folder, "cuda", torch.bfloat16)
-    runner = ModelRunner(fast, EngineConfig(max_rows=max(64, frames), max_context=512, max_trailing=64))
+    runner = ModelRunner(fast, EngineConfig(max_rows=64, max_context=512, max_trailing=64,
+                                            fused_decode=fused_decode))
     ours = runner.teacher_forced_logits(build_prompt(fast.talker, fast.config, spec), codes)
     del runner, fast
     torch.cuda.empty_cache()
@@ -135,9 +136,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoints", type=Path, nargs="+")
     parser.add_argument("--frames", type=int, default=40)
+    parser.add_argument("--fused-decode", default=EngineConfig.fused_decode, help="EngineConfig.fused_decode")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    report = {"card": torch.cuda.get_device_name(), "results": [measure(f, args.frames) for f in args.checkpoints]}
+    report = {"card": torch.cuda.get_device_name(),
+              "results": [measure(f, args.frames, args.fused_decode) for f in args.checkpoints]}
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.write_text(text)

@@ -91,9 +91,9 @@ def _parser() -> argparse.ArgumentParser:
                         "instead of drawing random weights")
     decode.add_argument("--peer-results", type=Path, nargs="*", default=[],
                         help="peer rows of the same run (shared/bench/RESULTS.md format) to print and keep beside ours")
-    decode.add_argument("--fused-attention", choices=("off", "on", "both"), default="off",
-                        help="the decode steps' attention as one kernel (EngineConfig.fused_decode_attention); "
-                             "both: a row of each per batch, in the same run")
+    decode.add_argument("--fused-decode", default=None, metavar="SETTINGS",
+                        help="comma-separated EngineConfig.fused_decode settings (off, attention, all), rows of each "
+                             "per batch in the same run (default: the engine's default)")
     decode.add_argument("--out", type=Path, help="write the results JSON here")
     decode.set_defaults(run=_bench_decode)
 
@@ -370,8 +370,11 @@ def _bench_decode(args) -> int:
 
     from .benchmarks.common import write_results
     from .benchmarks.decode import bench_decode, side_by_side
+    from .engine import EngineConfig
 
-    fused = {"off": (False,), "on": (True,), "both": (False, True)}[args.fused_attention]
+    fused = tuple(args.fused_decode.split(",")) if args.fused_decode else (EngineConfig.fused_decode,)
+    for setting in fused:
+        EngineConfig(fused_decode=setting)  # a bad setting is refused before any model loads
     rows = bench_decode(args.sizes.split(","), [int(b) for b in args.batches.split(",")], args.n_short, args.n_long,
                         args.reps, args.ckpt_root, fused=fused, log=lambda m: print(m, file=sys.stderr, flush=True))
     peers = [r for path in args.peer_results for r in json.loads(path.read_text())["results"]]

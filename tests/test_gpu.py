@@ -50,14 +50,15 @@ def on_gpu(monkeypatch):
     monkeypatch.setitem(entry.CURRENT, "device", "cuda")
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["two-kernel-attention", "fused-decode-attention"])
+@pytest.mark.parametrize("fused", ["off", "attention", "all"])
 def test_graphs_match_reference_loop(tiny_cuda, fused):
     """fp32 on the GPU: the captured frame graphs give the reference loop's codes (greedy and seeded), with the
-    decode steps' attention as two kernels or as one (EngineConfig.fused_decode_attention)."""
+    decode steps' attention as two kernels or as one (EngineConfig.fused_decode; "all" keeps fp32 products on
+    cuBLAS)."""
     prompts, params = _requests(tiny_cuda)
     reference = generate_codes(tiny_cuda.model.talker, prompts, params)
     runner = ModelRunner(tiny_cuda.model, EngineConfig(max_rows=8, max_context=256, block_size=16, max_trailing=64,
-                                                       buckets=(1, 2, 4, 8), fused_decode_attention=fused))
+                                                       buckets=(1, 2, 4, 8), fused_decode=fused))
     runner.capture_graphs()
     assert set(runner.graphs) == {1, 2, 4, 8}
     ours = _run_engine(runner, prompts, params)
@@ -82,9 +83,11 @@ def test_fp32_gpu_reference_matches_cpu(name):
         assert float((a.cpu() - b).abs().max() / b.abs().max()) < 1e-4
 
 
-def test_bf16_graph_path_runs_and_stays_close():
+@pytest.mark.parametrize("fused", ["off", "all"])
+def test_bf16_graph_path_runs_and_stays_close(fused):
     """Full-size 0.6B in bf16 with graphs: frames come out for every row and the teacher-forced logits of the
-    fused path stay close to the fp32 reference (the official-vs-ours comparison is bench/faithfulness.py)."""
+    fused path (through the decode steps, as generated) stay close to the fp32 reference (the official-vs-ours
+    comparison is bench/faithfulness.py)."""
     model = random_model("0.6B-Base", device="cuda", dtype=torch.bfloat16)
     spec_embedding = torch.randn(model.config.talker_config.hidden_size, generator=torch.Generator().manual_seed(0))
     from q3tts.prompt import PromptSpec
@@ -92,7 +95,8 @@ def test_bf16_graph_path_runs_and_stays_close():
     spec = PromptSpec(input_ids=random_prompt_ids(model.config, 20), language="english", non_streaming_mode=False,
                       speaker_embedding=spec_embedding)
     prompt = build_prompt(model.talker, model.config, spec)
-    runner = ModelRunner(model, EngineConfig(max_rows=4, max_context=256, buckets=(1, 2, 4), max_trailing=64))
+    runner = ModelRunner(model, EngineConfig(max_rows=4, max_context=256, buckets=(1, 2, 4), max_trailing=64,
+                                             fused_decode=fused))
     runner.capture_graphs()
     frames = _run_engine(runner, [prompt] * 3, [SamplingParams(max_new_tokens=21, seed=i) for i in range(3)])
     assert [f.shape for f in frames] == [(20, 16)] * 3

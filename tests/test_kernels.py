@@ -140,6 +140,31 @@ def test_silu_mul(monkeypatch, dtype):
     _close(kernels.silu_mul(x), _twin(monkeypatch, kernels.silu_mul, x), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 5, 64])
+@pytest.mark.parametrize("kind", ["plain", "norm", "swiglu", "residual"])
+def test_fused_linear(monkeypatch, dtype, M, kind):
+    """The small-batch product with its fused neighbours against the unfused twin; K not a multiple of the
+    K tile, N not a multiple of the N tile, so every mask is exercised."""
+    g = torch.Generator(DEVICE).manual_seed(M)
+    K, N = (200, 2 * 40) if kind == "swiglu" else (256 if M == 64 else 200, 72)
+    w = (0.1 * torch.randn(N, K, device=DEVICE, generator=g)).to(dtype)
+    x = torch.randn(M, K, device=DEVICE, generator=g)
+    kwargs = {}
+    if kind in ("norm", "swiglu"):
+        kwargs = dict(norm=(1 + 0.1 * torch.randn(K, device=DEVICE, generator=g)).to(dtype), eps=1e-6)
+    else:
+        x = x.to(dtype)
+    if kind == "swiglu":
+        kwargs["swiglu"] = True
+    if kind == "residual":
+        kwargs["residual"] = torch.randn(M, N, device=DEVICE, generator=g)
+    out = kernels.fused_linear(x, w, **kwargs)
+    ref = _twin(monkeypatch, kernels.fused_linear, x, w, **kwargs)
+    assert out.dtype == ref.dtype and out.shape == ref.shape == (M, N // 2 if kind == "swiglu" else N)
+    _close(out, ref, dtype)
+
+
 def _params() -> list[SamplingParams]:
     rows = [dict(do_sample=False), dict(temperature=0.7, top_k=5), dict(temperature=1.3, top_k=0, top_p=0.8),
             dict(temperature=0.9, top_k=50, top_p=0.95), dict(temperature=1.0, top_k=1),
@@ -331,9 +356,11 @@ def test_removed_tokens_never_drawn(monkeypatch):
         assert bool((top5 == ids[:, None]).any(-1).all())
 
 
-def test_a_decoder_step_with_the_fused_attention(monkeypatch, tmp_path):
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_decoder_step_with_the_fused_attention(monkeypatch, tmp_path, fused):
     """One decode step of the tiny talker (rows at different positions, one crossing a block) with the fused
-    kernel equals the step with the two kernels: hidden states and the caches."""
+    attention kernel (and with `fused`, the fused products too) equals the step with the unfused kernels:
+    hidden states and the caches."""
     from q3tts import TTS
     from q3tts.engine.decoder import FlatDecoder, PagedCache
     from q3tts.tiny import tiny_checkpoint
@@ -360,7 +387,7 @@ def test_a_decoder_step_with_the_fused_attention(monkeypatch, tmp_path):
     with torch.no_grad():
         for cache, decode in zip(caches, (False, True)):
             _twin(monkeypatch, decoder, past, rows, positions, cache)  # the same history in both
-            outs.append(decoder(x, step_rows, step_positions, cache, decode=decode))
+            outs.append(decoder(x, step_rows, step_positions, cache, decode=decode, fused=fused and decode))
     _close(outs[1], outs[0], torch.float32)
     _close(caches[1].k, caches[0].k, torch.float32)  # (layer 2 on: from hidden states equal to rounding)
     _close(caches[1].v, caches[0].v, torch.float32)

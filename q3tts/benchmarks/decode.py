@@ -113,9 +113,10 @@ def breakdown(runner: ModelRunner, prompt, batch: int, replays: int = 50) -> dic
 
 def bench_decode(names: list[str], batches: list[int], n_short: int = 50, n_long: int = 200, reps: int = 2,
                  ckpt_root: Path | None = None, breakdown_batches: tuple[int, ...] = (1, 64),
-                 fused: tuple[bool, ...] = (False,), log=print) -> list[DecodeRow]:
-    """`fused`: run with EngineConfig.fused_decode_attention off and/or on (rows "q3tts" / "q3tts, fused
-    attention"). The prefix cache is off: every admission prefills its whole prompt, as the peers do."""
+                 fused: tuple[str, ...] = (EngineConfig.fused_decode,), log=print) -> list[DecodeRow]:
+    """`fused`: the EngineConfig.fused_decode settings to run, each in its own rows (engine "q3tts" for the
+    default, "q3tts, fused_decode=X" for the others). The prefix cache is off: every admission prefills its
+    whole prompt, as the peers do."""
     device = torch.device("cuda")
     rows: list[DecodeRow] = []
     for name in names:
@@ -129,10 +130,12 @@ def bench_decode(names: list[str], batches: list[int], n_short: int = 50, n_long
 
 
 def _decode_rows(model, name: str, prompt, batches: list[int], n_short: int, n_long: int, reps: int,
-                 breakdown_batches: tuple[int, ...], fused: bool, log) -> list[DecodeRow]:
+                 breakdown_batches: tuple[int, ...], fused: str, log) -> list[DecodeRow]:
+    # kv_cache_gb: every row of the largest batch holds its prompt and 257 frames at once (the breakdown's rows).
     config = EngineConfig(max_rows=max(batches), max_context=512, block_size=64, max_trailing=64,
-                          buckets=tuple(batches), prefix_cache_gb=0, fused_decode_attention=fused)
-    engine = "q3tts, fused attention" if fused else "q3tts"
+                          buckets=tuple(batches), prefix_cache_gb=0, fused_decode=fused,
+                          kv_cache_gb=max(batches) * 8 * 7.5e6 / 2**30 + 1)
+    engine = "q3tts" if fused == EngineConfig.fused_decode else f"q3tts, fused_decode={fused}"
     start = time.perf_counter()
     runner = ModelRunner(model, config)
     runner.capture_graphs()

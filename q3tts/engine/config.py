@@ -19,6 +19,7 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_KV_CACHE_GB = 2.0  # 1.7B or 0.6B at bf16: ~18,700 positions (~64 requests of 20 s with their prompts)
 # Small models' default cache stops at max(this many positions per row, one full context): megabytes, not 2 GB.
 DEFAULT_POSITIONS_PER_ROW = 1024
+FUSED_DECODE = ("off", "attention", "all")
 
 
 @dataclass
@@ -45,9 +46,11 @@ class EngineConfig:
     # A stream at least this many seconds of audio ahead of real-time playback gets its frames in groups of this
     # much audio, not one by one (engine/stream.py); 0 hands every frame out as it is made.
     stream_hold_s: float = 1.0
-    # The decode steps' q/k norm, RoPE, KV store and attention as one kernel per layer (kernels.decode_attention)
-    # instead of two. Off until measured and tested on a GPU (docs/perf-notes.md, entry 36).
-    fused_decode_attention: bool = False
+    # Decode steps with fewer kernels per layer (docs/perf-notes.md, entries 36 and 38): "attention": q/k norm,
+    # RoPE, KV store and attention as one kernel (kernels.decode_attention) instead of two; "all": also the norms,
+    # SwiGLU and residual adds inside the matrix products (kernels.fused_linear; bf16/fp16 weights, batches of up
+    # to 64 rows: 5 kernels per layer instead of 9); "off": neither.
+    fused_decode: str = "all"
     # Keys and values of voice prefixes kept for reuse across requests (engine/prefix_cache.py), at most this much
     # memory beside the KV cache; 0 turns the cache off.
     prefix_cache_gb: float = 0.25
@@ -64,6 +67,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if not self.prefix_cache_gb >= 0:
             raise ValueError(f"prefix_cache_gb must be >= 0, got {self.prefix_cache_gb!r}")
+        if self.fused_decode not in FUSED_DECODE:
+            raise ValueError(f"fused_decode must be one of {', '.join(FUSED_DECODE)}, got {self.fused_decode!r}")
         if not self.stream_hold_s >= 0:
             raise ValueError(f"stream_hold_s must be >= 0 seconds, got {self.stream_hold_s!r}")
         if self.max_waiting < 0 or self.block_size < 16 or self.max_prefill_tokens < 1:

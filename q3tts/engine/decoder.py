@@ -2,7 +2,8 @@
 
 Serves the talker (prefill and decode) and the code predictor alike. Per layer: add+RMSNorm, one qkv matrix
 product, q/k norm + RoPE + KV store, paged attention, o projection, add+RMSNorm, one gate/up product, SwiGLU,
-down projection: 9 kernels.
+down projection: 9 kernels. Decode steps of a few rows in bf16/fp16 (`fused`) take 5: the norms, SwiGLU and the
+residual adds move into the matrix products (kernels.fused_linear), q/k norm, RoPE and the store into attention.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import torch
 import torch.nn.functional as F
 
 from ..layers.attention import FusedLayerWeights, fuse_layer
-from .kernels import add_rmsnorm, decode_attention, paged_attention, qk_norm_rope_store, silu_mul
+from .kernels import (
+    FUSED_LINEAR_MAX_TOKENS,
+    add_rmsnorm,
+    decode_attention,
+    fused_linear,
+    paged_attention,
+    qk_norm_rope_store,
+    silu_mul,
+)
 
 
 @dataclass
@@ -43,10 +52,13 @@ class FlatDecoder:
         self.inv_freq = inv_freq.float()
 
     def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-                 decode: bool = False) -> torch.Tensor:
+                 decode: bool = False, fused: bool = False) -> torch.Tensor:
         """x: [N, hidden] (any float dtype; the residual stream is fp32) -> normed hidden [N, hidden] in the
         weights' dtype. Writes each token's keys and values at its (row, position). `decode`: every token is the
-        only new one of its row, so q/k norm, RoPE, the KV store and attention run as one kernel."""
+        only new one of its row, so q/k norm, RoPE, the KV store and attention run as one kernel; `fused` (with
+        decode, up to FUSED_LINEAR_MAX_TOKENS tokens): the matrix products take their neighbours in too."""
+        if decode and fused and x.shape[0] <= FUSED_LINEAR_MAX_TOKENS:
+            return self._fused_decode(x, rows, positions, cache)
         dtype = self.final_norm.dtype
         h, residual = x, None
         for i, w in enumerate(self.layers):
@@ -63,3 +75,16 @@ class FlatDecoder:
             y, residual = add_rmsnorm(h, residual, w.post_norm, self.eps, dtype)
             h = F.linear(silu_mul(F.linear(y, w.gate_up)), w.down)
         return add_rmsnorm(h, residual, self.final_norm, self.eps, dtype)[0]
+
+    def _fused_decode(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                      cache: PagedCache) -> torch.Tensor:
+        dtype = self.final_norm.dtype
+        residual = x.float()
+        for i, w in enumerate(self.layers):
+            qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps)
+            attended = decode_attention(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
+                                        cache.block_table, cache.k[i], cache.v[i], self.num_heads, dtype)
+            residual = fused_linear(attended, w.o, residual=residual)
+            act = fused_linear(residual, w.gate_up, norm=w.post_norm, eps=self.eps, swiglu=True)
+            residual = fused_linear(act, w.down, residual=residual)
+        return add_rmsnorm(residual, None, self.final_norm, self.eps, dtype)[0]

@@ -313,6 +313,119 @@ if triton is not None:
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=in_group[:, None])
 
 
+# ---- small-batch matrix products with their neighbours fused in -------------------------------------------
+
+FUSED_LINEAR_MAX_TOKENS = 64  # beyond this cuBLAS's tiles win; the decode steps of up to 64 rows use these
+# (BLOCK_M, N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), measured by bench/fused_linear.py; shapes
+# not listed take the heuristic in _fused_linear_tiles.
+FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {}
+
+
+def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
+                 swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T for a few tokens (weight: [N, K], nn.Linear's layout) with what surrounds it in a decoder
+    layer done in the same kernel, in the weights' dtype with fp32 accumulation:
+      * norm: x is the fp32 residual stream; it is RMS-normalised (eps, then times `norm`) and cast to the
+        weights' dtype first, as add_rmsnorm does;
+      * swiglu: weight is gate/up stacked ([2 I, K]); returns silu(gate) * up [M, I], as silu_mul does on the
+        product's output;
+      * residual: returns the new fp32 residual stream, residual + the product (rounded to the weights' dtype
+        first, as F.linear's output is).
+    Otherwise returns the product [M, N] in the weights' dtype. Same operations and roundings as the unfused
+    kernels; only the order of the fp32 sums inside the product differs from cuBLAS's."""
+    x = x.contiguous()
+    M, K = x.shape
+    N = weight.shape[0] // 2 if swiglu else weight.shape[0]
+    dtype = weight.dtype
+    if not use_triton(x):
+        return _fused_linear_ref(x, weight, norm, eps, swiglu, residual)
+    out = torch.empty(M, N, dtype=torch.float32 if residual is not None else dtype, device=x.device)
+    BLOCK_M = max(16, triton.next_power_of_2(M))
+    if BLOCK_M > FUSED_LINEAR_MAX_TOKENS:
+        raise ValueError(f"fused_linear takes at most {FUSED_LINEAR_MAX_TOKENS} tokens, got {M}")
+    BLOCK_N, BLOCK_K, warps, stages = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
+    _fused_linear_kernel[(triton.cdiv(N, BLOCK_N),)](
+        x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,
+        M, N, K, eps, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None,
+        IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps,
+        num_stages=stages)
+    return out
+
+
+def _fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int, int, int, int]:
+    tiles = FUSED_LINEAR_TILES.get((BLOCK_M, N, K, swiglu))
+    if tiles is not None:
+        return tiles
+    BLOCK_K = 128 if K % 128 == 0 else triton.next_power_of_2(min(K, 128))
+    return (16 if N <= 2048 or swiglu else 32), BLOCK_K, 4, 4
+
+
+def _fused_linear_ref(x, weight, norm, eps, swiglu, residual):
+    dtype = weight.dtype
+    y = x.to(dtype) if norm is None else _rmsnorm_ref(x, norm, eps).to(dtype)
+    product = torch.nn.functional.linear(y, weight)
+    if swiglu:
+        g, u = product.float().chunk(2, dim=-1)
+        return (torch.nn.functional.silu(g) * u).to(dtype)
+    if residual is not None:
+        return residual + product.float()
+    return product
+
+
+if triton is not None:
+    @triton.jit
+    def _fused_linear_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
+                             SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # One program per BLOCK_N output columns, all M tokens (padded to BLOCK_M rows for the tensor cores):
+        # the weights are read once, which is what bounds a product of a few tokens.
+        m = tl.arange(0, BLOCK_M)
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = tl.arange(0, BLOCK_K)
+        m_in, n_in = m < M, n < N
+        dtype = w_ptr.dtype.element_ty
+        if NORM:
+            squares = tl.zeros([BLOCK_M], tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                xs = tl.load(x_ptr + m[:, None] * K + (k0 + k)[None, :], mask=m_in[:, None] & (k0 + k < K)[None, :],
+                             other=0.0).to(tl.float32)
+                squares += tl.sum(xs * xs, axis=1)
+            inv = tl.rsqrt(squares / K + eps)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if SWIGLU:
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + k
+            k_in = kk < K
+            a = tl.load(x_ptr + m[:, None] * K + kk[None, :], mask=m_in[:, None] & k_in[None, :], other=0.0)
+            if NORM:
+                w_norm = tl.load(norm_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
+                a = a.to(tl.float32) * inv[:, None] * w_norm[None, :]
+            a = a.to(dtype)
+            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=n_in[:, None] & k_in[None, :], other=0.0)
+            if IEEE:
+                acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(a, tl.trans(w))
+            if SWIGLU:
+                w = tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=n_in[:, None] & k_in[None, :],
+                            other=0.0)
+                if IEEE:
+                    acc_up += tl.dot(a, tl.trans(w), input_precision="ieee")
+                else:
+                    acc_up += tl.dot(a, tl.trans(w))
+        offs = m[:, None] * N + n[None, :]
+        mask = m_in[:, None] & n_in[None, :]
+        y = acc.to(dtype).to(tl.float32)
+        if SWIGLU:
+            up = acc_up.to(dtype).to(tl.float32)
+            tl.store(out_ptr + offs, (y / (1.0 + tl.exp(-y)) * up).to(dtype), mask=mask)
+        elif RESIDUAL:
+            tl.store(out_ptr + offs, tl.load(res_ptr + offs, mask=mask, other=0.0) + y, mask=mask)
+        else:
+            tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 # ---- SwiGLU activation ---------------------------------------------------------------------------------------
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

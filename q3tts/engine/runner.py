@@ -106,6 +106,10 @@ class ModelRunner:
         self.prefill_positions = torch.zeros(n, dtype=torch.int32, device=self.device)
         self.prefill_out = torch.zeros(n, tc.hidden_size, dtype=self.dtype, device=self.device)
         self._head_out_dtype = _probe_fp32_head(self.device, self.dtype)
+        # How the decode steps run (EngineConfig.fused_decode); the fused products keep fp32 on cuBLAS, whose sums
+        # the reference loop shares.
+        self._decode = {"decode": cfg.fused_decode != "off",
+                        "fused": cfg.fused_decode == "all" and self.dtype != torch.float32}
         self.cache: PagedCache | None = None
         self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
         self.prefix_cache = PrefixCache(int(cfg.prefix_cache_gb * 2**30)) if cfg.prefix_cache_gb else None
@@ -342,7 +346,7 @@ class ModelRunner:
             frame = frame + embed.float()
             if g < cp.config.num_code_groups - 2:
                 h = self.cp(cp.small_to_mtp_projection(embed), self.row_ids[:B], self.cp_positions[g + 2, :B],
-                            self.cp_cache, decode=self.config.fused_decode_attention)
+                            self.cp_cache, **self._decode)
         return codes, frame
 
     def _talker_step(self, B: int, c0: torch.Tensor, codes: list[torch.Tensor], frame: torch.Tensor) -> None:
@@ -354,7 +358,7 @@ class ModelRunner:
         text_id = torch.where(in_text, text_id, self.model.config.tts_pad_token_id)
         x = frame + talker.embed_text(text_id).float()
         new_hidden = self.talker(x, self.row_ids[:B], s.positions[:B], self.cache,
-                                 decode=self.config.fused_decode_attention)
+                                 **self._decode)
         finished = (c0 == talker.config.codec_eos_token_id) | (steps + 1 >= s.max_new[:B])
         s.emitted[:B] = ~s.done[:B] & ~finished
         s.done[:B] |= finished
@@ -367,9 +371,11 @@ class ModelRunner:
 
     @torch.no_grad()
     def teacher_forced_logits(self, prompt: Prompt, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fast path's raw logits for a fixed history (same kernels and weights as the frame step, run as
-        one pass): talker [T + 1, V] and code predictor [T, 15, 2048], as q3tts.teacher_forcing returns them.
-        Uses row 0 of the talker cache and the code predictor's rows: call with no rows admitted."""
+        """The fast path's raw logits for a fixed history, computed as generation computes them (the prompt's
+        prefill, then one decode step per frame for the talker and per code for the code predictor, with the
+        engine's kernels and settings): talker [T + 1, V] and code predictor [T, 15, 2048], as
+        q3tts.teacher_forcing returns them. Uses row 0 of the talker cache and the code predictor's rows: call
+        with no rows admitted."""
         talker, cp = self.model.talker, self.model.talker.code_predictor
         codes = codes.to(self.device)
         T, L = codes.shape[0], prompt.embeds.shape[0]
@@ -377,22 +383,32 @@ class ModelRunner:
         embeds += [cp.model.codec_embedding[g](codes[:, g + 1]) for g in range(cp.config.num_code_groups - 1)]
         frame = torch.stack([e.float() for e in embeds]).cumsum(0)[-1]  # sequential fp32 sum, as the frame step
         trailing = torch.tensor(prompt.trailing_ids + [self.model.config.tts_pad_token_id] * T, device=self.device)
-        x = torch.cat([prompt.embeds.to(self.device).float(), frame + talker.embed_text(trailing[:T]).float()])
+        steps = frame + talker.embed_text(trailing[:T]).float()
         if L + T > self.max_context:
             raise ValueError(f"{L + T} positions exceed the engine's max_context {self.max_context}")
         self.grow(0, L + T)
         positions = torch.arange(L + T, device=self.device, dtype=torch.int32)
-        hidden = self.talker(x, torch.zeros_like(positions), positions, self.cache)[L - 1:]
+        hidden = [self.talker(prompt.embeds.to(self.device).float(), torch.zeros_like(positions[:L]), positions[:L],
+                              self.cache)[-1:]]
+        for t in range(T):
+            hidden.append(self.talker(steps[t:t + 1], self.row_ids[:1], positions[L + t:L + t + 1], self.cache,
+                                      **self._decode))
         self.release_rows([0])
+        hidden = torch.cat(hidden)
         talker_logits = self._head(hidden, talker.codec_head.weight)
-        inputs = torch.stack([hidden[:T]] + embeds[:-1], dim=1)  # [T, 16, H]
         cp_logits = []
-        for chunk in inputs.split(self.config.max_rows):  # one code-predictor cache row per frame
-            n = chunk.shape[0]
-            rows = torch.arange(n, device=self.device, dtype=torch.int32).repeat_interleave(16)
-            h = self.cp(cp.small_to_mtp_projection(chunk.reshape(n * 16, -1)), rows, positions[:16].repeat(n),
-                        self.cp_cache).view(n, 16, -1)
-            cp_logits.append(torch.stack([self._head(h[:, g + 1], cp.lm_head[g].weight) for g in range(15)], dim=1))
+        for start in range(0, T, self.config.max_rows):  # one code-predictor cache row per frame
+            n = min(self.config.max_rows, T - start)
+            x = torch.stack([hidden[start:start + n], embeds[0][start:start + n]], dim=1).view(2 * n, -1)
+            h = self.cp(cp.small_to_mtp_projection(x), self.cp_first[0][:2 * n], self.cp_first[1][:2 * n],
+                        self.cp_cache)[1::2]
+            logits = []
+            for g in range(cp.config.num_code_groups - 1):
+                logits.append(self._head(h, cp.lm_head[g].weight))
+                if g < cp.config.num_code_groups - 2:
+                    h = self.cp(cp.small_to_mtp_projection(embeds[g + 1][start:start + n]), self.row_ids[:n],
+                                self.cp_positions[g + 2, :n], self.cp_cache, **self._decode)
+            cp_logits.append(torch.stack(logits, dim=1))
         return talker_logits, torch.cat(cp_logits)
 
 

@@ -1,0 +1,129 @@
+"""Tile shapes for the decode steps' fused matrix products (kernels.fused_linear): every product shape of a
+model's talker and code predictor, for 1 and 64 rows, timed with each candidate (BLOCK_N, BLOCK_K, warps, stages)
+against what it replaces (cuBLAS plus the norm / SwiGLU / residual-add kernels around it). Prints the best per
+shape, its bandwidth, and a FUSED_LINEAR_TILES table to paste. GPU machine only.
+
+usage: python bench/fused_linear.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from q3tts.engine import kernels
+
+CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
+              itertools.product((16, 32, 64), (64, 128, 256), ((4, 3), (4, 4), (4, 6), (8, 4)))]
+CONFIGS = Path(__file__).resolve().parents[1] / "q3tts/configs"
+
+
+def time_ms(fn, reps: int = 20, replays: int = 5) -> float:
+    """GPU ms per call, `reps` calls captured in one CUDA graph (as the engine runs them), replayed."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (reps * replays)
+
+
+def shapes(size: str) -> list[tuple[str, int, int, str]]:
+    """(name, N, K, kind) of each product of a decoder layer, talker and code predictor."""
+    talker = json.loads((CONFIGS / f"{size}.json").read_text())["talker_config"]
+    out = []
+    for part, c in (("talker", talker), ("cp", talker["code_predictor_config"])):
+        h, d, i = c["hidden_size"], c["head_dim"], c["intermediate_size"]
+        heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
+        out += [(f"{part} qkv", (heads + 2 * kv) * d, h, "norm"), (f"{part} o", h, heads * d, "residual"),
+                (f"{part} gate_up", 2 * i, h, "swiglu"), (f"{part} down", h, i, "residual")]
+    return out
+
+
+def unfused(x, w, norm_w, residual, kind):
+    """What fused_linear replaces: the separate kernels (each add+RMSNorm counted once, with the product after it)."""
+    if kind == "norm":
+        return lambda: F.linear(kernels.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w)
+    if kind == "swiglu":
+        return lambda: kernels.silu_mul(F.linear(kernels.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w))
+    return lambda: F.linear(x, w)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="0.6B-Base,1.7B-Base")
+    parser.add_argument("--batches", default="1,64")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    table = {}
+    for size in args.sizes.split(","):
+        for M in (int(b) for b in args.batches.split(",")):
+            total = {"unfused": 0.0, "default": 0.0, "best": 0.0}
+            for name, N, K, kind in shapes(size):
+                w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
+                out_n = N // 2 if kind == "swiglu" else N
+                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                res_in = torch.randn(M, K, device="cuda")
+                res_out = torch.randn(M, out_n, device="cuda")
+                norm_w = torch.ones(K if kind != "residual" else out_n, device="cuda", dtype=torch.bfloat16)
+                if kind == "residual":
+                    fused = functools.partial(kernels.fused_linear, x, w, residual=res_out)
+                    base = unfused(x, w, norm_w, res_out, kind)
+                else:
+                    fused = functools.partial(kernels.fused_linear, res_in, w, norm=norm_w, eps=1e-6,
+                                              swiglu=kind == "swiglu")
+                    base = unfused(x, w, norm_w, res_in, kind)
+                ref = _twin(res_in if kind != "residual" else x, w, norm_w, res_out, kind)
+                err = float((fused().float() - ref.float()).abs().max() / ref.float().abs().max())
+                t_base, t_default = time_ms(base), time_ms(fused)
+                BLOCK_M = max(16, 1 << (M - 1).bit_length())
+                results = []
+                for tiles in CANDIDATES:
+                    if tiles[1] > K:
+                        continue
+                    kernels.FUSED_LINEAR_TILES[(BLOCK_M, out_n, K, kind == "swiglu")] = tiles
+                    try:
+                        results.append((time_ms(fused), tiles))
+                    except Exception as e:  # out of shared memory or registers
+                        results.append((float("inf"), tiles))
+                        print(f"  {tiles}: {type(e).__name__}")
+                best, tiles = min(results)
+                kernels.FUSED_LINEAR_TILES[(BLOCK_M, out_n, K, kind == "swiglu")] = tiles
+                table[(BLOCK_M, out_n, K, kind == "swiglu")] = tiles
+                gb = N * K * 2 / 1e9
+                print(f"{size} M={M} {name:<14} N={N:>5} K={K:>5}: unfused {t_base * 1e3:6.1f} us, fused default "
+                      f"{t_default * 1e3:6.1f} us, best {best * 1e3:6.1f} us {tiles} ({gb / best * 1e3:5.0f} GB/s) "
+                      f"err {err:.1e}", flush=True)
+                total["unfused"] += t_base
+                total["default"] += t_default
+                total["best"] += best
+            print(f"{size} M={M} per layer pair (talker + cp, one each): " +
+                  ", ".join(f"{k} {v * 1e3:.1f} us" for k, v in total.items()), flush=True)
+    print("FUSED_LINEAR_TILES = {")
+    for key, tiles in sorted(table.items()):
+        print(f"    {key}: {tiles},")
+    print("}")
+
+
+def _twin(x, w, norm_w, residual, kind):
+    if kind == "residual":
+        return kernels._fused_linear_ref(x, w, None, 1e-6, False, residual)
+    return kernels._fused_linear_ref(x, w, norm_w, 1e-6, kind == "swiglu", None)
+
+
+if __name__ == "__main__":
+    main()
