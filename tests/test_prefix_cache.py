@@ -83,7 +83,42 @@ def test_cached_and_uncached_requests_give_identical_codes(cache, ref_wav, name)
                 np.testing.assert_array_equal(a, b)
         prefixes = cached.engine.runner.prefix_cache
         assert prefixes.hits >= 2 * len(modes(cached, name, ref_wav)) and prefixes.bytes <= prefixes.max_bytes
-        assert uncached.engine.runner.prefix_cache is None
+        assert uncached.engine.runner.prefix_cache is None and uncached.engine.codec.references is None
+        references = cached.engine.codec.references  # the codec's state after an in-context reference
+        assert references.hits >= (5 if name == "tiny-base" else 0) and references.bytes <= references.max_bytes
+        assert len(references.entries) == (1 if name == "tiny-base" else 0)
+
+
+def test_a_burst_with_one_reference_decodes_it_once(cache, ref_wav):
+    """Requests of one in-context voice: the reference is decoded once and copied into each row (within an
+    admission, and from the cache across them), whose decoder state is then exactly that of decoding it there;
+    the burst's codes equal the same requests' one by one with nothing kept (audio to rounding: a batch of rows
+    is decoded together)."""
+    texts = TEXTS + ["Third.", "And a fourth one."]
+    with load("tiny-base", cache, 0.01) as together, load("tiny-base", cache, 0) as alone:
+        voice = together.create_voice(str(ref_wav), "Good morning.")
+        decoded = []
+        codec = together.engine.codec
+        decode_rows = codec.stream.decode_rows
+        codec.stream.decode_rows = lambda *a, **k: decoded.append(1) or decode_rows(*a, **k)
+        streams = [together.submit(together.request(t, language="english", voice=voice, seed=1, **GREEDY))
+                   for t in texts]
+        burst = [s.read_all() for s in streams]
+        assert len(decoded) == 1  # (in one admission or several: then the second kept it)
+        for text, stream, audio in zip(texts, streams, burst):
+            one = alone.submit(alone.request(text, language="english", voice=voice, seed=1, **GREEDY))
+            one_audio = one.read_all()
+            assert np.array_equal(np.stack(stream.channel.codes), np.stack(one.channel.codes))
+            np.testing.assert_allclose(audio, one_audio, rtol=0, atol=1e-5)
+
+        ref, codec.references = voice.ref_code, None  # nothing kept: the copy within one admission
+        codec.start([0, 1, 2], [ref, None, ref])
+        assert len(decoded) == 2
+        copied = [t[[0, 2]].clone() for t in codec.stream.state.tensors()]
+        codec.stream.reset([0, 1, 2])
+        codec.stream.decode_rows([2], ref.T[None])
+        for t, c in zip(codec.stream.state.tensors(), copied):
+            assert torch.equal(t[2], c[0]) and torch.equal(t[2], c[1])
 
 
 def test_the_budget_evicts_the_least_recently_used():

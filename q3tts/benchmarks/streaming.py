@@ -132,19 +132,21 @@ def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = 
     """`batch` requests in one voice with different texts, submitted together: ms from submission (text ids in
     hand) to each stream's first PCM on the host (prompt building, prefill, first frame, its decode and the copy
     included). The voice: an x-vector, or with `ref_seconds` an in-context voice with a reference that long.
-    `cached`: the voice's prompt prefix is in the engine's prefix cache beforehand (one earlier request);
-    otherwise the cache is off for the run. With `phases` (a dict to fill) the device is synchronised after
+    `cached`: the voice's prompt prefix (and an in-context voice's codec state) is in the engine's caches
+    beforehand (one earlier request); otherwise the caches are off for the run (the burst still decodes its one
+    reference once). With `phases` (a dict to fill) the device is synchronised after
     each phase and its ms recorded: prompt building, prefill (row setup included), the first frame, its decode
     + copy (the syncs keep the GPU from running ahead, so the phases add up to a little more than an
     unsynchronised run)."""
     runner, codec = engine.runner, engine.codec
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else lambda: None
-    saved = runner.prefix_cache
+    saved = runner.prefix_cache, codec.references
     if not cached:
-        runner.prefix_cache = None
-    elif saved is not None:  # one earlier request with the voice
-        prompt, _ = voice_prompt(model, seed=0, ref_seconds=ref_seconds, text_seed=batch + 1)
+        runner.prefix_cache = codec.references = None
+    elif saved[0] is not None:  # one earlier request with the voice
+        prompt, ref_codes = voice_prompt(model, seed=0, ref_seconds=ref_seconds, text_seed=batch + 1)
         runner.add_rows([0], [prompt], [SamplingParams(max_new_tokens=20)])
+        codec.start([0], [ref_codes])
         runner.release_rows([0])
     try:
         sync()
@@ -174,7 +176,7 @@ def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = 
         assert bool(out.emitted.all()) and out.pcm.abs().sum() > 0
         runner.release_rows(rows)
     finally:
-        runner.prefix_cache = saved
+        runner.prefix_cache, codec.references = saved
     return [arrived] * batch
 
 

@@ -15,6 +15,7 @@ from the codec's stream (`pcm_stream`) either way.
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import nullcontext
 
 import torch
@@ -22,12 +23,15 @@ import torch
 from ..models.codec_decoder import CodecDecoder
 from .codec_stream import StreamingDecoder
 from .graphs import capture_buckets, replay_or_run
+from .prefix_cache import PrefixCache
 
 
 class CodecRunner:
     def __init__(self, decoder: CodecDecoder, codes: torch.Tensor, buckets: tuple[int, ...],
-                 overlap_max_rows: int | None = None):
-        """codes: the model runner's static [max_rows, 16] buffer of each row's newest frame."""
+                 overlap_max_rows: int | None = None, cache_bytes: int = 0):
+        """codes: the model runner's static [max_rows, 16] buffer of each row's newest frame. cache_bytes: the
+        decoder states after in-context voices' references kept for reuse (0: none)."""
+        self.references = PrefixCache(cache_bytes) if cache_bytes else None
         self.codes, self.buckets = codes, buckets
         self.inputs = torch.zeros_like(codes)  # the snapshot the decoder reads
         self.stream = StreamingDecoder(decoder, codes.shape[0])
@@ -40,21 +44,34 @@ class CodecRunner:
                                                    if self.pcm_stream else (None, None, None))
 
     def start(self, rows: list[int], ref_codes: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Fresh decoder state for `rows`; a voice's reference codes are decoded once into the state (their
-        audio is discarded), so the stream continues exactly as decoding reference + new frames together.
-        Runs on the codec's stream, after any decode still in flight. Returns per row the reference audio's
-        last sample as a host tensor [1] (None without reference codes), valid once the row's first frame is
-        read back (the official in-context cut can keep it: see `q3tts.official`)."""
+        """Fresh decoder state for `rows`; a voice's reference codes are decoded into the state (their audio is
+        discarded), so the stream continues exactly as decoding reference + new frames together. A reference
+        is decoded once: rows with the same reference codes (in this call, or kept from an earlier one) get a
+        copy of the state it left. Runs on the codec's stream, after any decode still in flight. Returns per
+        row the reference audio's last sample as a host tensor [1] (None without reference codes), valid once
+        the row's first frame is read back (the official in-context cut can keep it: see `q3tts.official`)."""
         tails: list[torch.Tensor | None] = []
+        state = self.stream.state.tensors()
+        done: dict[str, tuple[torch.Tensor, ...]] = {}  # reference digest -> (state tensors..., last sample)
         with self._on_codec_stream():
             self.stream.reset(rows)
             for row, ref in zip(rows, ref_codes):
                 if ref is None or not ref.shape[0]:
                     tails.append(None)
                     continue
-                wav = self.stream.decode_rows([row], ref.T[None])
+                key = hashlib.blake2b(ref.cpu().numpy().tobytes() + str(tuple(ref.shape)).encode()).hexdigest()
+                kept = done.get(key) or (self.references.get(key) if self.references is not None else None)
+                if kept is not None:
+                    for t, value in zip(state, kept):
+                        t[row] = value
+                else:
+                    last = self.stream.decode_rows([row], ref.T[None])[0, -1:].float()
+                    kept = (*(t[row].clone() for t in state), last)
+                    if self.references is not None:
+                        self.references.put(key, *kept)
+                done[key] = kept
                 tail = torch.empty(1, pin_memory=self.pcm_stream is not None)
-                tails.append(tail.copy_(wav[0, -1:].float(), non_blocking=True))
+                tails.append(tail.copy_(kept[-1], non_blocking=True))
         return tails
 
     def move_row(self, src: int, dst: int) -> None:

@@ -51,8 +51,9 @@ class EngineConfig:
     # SwiGLU and residual adds inside the matrix products (kernels.fused_linear; bf16/fp16 weights, batches of up
     # to 64 rows: 5 kernels per layer instead of 9); "off": neither.
     fused_decode: str = "all"
-    # Keys and values of voice prefixes kept for reuse across requests (engine/prefix_cache.py), at most this much
-    # memory beside the KV cache; 0 turns the cache off.
+    # Voice prefixes kept for reuse across requests (engine/prefix_cache.py): the talker's keys and values of each
+    # voice's first positions, and the codec's state after each in-context voice's reference; each of the two
+    # caches at most this much memory beside the KV cache; 0 turns both off.
     prefix_cache_gb: float = 0.25
 
     def __post_init__(self):

@@ -92,7 +92,8 @@ class Engine:
         self.device = model.talker.codec_head.weight.device
         with device_scope(self.device):  # Triton launches on the current device, whatever the tensors'
             self.runner = ModelRunner(model, config, kv_blocks=2 if self.device.type == "cuda" else None)
-            self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets)
+            self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets,
+                                     cache_bytes=int(config.prefix_cache_gb * 2**30))
             self._size_kv_cache()  # (on a GPU: sized after a profiling run)
         self.scheduler = Scheduler(config.max_rows, config.max_waiting, self.runner.kv, config.max_prefill_tokens,
                                    config.prefill_seconds_per_token, config.safety_seconds,
@@ -210,7 +211,7 @@ class Engine:
         free, total = torch.cuda.mem_get_info(self.device)
         fraction = cfg.gpu_memory_utilization or 0.9
         # The graphs' pool will hold about the profiled peak; cuBLAS workspaces and fragmentation the margin.
-        available = fraction * total - (total - free) - 1.2 * peak - 256 * 2**20 - cfg.prefix_cache_gb * 2**30
+        available = fraction * total - (total - free) - 1.2 * peak - 256 * 2**20 - 2 * cfg.prefix_cache_gb * 2**30
         if cfg.gpu_memory_utilization is not None and available < 16 * runner.kv_bytes_per_block:
             raise MemoryError(f"gpu_memory_utilization {cfg.gpu_memory_utilization} leaves no room for the KV cache "
                               f"({(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use, {peak / 2**30:.1f} "

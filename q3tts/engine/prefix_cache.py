@@ -9,6 +9,9 @@ tens of positions (an x-vector voice: ~10 of ~11 in streaming mode; a 10 s refer
 of ~140), less than a 64-position block, so sharing whole blocks copy-on-write would reuse nothing; a copy
 costs one gather and one scatter per request. Entries are keyed by content (a digest of everything those
 positions depend on), least recently used first out within the byte budget.
+
+The codec keeps a second one (engine/codec.py): its decoder state after an in-context voice's reference codes,
+the codec stream's prefix, the same for every request with that reference.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import torch
 class PrefixCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.entries: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self.entries: OrderedDict[str, tuple[torch.Tensor, ...]] = OrderedDict()
         self.bytes = 0
         self.hits = self.misses = 0
 
-    def get(self, key: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(keys, values) [layers, positions, kv heads, head dim] of a prefix, or None."""
+    def get(self, key: str) -> tuple[torch.Tensor, ...] | None:
+        """The tensors kept for `key` (the talker's: keys and values [layers, positions, kv heads, head dim] of a
+        prefix), or None."""
         entry = self.entries.get(key)
         if entry is None:
             self.misses += 1
@@ -35,12 +39,16 @@ class PrefixCache:
         self.hits += 1
         return entry
 
-    def put(self, key: str, k: torch.Tensor, v: torch.Tensor) -> None:
-        size = 2 * k.numel() * k.element_size()
+    def put(self, key: str, *tensors: torch.Tensor) -> None:
+        size = _nbytes(tensors)
         if key in self.entries or size > self.max_bytes:
             return
         while self.bytes + size > self.max_bytes:
-            _, (old_k, old_v) = self.entries.popitem(last=False)
-            self.bytes -= 2 * old_k.numel() * old_k.element_size()
-        self.entries[key] = (k, v)
+            _, old = self.entries.popitem(last=False)
+            self.bytes -= _nbytes(old)
+        self.entries[key] = tensors
         self.bytes += size
+
+
+def _nbytes(tensors: tuple[torch.Tensor, ...]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
