@@ -34,7 +34,9 @@ class EngineConfig:
     block_size: int = 64
     max_trailing: int = 4100  # trailing text ids per row (a request's text is at most 4,096 tokens)
     buckets: tuple[int, ...] = DEFAULT_BUCKETS  # batch sizes captured as CUDA graphs (those <= max_rows)
-    prefill_buckets: tuple[int, ...] = (32, 64, 128, 256, 512)  # prefill token counts captured as graphs
+    # Prefill token counts captured as graphs; None: 32 to 512, and 1024 / 2048 for engines of at least 32 / 64
+    # rows (a burst of that many requests' prompts, at 10 to 40 positions each).
+    prefill_buckets: tuple[int, ...] | None = None
     use_graphs: bool = True  # on CUDA; False runs every step eagerly
     max_prefill_tokens: int = 4096  # prefill tokens admitted per frame boundary
     prefill_seconds_per_token: float = 1e-4  # stall estimate the scheduler weighs against the streams' lead
@@ -77,6 +79,9 @@ class EngineConfig:
         self.buckets = tuple(sorted(b for b in self.buckets if b <= self.max_rows))
         if not self.buckets or self.buckets[-1] != self.max_rows:
             self.buckets = (*self.buckets, self.max_rows)
+        if self.prefill_buckets is None:
+            self.prefill_buckets = (32, 64, 128, 256, 512) + (1024,) * (self.max_rows >= 32) + (2048,) * (
+                self.max_rows >= 64)
         if any(b < 1 for b in self.prefill_buckets):
             raise ValueError(f"prefill_buckets must be positive token counts, got {self.prefill_buckets}")
         self.prefill_buckets = tuple(sorted(self.prefill_buckets))  # () captures none: every prefill runs eagerly

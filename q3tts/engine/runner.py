@@ -180,9 +180,10 @@ class ModelRunner:
         return prompt.num_positions - (prompt.prefix_len if cached else 0)
 
     def _reuse_prefixes(self, rows: list[int], prompts: list[Prompt]) -> tuple[list[int], list]:
-        """Copies the cached keys and values of each prompt's voice prefix into its row. Returns the position
-        each row's prefill starts at, and the (row, prompt) whose prefix should be kept once prefilled."""
-        starts, store = [0] * len(rows), []
+        """Copies the cached keys and values of each prompt's voice prefix into its row (all rows in one scatter).
+        Returns the position each row's prefill starts at, and the (row, prompt) whose prefix should be kept once
+        prefilled."""
+        starts, store, hits = [0] * len(rows), [], []
         if self.prefix_cache is None:
             return starts, store
         for i, (row, prompt) in enumerate(zip(rows, prompts)):
@@ -193,25 +194,27 @@ class ModelRunner:
                 if all(p.prefix_key != prompt.prefix_key for _, p in store):
                     store.append((row, prompt))
                 continue
-            self._write_kv(row, *hit)
+            hits.append((row, *hit))
             starts[i] = prompt.prefix_len
+        if hits:
+            blocks, offsets = self._kv_slots([(row, k.shape[1]) for row, k, _ in hits])
+            self.cache.k[:, blocks, offsets] = torch.cat([k for _, k, _ in hits], dim=1)
+            self.cache.v[:, blocks, offsets] = torch.cat([v for _, _, v in hits], dim=1)
         return starts, store
 
-    def _kv_slots(self, row: int, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(block, offset) of the row's positions 0..num_positions-1 in the paged cache."""
+    def _kv_slots(self, spans: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, offset) in the paged cache of positions 0..n-1 of each (row, n), one after the other."""
         bs = self.config.block_size
-        positions = torch.arange(num_positions)
-        blocks = torch.tensor(self.kv.rows[row])[positions // bs]
-        return to_device(blocks, self.device), to_device(positions % bs, self.device)
+        blocks, offsets = [], []
+        for row, n in spans:
+            positions = torch.arange(n)
+            blocks.append(torch.tensor(self.kv.rows[row])[positions // bs])
+            offsets.append(positions % bs)
+        return to_device(torch.cat(blocks), self.device), to_device(torch.cat(offsets), self.device)
 
     def _read_kv(self, row: int, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        blocks, offsets = self._kv_slots(row, num_positions)
+        blocks, offsets = self._kv_slots([(row, num_positions)])
         return self.cache.k[:, blocks, offsets], self.cache.v[:, blocks, offsets]  # (copies)
-
-    def _write_kv(self, row: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        blocks, offsets = self._kv_slots(row, k.shape[1])
-        self.cache.k[:, blocks, offsets] = k
-        self.cache.v[:, blocks, offsets] = v
 
     def _prefill_tokens(self, rows: list[int], starts: list[int], lengths: list[int], x: torch.Tensor
                         ) -> torch.Tensor:
