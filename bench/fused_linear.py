@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from q3tts.engine import kernels
 
 CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
-              itertools.product((16, 32, 64), (64, 128, 256), ((4, 3), (4, 4), (4, 6), (8, 4)))]
+              itertools.product((16, 32, 64), (128, 256, 512), ((4, 3), (4, 5), (8, 3), (8, 5)))]
 CONFIGS = Path(__file__).resolve().parents[1] / "q3tts/configs"
 
 

@@ -315,10 +315,22 @@ if triton is not None:
 
 # ---- small-batch matrix products with their neighbours fused in -------------------------------------------
 
-FUSED_LINEAR_MAX_TOKENS = 64  # beyond this cuBLAS's tiles win; the decode steps of up to 64 rows use these
-# (BLOCK_M, N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), measured by bench/fused_linear.py; shapes
-# not listed take the heuristic in _fused_linear_tiles.
-FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {}
+# Up to this many tokens; beyond it cuBLAS plus the separate kernels win (H100, bench/fused_linear.py: at 64
+# tokens the norm prologue, which every program runs over all rows, made the products 2-3x slower).
+FUSED_LINEAR_MAX_TOKENS = 16
+# (BLOCK_M, N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of bench/fused_linear.py's
+# candidates per shape of the 0.6B and 1.7B layers on an H100 (docs/perf-notes.md, entry 38); other shapes take
+# the heuristic in _fused_linear_tiles.
+FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
+    (16, 1024, 2048, False): (16, 512, 4, 3),
+    (16, 1024, 3072, False): (16, 512, 4, 3),
+    (16, 2048, 2048, False): (16, 512, 4, 3),
+    (16, 2048, 6144, False): (16, 512, 4, 3),
+    (16, 3072, 1024, True): (32, 512, 4, 3),
+    (16, 4096, 1024, False): (32, 512, 4, 3),
+    (16, 4096, 2048, False): (32, 512, 4, 3),
+    (16, 6144, 2048, True): (64, 128, 8, 3),
+}
 
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
@@ -356,8 +368,8 @@ def _fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int
     tiles = FUSED_LINEAR_TILES.get((BLOCK_M, N, K, swiglu))
     if tiles is not None:
         return tiles
-    BLOCK_K = 128 if K % 128 == 0 else triton.next_power_of_2(min(K, 128))
-    return (16 if N <= 2048 or swiglu else 32), BLOCK_K, 4, 4
+    BLOCK_K = 512 if K % 512 == 0 else triton.next_power_of_2(min(K, 128))
+    return (16 if N <= 2048 else 32), BLOCK_K, 4, 3
 
 
 def _fused_linear_ref(x, weight, norm, eps, swiglu, residual):
