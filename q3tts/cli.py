@@ -132,8 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on a GPU, float32 on the CPU)")
     serve.add_argument("--max-running", type=int, default=64, help="concurrent streams (per engine; default: 64)")
     serve.add_argument("--prefix-cache-gb", type=float, default=0.25,
-                       help="memory for voice prefixes reused across requests (the prompt positions that depend "
-                            "on the voice alone); 0 turns it off (default: 0.25)")
+                       help="memory for voice prefixes reused across requests (the talker's keys and values of "
+                            "the prompt positions that depend on the voice alone; the codec's state after an "
+                            "in-context voice's reference: each at most this much); 0 turns both off (default: 0.25)")
     serve.add_argument("--max-waiting", type=int, default=256,
                        help="queued requests; more are refused with 429 (default: 256)")
     serve.add_argument("--max-input-chars", type=int, default=4096, help="longest input text (default: 4096)")

@@ -165,6 +165,7 @@ def side_by_side(rows: list[dict]) -> str:
     """A table of every engine's decode rows, by model and batch size (same run, same card)."""
     lines = [f"{'model':<12} {'B':>4} {'engine':<24} {'ms/frame':>9} {'audio-s/s':>10} {'x-RT/stream':>11} "
              f"{'first frame ms':>14} {'GPU GB':>7}"]
+    rows = [r for r in rows if r.get("ms_per_frame") is not None]  # (a peer file's other rows, e.g. streaming)
     for r in sorted(rows, key=lambda r: (r["model"], r["batch"], r["engine"] != "q3tts", r["engine"])):
         ms = r["ms_per_frame"]
         engine = r["engine"] + (" " + r["scheduler"][:9] if r.get("scheduler") else "")

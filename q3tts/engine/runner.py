@@ -25,6 +25,7 @@ from ..transfer import to_device
 from .config import EngineConfig
 from .decoder import FlatDecoder, PagedCache
 from .graphs import capture_buckets, replay_or_run, side_stream
+from .kernels import FUSED_LINEAR_MAX_TOKENS
 from .kv_blocks import KVBlocks, OutOfBlocks
 from .prefix_cache import PrefixCache
 from .sampler import TalkerProcessors, sample_tokens
@@ -400,8 +401,11 @@ class ModelRunner:
         hidden = torch.cat(hidden)
         talker_logits = self._head(hidden, talker.codec_head.weight)
         cp_logits = []
-        for start in range(0, T, self.config.max_rows):  # one code-predictor cache row per frame
-            n = min(self.config.max_rows, T - start)
+        # One code-predictor cache row per frame, at most FUSED_LINEAR_MAX_TOKENS frames at a time: the batch sizes
+        # whose decode steps take the fused products (fused_decode "all"), which generation mostly runs at.
+        chunk = min(self.config.max_rows, FUSED_LINEAR_MAX_TOKENS)
+        for start in range(0, T, chunk):
+            n = min(chunk, T - start)
             x = torch.stack([hidden[start:start + n], embeds[0][start:start + n]], dim=1).view(2 * n, -1)
             h = self.cp(cp.small_to_mtp_projection(x), self.cp_first[0][:2 * n], self.cp_first[1][:2 * n],
                         self.cp_cache)[1::2]
