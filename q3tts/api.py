@@ -30,7 +30,7 @@ from .models.qwen3_tts import Qwen3TTSModel
 from .models.speech_tokenizer import SpeechTokenizer
 from .official import OfficialAPI
 from .pieces import LONG_TEXT_CHARS, PIECE_CHARS, PieceStream, join
-from .prompt import build_prompt
+from .prompt import build_prompts
 from .reference import generate_codes
 from .request import Request, RequestBuilder, RunawayGuard
 from .streaming import DEFAULT_SCHEDULE, AudioStream, check_chunking
@@ -161,14 +161,20 @@ class TTS(OfficialAPI):
         return [self.request(piece, **kwargs) for piece in split_text(text, PIECE_CHARS)]
 
     def prepare(self, request: Request) -> Prompt:
-        """The request's prompt embeddings, built on a CUDA stream of their own (so that they do not queue behind
-        the frames the engine has in flight)."""
+        """The request's prompt embeddings (see `prepare_many`)."""
+        return self.prepare_many([request])[0]
+
+    def prepare_many(self, requests: list[Request]) -> list[Prompt]:
+        """The requests' prompt embeddings, built together (`q3tts.prompt.build_prompts`: in bf16/fp16 their text
+        is projected in one call) on a CUDA stream of their own (so that they do not queue behind the frames the
+        engine has in flight)."""
+        specs = [r.spec for r in requests]
         if self._prompt_stream is None:
-            return build_prompt(self.model.talker, self.config, request.spec)
+            return build_prompts(self.model.talker, self.config, specs)
         with torch.cuda.stream(self._prompt_stream):
-            prompt = build_prompt(self.model.talker, self.config, request.spec)
+            prompts = build_prompts(self.model.talker, self.config, specs)
         self._prompt_stream.synchronize()
-        return prompt
+        return prompts
 
     def submit(self, request: Request, request_id: str | None = None, asyncio_loop: bool = False,
                prompt: Prompt | None = None) -> RequestStream:
@@ -256,12 +262,13 @@ class TTS(OfficialAPI):
         return wavs
 
     def _submit_all(self, requests: list[Request]) -> list[RequestStream]:
-        """Submits every request; when the engine's queue is full, waits for earlier ones before going on."""
+        """Submits every request (their prompts built together); when the engine's queue is full, waits for earlier
+        ones before going on."""
         streams: list[RequestStream] = []
-        for request in requests:
+        for request, prompt in zip(requests, self.prepare_many(requests)):
             while True:
                 try:
-                    streams.append(self.submit(request))
+                    streams.append(self.submit(request, prompt=prompt))
                     break
                 except QueueFull:
                     if all(s.finished for s in streams):
@@ -271,7 +278,7 @@ class TTS(OfficialAPI):
 
     def _render_reference(self, requests: list[Request], official_cut: bool,
                           on_frame: Callable[[int], None] | None) -> list[np.ndarray]:
-        prompts = [build_prompt(self.model.talker, self.config, r.spec) for r in requests]
+        prompts = build_prompts(self.model.talker, self.config, [r.spec for r in requests])
         steps = iter(range(1, 1 << 62))
         codes = generate_codes(self.model.talker, prompts, [r.params for r in requests],
                                on_frame and (lambda _: on_frame(next(steps))))

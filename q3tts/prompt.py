@@ -53,52 +53,82 @@ def prompt_length(config: ModelConfig, spec: PromptSpec) -> int:
 
 
 @torch.no_grad()
-def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec) -> Prompt:
+def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_rows: torch.Tensor | None = None,
+                 weights: tuple | None = None) -> Prompt:
+    """`text_rows`: the text projection of `_projected_ids(spec)` if already computed (`build_prompts`);
+    `weights`: `_weights(talker)` if already known."""
     tc = config.talker_config
     device = talker.codec_head.weight.device
     ids = lambda values: to_device(values, device, torch.long)  # no device sync per request
     tp, ec = talker.embed_text, talker.embed_codec
-    bos, eos, pad = _fixed(talker, "text", (config.tts_bos_token_id, config.tts_eos_token_id,
-                                            config.tts_pad_token_id))
-    input_ids = ids(spec.input_ids)
+    weights = weights or _weights(talker)
+    bos, eos, pad = _fixed(talker, weights, "text", (config.tts_bos_token_id, config.tts_eos_token_id,
+                                                     config.tts_pad_token_id))
 
     lid = language_id(config, spec.language, spec.speaker)
     ctrl = ([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id] if lid is None
             else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
     voice = _voice_digest(spec, ctrl)
-    head = _voice_head(talker, config, spec, ctrl, voice, bos, pad)
-    codec_bos = _fixed(talker, "codec", (tc.codec_bos_id,))  # the codec prefix's last row: with the first text
+    head = _voice_head(talker, config, spec, ctrl, voice, bos, pad, weights)
+    codec_bos = _fixed(talker, weights, "codec", (tc.codec_bos_id,))  # the codec prefix's last row: first text
     parts = [head]
-    text = input_ids[3:-5]
+    text = spec.input_ids[3:-5]
     if spec.ref_codes is not None:
-        icl, trailing, tail = _icl_part(talker, tc, ids(spec.ref_ids)[3:-2], text, ids(spec.ref_codes), eos, pad,
-                                        spec.non_streaming_mode)
+        if text_rows is None:
+            text_rows = tp(ids(spec.ref_ids[3:-2] + text))
+        icl, trailing, tail = _icl_part(talker, tc, text_rows, _reference_frames(talker, spec.ref_codes, weights),
+                                        eos, pad, spec.non_streaming_mode)
         parts.append(icl)
         # Streaming ICL trails whatever text did not fit beside the reference frames.
-        icl_text = spec.ref_ids[3:-2] + spec.input_ids[3:-5] + [config.tts_eos_token_id]
+        icl_text = spec.ref_ids[3:-2] + text + [config.tts_eos_token_id]
         trailing_ids = icl_text[tail:] if tail is not None else []
     elif spec.non_streaming_mode:
-        parts.append(torch.cat([tp(text), eos[None]]) + ec(ids([tc.codec_pad_id] * (len(text) + 1))))
+        projected = tp(ids(text)) if text_rows is None else text_rows
+        parts.append(torch.cat([projected, eos[None]]) + ec(ids([tc.codec_pad_id] * (len(text) + 1))))
         parts.append(pad[None] + ec(ids([tc.codec_bos_id])))
         trailing, trailing_ids = pad[None], []
-    else:
-        parts.append(tp(input_ids[3:4]) + codec_bos)
-        trailing = torch.cat([tp(input_ids[4:-5]), eos[None]])
-        trailing_ids = spec.input_ids[4:-5] + [config.tts_eos_token_id]
+    else:  # (the official code projects the first text token and the rest in two calls)
+        first = tp(ids(text[:1])) if text_rows is None else text_rows[:1]
+        parts.append(first + codec_bos)
+        trailing = torch.cat([tp(ids(text[1:])) if text_rows is None else text_rows[1:], eos[None]])
+        trailing_ids = text[1:] + [config.tts_eos_token_id]
     embeds = torch.cat(parts)
     prefix_len, prefix_key = prefix_of(spec, voice, head.shape[0], embeds.shape[0])
     return Prompt(embeds=embeds, trailing=trailing, pad=pad, trailing_ids=trailing_ids, prefix_len=prefix_len,
                   prefix_key=prefix_key)
 
 
+@torch.no_grad()
+def build_prompts(talker: Talker, config: ModelConfig, specs: list[PromptSpec]) -> list[Prompt]:
+    """`build_prompt` for many requests at once (a burst). In half precision the text of all of them is projected
+    in one call instead of one or two per request, which takes most of the small launches out of a prompt; the
+    projected rows then differ from per-request calls in the last bits, as any two batch sizes of the same
+    matrix product may. In fp32 every prompt is built exactly as `build_prompt` alone builds it (the official
+    implementation's per-request calls, bit for bit)."""
+    weights = _weights(talker)
+    if len(specs) < 2 or talker.codec_head.weight.dtype == torch.float32:
+        return [build_prompt(talker, config, spec, weights=weights) for spec in specs]
+    lists = [_projected_ids(spec) for spec in specs]
+    flat = [i for ids in lists for i in ids]
+    rows = talker.embed_text(to_device(flat, talker.codec_head.weight.device, torch.long))
+    ends = torch.tensor([len(ids) for ids in lists]).cumsum(0).tolist()
+    return [build_prompt(talker, config, spec, rows[end - len(ids):end], weights)
+            for spec, ids, end in zip(specs, lists, ends)]
+
+
+def _projected_ids(spec: PromptSpec) -> list[int]:
+    """The text ids whose projection a prompt uses, in order: an in-context voice's transcript then the text."""
+    text = spec.input_ids[3:-5]
+    return spec.ref_ids[3:-2] + text if spec.ref_codes is not None else text
+
 def _voice_head(talker: Talker, config: ModelConfig, spec: PromptSpec, ctrl: list[int], voice: bytes,
-                bos: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+                bos: torch.Tensor, pad: torch.Tensor, weights: tuple) -> torch.Tensor:
     """The prompt's positions before the text (instruction, assistant header, the codec prefix but its last row),
     which depend on the voice alone: computed once per voice (`voice`: their inputs' digest) and kept per talker,
     the most recently used within HEAD_CACHE_BYTES."""
     with _HEADS_LOCK:
         heads = _HEADS.setdefault(talker, _HeadCache())
-        hit = heads.get(voice, _weights(talker))
+        hit = heads.get(voice, weights)
     if hit is not None:
         return hit
     tc, device = config.talker_config, talker.codec_head.weight.device
@@ -111,13 +141,13 @@ def _voice_head(talker: Talker, config: ModelConfig, spec: PromptSpec, ctrl: lis
     codec.append(talker.embed_codec(ids([tc.codec_pad_id])))
     codec = torch.cat(codec)  # the codec prefix without its last row (codec_bos)
     parts = [talker.embed_text(ids(spec.instruct_ids))] if spec.instruct_ids else []
-    parts.append(_fixed(talker, "text", tuple(spec.input_ids[:3])))  # <|im_start|>assistant\n
+    parts.append(_fixed(talker, weights, "text", tuple(spec.input_ids[:3])))  # <|im_start|>assistant\n
     parts.append(torch.cat([pad.expand(codec.shape[0] - 1, -1), bos[None]]) + codec)
     head = torch.cat(parts)
     if device.type == "cuda":  # complete before a prompt built on another stream or thread reads it
         torch.cuda.current_stream(device).synchronize()
     with _HEADS_LOCK:
-        heads.put(voice, head, _weights(talker))
+        heads.put(voice, head, weights)
     return head
 
 
@@ -213,11 +243,30 @@ def _tensor_digest(t: torch.Tensor) -> bytes:
 _FIXED: weakref.WeakKeyDictionary[Talker, dict] = weakref.WeakKeyDictionary()
 
 
-def _fixed(talker: Talker, kind: str, ids: tuple[int, ...]) -> torch.Tensor:
+def _reference_frames(talker: Talker, ref_codes: torch.Tensor, weights: tuple) -> torch.Tensor:
+    """codec_bos + the reference frames' embeddings [1 + T_ref, H] of an in-context voice: they depend on the
+    voice alone, so they are kept with the voice heads (same budget, same invalidation), keyed by the codes'
+    digest."""
+    key = b"frames" + _tensor_digest(ref_codes)
+    with _HEADS_LOCK:
+        heads = _HEADS.setdefault(talker, _HeadCache())
+        hit = heads.get(key, weights)
+    if hit is not None:
+        return hit
+    device = talker.codec_head.weight.device
+    bos = talker.embed_codec(to_device([talker.config.codec_bos_id], device, torch.long))
+    frames = torch.cat([bos, talker.embed_frame(to_device(ref_codes, device, torch.long))])
+    if device.type == "cuda":  # complete before a prompt built on another stream or thread reads it
+        torch.cuda.current_stream(device).synchronize()
+    with _HEADS_LOCK:
+        heads.put(key, frames, weights)
+    return frames
+
+
+def _fixed(talker: Talker, weights: tuple, kind: str, ids: tuple[int, ...]) -> torch.Tensor:
     """tp(ids) (`kind` "text") or Ec(ids) ("codec") for the ids every prompt has (the special tokens, the
     assistant header, codec_bos), computed by the same call as before and kept per talker until its embeddings
-    change."""
-    weights = _weights(talker)
+    (`weights`: `_weights(talker)`) change."""
     cache = _FIXED.setdefault(talker, {})
     hit = cache.get((kind, ids))
     if hit is None or hit[0] != weights:
@@ -230,17 +279,15 @@ def _fixed(talker: Talker, kind: str, ids: tuple[int, ...]) -> torch.Tensor:
     return hit[1]
 
 
-def _icl_part(talker: Talker, tc, ref_text: torch.Tensor, text: torch.Tensor, ref_codes: torch.Tensor,
-              eos: torch.Tensor, pad: torch.Tensor,
-              non_streaming: bool) -> tuple[torch.Tensor, torch.Tensor, int | None]:
-    """Voice-clone ICL block: reference + target text against codec_bos + reference frames. Returns the block,
-    the trailing embeddings and where the trailing text starts in the ICL text (None: TTS_PAD only)."""
-    text_embed = torch.cat([talker.embed_text(torch.cat([ref_text, text])), eos[None]])  # [T1, H]
-    bos = talker.embed_codec(to_device([tc.codec_bos_id], ref_codes.device, torch.long))
-    codec_embed = torch.cat([bos, talker.embed_frame(ref_codes)])  # [T2, H]
+def _icl_part(talker: Talker, tc, projected: torch.Tensor, codec_embed: torch.Tensor, eos: torch.Tensor,
+              pad: torch.Tensor, non_streaming: bool) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    """Voice-clone ICL block: reference + target text (`projected`: their text projection) against codec_bos +
+    reference frames (`codec_embed`). Returns the block, the trailing embeddings and where the trailing text
+    starts in the ICL text (None: TTS_PAD only)."""
+    text_embed = torch.cat([projected, eos[None]])  # [T1, H]
     t1, t2 = text_embed.shape[0], codec_embed.shape[0]
     if non_streaming:
-        codec_pad = talker.embed_codec(torch.full((t1,), tc.codec_pad_id, device=ref_codes.device))
+        codec_pad = talker.embed_codec(torch.full((t1,), tc.codec_pad_id, device=codec_embed.device))
         return torch.cat([text_embed + codec_pad, codec_embed + pad]), pad[None], None
     if t1 > t2:
         return text_embed[:t2] + codec_embed, text_embed[t2:], t2

@@ -207,8 +207,8 @@ def test_mode_not_supported_by_checkpoint(custom, design, base, no_compute):
 
 def test_instruct_on_small_custom_voice_warns_and_is_dropped(custom_small, monkeypatch):
     specs = []
-    original = q3tts.api.build_prompt
-    monkeypatch.setattr(q3tts.api, "build_prompt", lambda t, c, s: specs.append(s) or original(t, c, s))
+    original = q3tts.api.build_prompts
+    monkeypatch.setattr(q3tts.api, "build_prompts", lambda t, c, s: specs.extend(s) or original(t, c, s))
     with pytest.warns(UserWarning, match="ignores `instruct`"):
         custom_small.generate_custom_voice("Hello.", "ryan", instruct="Speak slowly.", **FAST)
     assert specs[0].instruct_ids is None

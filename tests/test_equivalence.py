@@ -156,32 +156,32 @@ def _run_ours(tts: TTS, call_spec: dict, monkeypatch) -> dict:
     """Runs our drop-in method with the same arguments and records each row's spec, prompt and codes."""
     seen: dict = {"specs": [], "prompts": []}
     if tts.reference:
-        original_generate, original_build = q3tts.api.generate_codes, q3tts.api.build_prompt
+        original_generate, original_build = q3tts.api.generate_codes, q3tts.api.build_prompts
 
         def generate(talker, prompts, params, on_frame=None):
             seen["codes"] = original_generate(talker, prompts, params, on_frame)
             return seen["codes"]
 
-        def build(talker, config, spec):
-            seen["specs"].append(spec)
-            seen["prompts"].append(original_build(talker, config, spec))
-            return seen["prompts"][-1]
+        def build(talker, config, specs):
+            seen["specs"] += specs
+            seen["prompts"] += original_build(talker, config, specs)
+            return seen["prompts"][-len(specs):]
 
         monkeypatch.setattr(q3tts.api, "generate_codes", generate)
-        monkeypatch.setattr(q3tts.api, "build_prompt", build)
+        monkeypatch.setattr(q3tts.api, "build_prompts", build)
     else:
-        streams, original_prepare, original_submit = [], TTS.prepare, TTS.submit
+        streams, original_prepare, original_submit = [], TTS.prepare_many, TTS.submit
 
-        def prepare(self, request):
-            seen["specs"].append(request.spec)
-            seen["prompts"].append(original_prepare(self, request))
-            return seen["prompts"][-1]
+        def prepare(self, requests):
+            seen["specs"] += [r.spec for r in requests]
+            seen["prompts"] += original_prepare(self, requests)
+            return seen["prompts"][-len(requests):]
 
         def submit(self, request, *args, **kwargs):
             streams.append(original_submit(self, request, *args, **kwargs))
             return streams[-1]
 
-        monkeypatch.setattr(TTS, "prepare", prepare)
+        monkeypatch.setattr(TTS, "prepare_many", prepare)
         monkeypatch.setattr(TTS, "submit", submit)
     kwargs = {k: audio_arg(v) for k, v in call_spec["kwargs"].items()}
     seen["wavs"], seen["sr"] = getattr(tts, call_spec["method"])(**kwargs)

@@ -152,3 +152,26 @@ def test_voice_heads_are_built_once_and_never_stale(cache):
     prompt_module._HEADS.clear()
     assert torch.equal(changed.embeds, tts.prepare(request).embeds)
     assert not torch.equal(changed.embeds, fresh.embeds)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prompts_built_together(cache, ref_wav, dtype):
+    """A burst's prompts built in one call (build_prompts): in fp32 bit-identical to building each alone; in
+    bf16 (the text of all of them projected together) the same layout, trailing ids and prefix, and embeddings
+    equal to rounding."""
+    from q3tts.prompt import build_prompt, build_prompts
+
+    for name in NAMES:
+        tts = TTS.from_pretrained(tiny_checkpoint(name, cache), device="cpu", dtype=dtype)
+        specs = [tts.request(text, language="english", **kw).spec
+                 for kw in modes(tts, name, ref_wav).values() for text in TEXTS]
+        together = build_prompts(tts.model.talker, tts.config, specs)
+        for spec, got in zip(specs, together):
+            want = build_prompt(tts.model.talker, tts.config, spec)
+            assert (got.trailing_ids, got.prefix_len, got.prefix_key) == (want.trailing_ids, want.prefix_len,
+                                                                         want.prefix_key)
+            for a, b in ((got.embeds, want.embeds), (got.trailing, want.trailing), (got.pad, want.pad)):
+                if dtype == torch.float32:
+                    assert torch.equal(a, b)
+                else:
+                    torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)

@@ -41,9 +41,16 @@ def clone_prompt(model: Qwen3TTSModel, num_text_tokens: int = 30, seed: int = 0,
 
 def voice_prompt(model: Qwen3TTSModel, num_text_tokens: int = 30, seed: int = 0, non_streaming: bool = False,
                  ref_seconds: float = 0.0, text_seed: int | None = None):
-    """(prompt, reference codes or None): a voice-clone prompt, English, the voice from `seed` (a random speaker
-    embedding; with `ref_seconds` an in-context voice: random reference frames and a transcript of ~3.5 tokens
-    per second), the text from `text_seed` (default `seed`)."""
+    """(prompt, reference codes or None) of `voice_spec`'s request."""
+    spec = voice_spec(model, num_text_tokens, seed, non_streaming, ref_seconds, text_seed)
+    return build_prompt(model.talker, model.config, spec), spec.ref_codes
+
+
+def voice_spec(model: Qwen3TTSModel, num_text_tokens: int = 30, seed: int = 0, non_streaming: bool = False,
+               ref_seconds: float = 0.0, text_seed: int | None = None) -> PromptSpec:
+    """A voice-clone request, English, the voice from `seed` (a random speaker embedding; with `ref_seconds` an
+    in-context voice: random reference frames and a transcript of ~3.5 tokens per second), the text from
+    `text_seed` (default `seed`)."""
     g = torch.Generator().manual_seed(seed)
     config = model.config
     ref_codes = ref_ids = None
@@ -51,10 +58,9 @@ def voice_prompt(model: Qwen3TTSModel, num_text_tokens: int = 30, seed: int = 0,
         ref_codes = torch.randint(0, 2048, (round(ref_seconds / FRAME_SECONDS), 16), generator=g)
         ref_ids = random_prompt_ids(config, max(1, round(3.5 * ref_seconds)), seed=seed + 7919)[:-3]
     text = random_prompt_ids(config, num_text_tokens, seed=seed if text_seed is None else text_seed)
-    spec = PromptSpec(input_ids=text, language="english", non_streaming_mode=non_streaming,
+    return PromptSpec(input_ids=text, language="english", non_streaming_mode=non_streaming,
                       speaker_embedding=torch.randn(config.talker_config.hidden_size, generator=g),
                       ref_ids=ref_ids, ref_codes=ref_codes)
-    return build_prompt(model.talker, config, spec), ref_codes
 
 
 def graph_ms(fn, replays: int) -> float:

@@ -16,8 +16,9 @@ from ..engine import Engine, EngineConfig
 from ..engine.codec_stream import StreamingDecoder
 from ..engine.readback import Readback
 from ..models.speech_tokenizer import SpeechTokenizer
+from ..prompt import build_prompts
 from ..sampling import SamplingParams
-from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model, random_decoder, voice_prompt
+from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model, random_decoder, voice_prompt, voice_spec
 
 
 def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple[int, ...] = (1, 16, 64),
@@ -159,11 +160,12 @@ def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = 
                 marks.append(time.perf_counter())
                 phases[name] = (marks[-1] - marks[-2]) * 1e3
 
-        made = [voice_prompt(model, seed=0, ref_seconds=ref_seconds, text_seed=i + 1) for i in range(batch)]
+        specs = [voice_spec(model, seed=0, ref_seconds=ref_seconds, text_seed=i + 1) for i in range(batch)]
+        prompts = build_prompts(model.talker, model.config, specs)  # together, as the server builds a burst's
         phase("prompt")
         rows = list(range(batch))
-        runner.add_rows(rows, [p for p, _ in made], [SamplingParams(max_new_tokens=20, seed=i) for i in rows])
-        codec.start(rows, [codes for _, codes in made])
+        runner.add_rows(rows, prompts, [SamplingParams(max_new_tokens=20, seed=i) for i in rows])
+        codec.start(rows, [spec.ref_codes for spec in specs])
         phase("prefill")
         readback = Readback(runner, depth=2, pcm=codec.pcm, pcm_stream=codec.pcm_stream)
         runner.step(batch)

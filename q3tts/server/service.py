@@ -90,6 +90,7 @@ class SpeechService:
         # Prompts are built (and stored voices read) on two threads of the service's own, not asyncio's default
         # pool (up to 32 threads): every thread that holds the interpreter delays the engine thread's next frame.
         self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare")
+        self._prompts = _PromptBatcher(lambda requests: self._in_worker(self.tts.prepare_many, requests))
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
@@ -286,21 +287,22 @@ class SpeechService:
 
     async def prepare(self, text: str, s: SpeechSettings, choice: VoiceChoice,
                       seed: int | None = None) -> PreparedSpeech:
-        """Validates the request (text, voice, sampling, length) and builds its prompt, in a worker thread."""
+        """Validates the request (text, voice, sampling, length) in a worker thread and builds its prompt, together
+        with those of the requests that arrive meanwhile."""
         seed = s.seed if seed is None else seed
         try:
-            return await self._in_worker(self._build, text, s, choice, seed)
+            requests = await self._in_worker(self._requests, text, s, choice, seed)
+            return PreparedSpeech(requests, await self._prompts.build(requests))
         except RequestError as e:
             raise api_error(e) from e
 
     async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
-    def _build(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> PreparedSpeech:
-        requests = self.tts.pieces(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
-                                   language=s.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
-                                   runaway_guard=self.config.runaway_guard, **s.sampling())
-        return PreparedSpeech(requests, [self.tts.prepare(r) for r in requests])
+    def _requests(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> list[Request]:
+        return self.tts.pieces(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
+                               language=s.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
+                               runaway_guard=self.config.runaway_guard, **s.sampling())
 
     def submit(self, job: PreparedSpeech, request_id: str) -> RequestStream | PieceStream:
         """Queues a prepared request on the engine (429 when the queue is full); read it with `async for`. A long
@@ -340,3 +342,49 @@ def _audio_source(ref_audio: str) -> str | bytes:
     except (binascii.Error, ValueError) as e:
         raise errors.bad_request("ref_audio must be an http(s) URL, a data: URL or base64-encoded audio",
                                  param="ref_audio") from e
+
+
+class _PromptBatcher:
+    """Builds prompts in batches, on the event loop's side: a request whose prompt is wanted while a batch is being
+    built waits for the next batch, which takes every request that arrived meanwhile (a burst's prompts are built
+    in a few calls of `TTS.prepare_many`, not one by one); a lone request is built at once. A batch that fails is
+    built again request by request, so that one bad request fails alone."""
+
+    MAX_BATCH = 256
+
+    def __init__(self, prepare_many: Callable[[list[Request]], Any]):
+        self._prepare_many = prepare_many  # async: the prompts of a list of requests
+        self._pending: list[tuple[Request, asyncio.Future]] = []
+        self._draining = False
+
+    async def build(self, requests: list[Request]) -> list[Prompt]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in requests]
+        self._pending += zip(requests, futures)
+        if not self._draining:
+            self._draining = True
+            loop.create_task(self._drain())
+        return [await f for f in futures]
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending[:self.MAX_BATCH], self._pending[self.MAX_BATCH:]
+                try:
+                    results = list(zip(batch, await self._prepare_many([r for r, _ in batch])))
+                except Exception:
+                    results = []
+                    for item in batch:
+                        try:
+                            results.append((item, (await self._prepare_many([item[0]]))[0]))
+                        except Exception as e:
+                            results.append((item, e))
+                for (_, future), result in results:
+                    if future.done():  # its caller went away
+                        continue
+                    if isinstance(result, Exception):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+        finally:
+            self._draining = False
