@@ -164,10 +164,13 @@ class ModelRunner:
         s.seeds[idx] = to_device([p.seed for p in params], dev, s.seeds.dtype)
         s.talker_sampler.assign(idx, SamplerTensors.build(params, False, dev))
         s.cp_sampler.assign(idx, SamplerTensors.build(params, True, dev))
-        s.trailing_len[idx] = to_device([len(p.trailing_ids) for p in prompts], dev, s.trailing_len.dtype)
-        for row, p in zip(rows, prompts):
-            if p.trailing_ids:
-                s.trailing_ids[row, : len(p.trailing_ids)] = to_device(p.trailing_ids, dev, torch.int32)
+        text = [len(p.trailing_ids) for p in prompts]
+        s.trailing_len[idx] = to_device(text, dev, s.trailing_len.dtype)
+        if max(text):  # every row's trailing text in one copy (a burst's rows would take one each)
+            trailing = torch.zeros(len(rows), max(text), dtype=torch.int32)
+            for i, p in enumerate(prompts):
+                trailing[i, :text[i]] = torch.tensor(p.trailing_ids, dtype=torch.int32)
+            s.trailing_ids[idx, :max(text)] = to_device(trailing, dev)
 
     def grow(self, row: int, num_positions: int) -> None:
         """Makes `row` hold KV for at least `num_positions` positions (OutOfBlocks if too few blocks are free)."""
