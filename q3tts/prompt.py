@@ -75,7 +75,7 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_row
     text = spec.input_ids[3:-5]
     if spec.ref_codes is not None:
         if text_rows is None:
-            text_rows = tp(ids(spec.ref_ids[3:-2] + text))
+            text_rows = tp(ids(_projected_ids(spec)))
         icl, trailing, tail = _icl_part(talker, tc, text_rows, _reference_frames(talker, spec.ref_codes, weights),
                                         eos, pad, spec.non_streaming_mode)
         parts.append(icl)
@@ -120,6 +120,7 @@ def _projected_ids(spec: PromptSpec) -> list[int]:
     """The text ids whose projection a prompt uses, in order: an in-context voice's transcript then the text."""
     text = spec.input_ids[3:-5]
     return spec.ref_ids[3:-2] + text if spec.ref_codes is not None else text
+
 
 def _voice_head(talker: Talker, config: ModelConfig, spec: PromptSpec, ctrl: list[int], voice: bytes,
                 bos: torch.Tensor, pad: torch.Tensor, weights: tuple) -> torch.Tensor:

@@ -165,6 +165,23 @@ def test_fused_linear(monkeypatch, dtype, M, kind):
     _close(out, ref, dtype)
 
 
+@pytest.mark.parametrize("tiles", sorted(set(kernels.FUSED_LINEAR_TILES.values())))
+def test_fused_linear_with_each_measured_tile(monkeypatch, tiles):
+    """Every tile shape of the measured table computes the same product (K a multiple of the K tile, as in the
+    real layers; N not a multiple of the N tile), SwiGLU and residual forms alike."""
+    monkeypatch.setattr(kernels, "_fused_linear_tiles", lambda *args: tiles)
+    dtype = DTYPES[-1]
+    g = torch.Generator(DEVICE).manual_seed(7)
+    K = 2 * tiles[1]
+    w = (0.1 * torch.randn(2 * 40, K, device=DEVICE, generator=g)).to(dtype)
+    x = torch.randn(3, K, device=DEVICE, generator=g)
+    norm = (1 + 0.1 * torch.randn(K, device=DEVICE, generator=g)).to(dtype)
+    for kwargs, inputs in ((dict(norm=norm, eps=1e-6, swiglu=True), x),
+                           (dict(residual=torch.randn(3, 80, device=DEVICE, generator=g)), x.to(dtype))):
+        out = kernels.fused_linear(inputs, w, **kwargs)
+        _close(out, _twin(monkeypatch, kernels.fused_linear, inputs, w, **kwargs), dtype)
+
+
 def _params() -> list[SamplingParams]:
     rows = [dict(do_sample=False), dict(temperature=0.7, top_k=5), dict(temperature=1.3, top_k=0, top_p=0.8),
             dict(temperature=0.9, top_k=50, top_p=0.95), dict(temperature=1.0, top_k=1),
