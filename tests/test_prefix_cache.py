@@ -105,6 +105,7 @@ def test_a_burst_with_one_reference_decodes_it_once(cache, ref_wav):
                    for t in texts]
         burst = [s.read_all() for s in streams]
         assert len(decoded) == 1  # (in one admission or several: then the second kept it)
+        assert (codec.references_decoded, codec.references_reused) == (1, len(texts) - 1)
         for text, stream, audio in zip(texts, streams, burst):
             one = alone.submit(alone.request(text, language="english", voice=voice, seed=1, **GREEDY))
             one_audio = one.read_all()

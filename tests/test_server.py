@@ -112,6 +112,7 @@ def test_metrics_after_requests(server, client):
     assert samples["q3tts_time_to_first_audio_seconds_count"] >= 1
     assert samples['q3tts_requests_total{method="POST",route="/v1/audio/speech",status="200"}'] >= 1
     assert samples["q3tts_prefix_cache_hits_total"] >= 1 and samples["q3tts_prefix_cache_misses_total"] >= 1
+    assert "q3tts_codec_references_reused_total" in samples and "q3tts_codec_references_decoded_total" in samples
 
 
 def test_request_id_is_set_and_honoured(server):

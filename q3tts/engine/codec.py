@@ -32,6 +32,7 @@ class CodecRunner:
         """codes: the model runner's static [max_rows, 16] buffer of each row's newest frame. cache_bytes: the
         decoder states after in-context voices' references kept for reuse (0: none)."""
         self.references = PrefixCache(cache_bytes) if cache_bytes else None
+        self.references_decoded = self.references_reused = 0  # in-context rows started by decoding / by a copy
         self.codes, self.buckets = codes, buckets
         self.inputs = torch.zeros_like(codes)  # the snapshot the decoder reads
         self.stream = StreamingDecoder(decoder, codes.shape[0])
@@ -64,7 +65,9 @@ class CodecRunner:
                 if kept is not None:
                     for t, value in zip(state, kept):
                         t[row] = value
+                    self.references_reused += 1
                 else:
+                    self.references_decoded += 1
                     last = self.stream.decode_rows([row], ref.T[None])[0, -1:].float()
                     kept = (*(t[row].clone() for t in state), last)
                     if self.references is not None:

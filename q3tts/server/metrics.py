@@ -4,6 +4,8 @@
 - `q3tts_frames_generated_total`, `q3tts_engine_requests_{finished,cancelled}_total`, `q3tts_engine_errors_total`:
   the engine's own counters (read at scrape).
 - `q3tts_prefix_cache_{hits,misses}_total`: prompts whose voice prefix was reused / computed (engine/prefix_cache.py).
+- `q3tts_codec_references_{reused,decoded}_total`: in-context streams whose codec state after the reference was
+  copied (same reference as another stream, now or kept) / decoded (engine/codec.py).
 - `q3tts_time_to_first_audio_seconds`: submission -> first 80 ms frame, per request.
 - `q3tts_real_time_factor`: wall seconds (submission -> end) per second of audio, per finished request; below 1
   is faster than real time.
@@ -77,6 +79,12 @@ class _EngineCollector:
         for name, doc, attr in (("q3tts_prefix_cache_hits", "Prompts whose voice prefix was reused", "hits"),
                                 ("q3tts_prefix_cache_misses", "Prompts whose voice prefix was computed", "misses")):
             yield CounterMetricFamily(name, doc, value=getattr(prefixes, attr) if prefixes else 0)
+        codec = engine.codec if engine else None
+        for name, doc, attr in (("q3tts_codec_references_reused", "In-context streams whose codec state after the "
+                                 "reference was copied", "references_reused"),
+                                ("q3tts_codec_references_decoded", "In-context streams whose reference the codec "
+                                 "decoded", "references_decoded")):
+            yield CounterMetricFamily(name, doc, value=getattr(codec, attr) if codec else 0)
         reasons = CounterMetricFamily("q3tts_requests_ended", "Requests that ran to their end, by finish reason "
                                       "(eos, length, runaway, repetition)", labels=["reason"])
         for reason, count in (m.finish_reasons.items() if m else ()):
