@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from ..layers.attention import FusedLayerWeights, fuse_layer
 from .kernels import (
-    FUSED_LINEAR_MAX_TOKENS,
     add_rmsnorm,
     decode_attention,
     fused_linear,
@@ -23,6 +22,11 @@ from .kernels import (
     qk_norm_rope_store,
     silu_mul,
 )
+
+# Decode steps of up to this many rows take the fused products (`fused`). Measured on an H100 (docs/perf-notes.md,
+# entry 38): at 1 row a talker + code-predictor layer pair costs 65.4 us fused against 68.3 unfused, at 64 rows
+# 140.9 against 79.2 (every program norms all the rows it reads); the crossing, interpolated, near 4 rows.
+FUSED_MAX_ROWS = 4
 
 
 @dataclass
@@ -56,8 +60,8 @@ class FlatDecoder:
         """x: [N, hidden] (any float dtype; the residual stream is fp32) -> normed hidden [N, hidden] in the
         weights' dtype. Writes each token's keys and values at its (row, position). `decode`: every token is the
         only new one of its row, so q/k norm, RoPE, the KV store and attention run as one kernel; `fused` (with
-        decode, up to FUSED_LINEAR_MAX_TOKENS tokens): the matrix products take their neighbours in too."""
-        if decode and fused and x.shape[0] <= FUSED_LINEAR_MAX_TOKENS:
+        decode, up to FUSED_MAX_ROWS tokens): the matrix products take their neighbours in too."""
+        if decode and fused and x.shape[0] <= FUSED_MAX_ROWS:
             return self._fused_decode(x, rows, positions, cache)
         dtype = self.final_norm.dtype
         h, residual = x, None

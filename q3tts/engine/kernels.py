@@ -315,9 +315,6 @@ if triton is not None:
 
 # ---- small-batch matrix products with their neighbours fused in -------------------------------------------
 
-# Up to this many tokens; beyond it cuBLAS plus the separate kernels win (H100, bench/fused_linear.py: at 64
-# tokens the norm prologue, which every program runs over all rows, made the products 2-3x slower).
-FUSED_LINEAR_MAX_TOKENS = 16
 # (BLOCK_M, N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of bench/fused_linear.py's
 # candidates per shape of the 0.6B and 1.7B layers on an H100 (docs/perf-notes.md, entry 38); other shapes take
 # the heuristic in _fused_linear_tiles.
@@ -336,7 +333,8 @@ FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
                  swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T for a few tokens (weight: [N, K], nn.Linear's layout) with what surrounds it in a decoder
-    layer done in the same kernel, in the weights' dtype with fp32 accumulation:
+    layer done in the same kernel, in the weights' dtype with fp32 accumulation (one program reads all the rows:
+    meant for decode steps of a few rows, see decoder.FUSED_MAX_ROWS):
       * norm: x is the fp32 residual stream; it is RMS-normalised (eps, then times `norm`) and cast to the
         weights' dtype first, as add_rmsnorm does;
       * swiglu: weight is gate/up stacked ([2 I, K]); returns silu(gate) * up [M, I], as silu_mul does on the
@@ -353,8 +351,6 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
         return _fused_linear_ref(x, weight, norm, eps, swiglu, residual)
     out = torch.empty(M, N, dtype=torch.float32 if residual is not None else dtype, device=x.device)
     BLOCK_M = max(16, triton.next_power_of_2(M))
-    if BLOCK_M > FUSED_LINEAR_MAX_TOKENS:
-        raise ValueError(f"fused_linear takes at most {FUSED_LINEAR_MAX_TOKENS} tokens, got {M}")
     BLOCK_N, BLOCK_K, warps, stages = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
     _fused_linear_kernel[(triton.cdiv(N, BLOCK_N),)](
         x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,

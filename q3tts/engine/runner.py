@@ -23,9 +23,8 @@ from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import MIN_NEW_TOKENS, SamplerTensors, SamplingParams, suppressed_ids
 from ..transfer import to_device
 from .config import EngineConfig
-from .decoder import FlatDecoder, PagedCache
+from .decoder import FUSED_MAX_ROWS, FlatDecoder, PagedCache
 from .graphs import capture_buckets, replay_or_run, side_stream
-from .kernels import FUSED_LINEAR_MAX_TOKENS
 from .kv_blocks import KVBlocks, OutOfBlocks
 from .prefix_cache import PrefixCache
 from .sampler import TalkerProcessors, sample_tokens
@@ -404,9 +403,9 @@ class ModelRunner:
         hidden = torch.cat(hidden)
         talker_logits = self._head(hidden, talker.codec_head.weight)
         cp_logits = []
-        # One code-predictor cache row per frame, at most FUSED_LINEAR_MAX_TOKENS frames at a time: the batch sizes
-        # whose decode steps take the fused products (fused_decode "all"), which generation mostly runs at.
-        chunk = min(self.config.max_rows, FUSED_LINEAR_MAX_TOKENS)
+        # One code-predictor cache row per frame, at most FUSED_MAX_ROWS frames at a time: the batch sizes whose
+        # decode steps take the fused products (fused_decode "all"), as a single stream's do.
+        chunk = min(self.config.max_rows, FUSED_MAX_ROWS)
         for start in range(0, T, chunk):
             n = min(chunk, T - start)
             x = torch.stack([hidden[start:start + n], embeds[0][start:start + n]], dim=1).view(2 * n, -1)
