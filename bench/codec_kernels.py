@@ -16,6 +16,7 @@ import itertools
 
 import torch
 
+from q3tts.benchmarks.common import graph_ms
 from q3tts.config import CodecDecoderConfig
 from q3tts.engine import codec_kernels
 
@@ -37,23 +38,9 @@ def shapes(config: CodecDecoderConfig, batch: int) -> list[tuple[str, int, int, 
     return out + [("conv_out", batch * steps, 7, 1, dims[-1], 1)]
 
 
-def time_ms(fn, reps: int = 10, replays: int = 4) -> float:
-    """GPU ms per call: `reps` calls captured in one CUDA graph, replayed (a Python launch, ~20-40 us, would
-    otherwise hide any kernel shorter than itself)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (reps * replays)
+def time_ms(fn) -> float:
+    """GPU ms per call: 10 calls captured in one CUDA graph, replayed 4 times."""
+    return graph_ms(fn, replays=4, reps=10)
 
 
 def sweep(batch: int, name: str, R: int, k: int, d: int, c_in: int, c_out: int) -> tuple:

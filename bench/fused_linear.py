@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from q3tts.benchmarks.common import graph_ms
 from q3tts.engine import kernels
 
 CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
@@ -24,22 +25,9 @@ CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
 CONFIGS = Path(__file__).resolve().parents[1] / "q3tts/configs"
 
 
-def time_ms(fn, reps: int = 20, replays: int = 5) -> float:
-    """GPU ms per call, `reps` calls captured in one CUDA graph (as the engine runs them), replayed."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (reps * replays)
+def time_ms(fn) -> float:
+    """GPU ms per call: 20 calls captured in one CUDA graph (as the engine runs them), replayed 5 times."""
+    return graph_ms(fn, replays=5, reps=20)
 
 
 def shapes(size: str) -> list[tuple[str, int, int, str]]:

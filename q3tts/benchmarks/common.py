@@ -63,12 +63,15 @@ def voice_spec(model: Qwen3TTSModel, num_text_tokens: int = 30, seed: int = 0, n
                       ref_ids=ref_ids, ref_codes=ref_codes)
 
 
-def graph_ms(fn, replays: int) -> float:
+def graph_ms(fn, replays: int, reps: int = 1) -> float:
+    """GPU ms per call of `fn`: `reps` calls captured in one CUDA graph, replayed `replays` times (a Python launch,
+    ~20-40 us, would otherwise hide any kernel shorter than itself)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(reps):
+            fn()
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -76,7 +79,7 @@ def graph_ms(fn, replays: int) -> float:
         graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / replays
+    return start.elapsed_time(end) / (replays * reps)
 
 
 def write_results(rows: list, path: Path, command: str, extra_rows: list[dict] | None = None) -> dict:
