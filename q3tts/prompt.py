@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import threading
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
 from .config import ModelConfig
+from .engine.prefix_cache import PrefixCache
 from .engine.sequence import Prompt
 from .models.talker import Talker
 from .transfer import to_device
@@ -156,31 +156,21 @@ HEAD_CACHE_BYTES = 64 * 2**20
 
 
 class _HeadCache:
+    """The engine's least-recently-used cache by bytes (PrefixCache), emptied when the embeddings it was computed
+    from (`weights`) change."""
+
     def __init__(self):
-        self.entries: OrderedDict[bytes, torch.Tensor] = OrderedDict()
-        self.bytes, self.weights = 0, None
+        self.kept, self.weights = PrefixCache(HEAD_CACHE_BYTES), None
 
     def get(self, key: bytes, weights: tuple) -> torch.Tensor | None:
         if weights != self.weights:  # the model's embeddings changed: nothing kept is valid
-            self.entries.clear()
-            self.bytes, self.weights = 0, weights
-        head = self.entries.get(key)
-        if head is not None:
-            self.entries.move_to_end(key)
-        return head
+            self.kept, self.weights = PrefixCache(HEAD_CACHE_BYTES), weights
+        hit = self.kept.get(key)
+        return hit[0] if hit is not None else None
 
     def put(self, key: bytes, head: torch.Tensor, weights: tuple) -> None:
-        size = _nbytes(head)
-        if weights != self.weights or key in self.entries or size > HEAD_CACHE_BYTES:
-            return
-        while self.bytes + size > HEAD_CACHE_BYTES:
-            self.bytes -= _nbytes(self.entries.popitem(last=False)[1])
-        self.entries[key] = head
-        self.bytes += size
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+        if weights == self.weights:
+            self.kept.put(key, head)
 
 
 _HEADS: weakref.WeakKeyDictionary[Talker, _HeadCache] = weakref.WeakKeyDictionary()

@@ -24,11 +24,11 @@ import torch
 class PrefixCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.entries: OrderedDict[str, tuple[torch.Tensor, ...]] = OrderedDict()
+        self.entries: OrderedDict[str | bytes, tuple[torch.Tensor, ...]] = OrderedDict()
         self.bytes = 0
         self.hits = self.misses = 0
 
-    def get(self, key: str) -> tuple[torch.Tensor, ...] | None:
+    def get(self, key: str | bytes) -> tuple[torch.Tensor, ...] | None:
         """The tensors kept for `key` (the talker's: keys and values [layers, positions, kv heads, head dim] of a
         prefix), or None."""
         entry = self.entries.get(key)
@@ -39,7 +39,7 @@ class PrefixCache:
         self.hits += 1
         return entry
 
-    def put(self, key: str, *tensors: torch.Tensor) -> None:
+    def put(self, key: str | bytes, *tensors: torch.Tensor) -> None:
         size = _nbytes(tensors)
         if key in self.entries or size > self.max_bytes:
             return
