@@ -131,14 +131,13 @@ def bench_decode(names: list[str], batches: list[int], n_short: int = 50, n_long
 
 def _decode_rows(model, name: str, prompt, batches: list[int], n_short: int, n_long: int, reps: int,
                  breakdown_batches: tuple[int, ...], fused: str, log) -> list[DecodeRow]:
-    # kv_cache_gb: every row of the largest batch holds its prompt and 257 frames at once (the breakdown's rows):
-    # 8 blocks of 64 positions, ~7.3 MB each at the 0.6B and 1.7B configs, and 1 GiB to spare.
     config = EngineConfig(max_rows=max(batches), max_context=512, block_size=64, max_trailing=64,
-                          buckets=tuple(batches), prefix_cache_gb=0, fused_decode=fused,
-                          kv_cache_gb=max(batches) * 8 * 7.5e6 / 2**30 + 1)
+                          buckets=tuple(batches), prefix_cache_gb=0, fused_decode=fused)
     engine = "q3tts" if fused == EngineConfig.fused_decode else f"q3tts, fused_decode={fused}"
     start = time.perf_counter()
-    runner = ModelRunner(model, config)
+    # Every row of the largest batch holds its prompt and its frames at once (the breakdown's rows: 257).
+    per_row = -(-(prompt.num_positions + max(n_long + 1, 257)) // config.block_size)
+    runner = ModelRunner(model, config, kv_blocks=max(batches) * per_row + 1)
     runner.capture_graphs()
     log(f"{name} ({engine}): {len(runner.graphs)} graphs captured in {time.perf_counter() - start:.1f} s")
     rows = []
