@@ -69,22 +69,20 @@ class _EngineCollector:
                                 value=engine.num_waiting if engine else 0)
         yield GaugeMetricFamily("q3tts_running_streams", "Requests generating now",
                                 value=engine.num_running if engine else 0)
-        for name, doc, attr in (("q3tts_frames_generated", "Codec frames (80 ms each) delivered", "frames"),
-                                ("q3tts_engine_requests_finished", "Requests that ran to the end", "requests_finished"),
-                                ("q3tts_engine_requests_cancelled", "Requests cancelled while running",
-                                 "requests_cancelled"),
-                                ("q3tts_engine_errors", "Engine failures", "errors")):
-            yield CounterMetricFamily(name, doc, value=getattr(m, attr) if m else 0)
         prefixes = engine.runner.prefix_cache if engine else None
-        for name, doc, attr in (("q3tts_prefix_cache_hits", "Prompts whose voice prefix was reused", "hits"),
-                                ("q3tts_prefix_cache_misses", "Prompts whose voice prefix was computed", "misses")):
-            yield CounterMetricFamily(name, doc, value=getattr(prefixes, attr) if prefixes else 0)
         codec = engine.codec if engine else None
-        for name, doc, attr in (("q3tts_codec_references_reused", "In-context streams whose codec state after the "
-                                 "reference was copied", "references_reused"),
-                                ("q3tts_codec_references_decoded", "In-context streams whose reference the codec "
-                                 "decoded", "references_decoded")):
-            yield CounterMetricFamily(name, doc, value=getattr(codec, attr) if codec else 0)
+        for source, name, doc, attr in (
+                (m, "q3tts_frames_generated", "Codec frames (80 ms each) delivered", "frames"),
+                (m, "q3tts_engine_requests_finished", "Requests that ran to the end", "requests_finished"),
+                (m, "q3tts_engine_requests_cancelled", "Requests cancelled while running", "requests_cancelled"),
+                (m, "q3tts_engine_errors", "Engine failures", "errors"),
+                (prefixes, "q3tts_prefix_cache_hits", "Prompts whose voice prefix was reused", "hits"),
+                (prefixes, "q3tts_prefix_cache_misses", "Prompts whose voice prefix was computed", "misses"),
+                (codec, "q3tts_codec_references_reused", "In-context streams whose codec state after the reference "
+                 "was copied", "references_reused"),
+                (codec, "q3tts_codec_references_decoded", "In-context streams whose reference the codec decoded",
+                 "references_decoded")):
+            yield CounterMetricFamily(name, doc, value=getattr(source, attr) if source is not None else 0)
         reasons = CounterMetricFamily("q3tts_requests_ended", "Requests that ran to their end, by finish reason "
                                       "(eos, length, runaway, repetition)", labels=["reason"])
         for reason, count in (m.finish_reasons.items() if m else ()):
