@@ -7,10 +7,11 @@ included, to the first 80 ms of PCM in the consumer) p50/p95/p99, the share of s
 real time (a frame k arriving after first_audio + k x 80 ms), and aggregate audio-seconds per second. The
 engine runs in-process (engine and scheduler only), or, with `--http URL`, requests go to a running
 `q3tts serve` as OpenAI speech requests streamed as raw PCM (the whole serving path: HTTP, validation,
-encoding, the client's own parsing), with a voice uploaded once at the start.
+encoding, the client's own parsing), with a voice uploaded once at the start. `--profile-loop` (in-process)
+adds where the engine thread's time goes per loop iteration (host phases, and the waits for the device).
 
 usage: python bench/serve_load.py --ckpt-root /tmp/peer_ckpt --sizes 1.7B-Base,0.6B-Base --rates 10,20,40
-       [--duration 15] [--max-running 128] [--out results.json]   (GPU machine)
+       [--duration 15] [--max-running 128] [--profile-loop] [--out results.json]   (GPU machine)
        python bench/serve_load.py --http http://127.0.0.1:8000 --rates 10,20,40 [--clients 4] [--out results.json]
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import io
 import json
 import random
@@ -215,6 +217,56 @@ def http_rates(url: str, rates: list[float], duration: float, clients: int = 1, 
     return rows
 
 
+class LoopProfile:
+    """Wall time of the engine loop's phases (its methods wrapped with timers), per loop iteration: host work
+    (settle, admit, prefill launch, codec start, audio hand-out) and the waits for the device (`wait.*`). The
+    engine thread alone calls these, so no locking."""
+
+    def __init__(self, engine) -> None:
+        import q3tts.engine.engine as engine_module
+        from q3tts.engine.readback import Readback
+
+        self.totals: collections.Counter = collections.Counter()
+        self.rows = 0
+        targets = [(engine, name, name) for name in ("_settle", "_grow", "_join", "_start_codec", "_audio")]
+        targets += [(engine.scheduler, "admit", "admit"), (engine.codec, "step", "codec.step"),
+                    (engine_module, "deliver", "deliver"), (engine_module, "post", "post"),
+                    (Readback, "pop", "wait.frame"), (Readback, "pop_pcm", "wait.pcm")]
+        for owner, name, label in targets:
+            setattr(owner, name, self._timed(label, getattr(owner, name)))
+        step = engine.runner.step
+
+        def timed_step(num_rows: int) -> None:
+            self.rows += num_rows
+            self.totals["iterations"] += 1
+            t = time.perf_counter()
+            step(num_rows)
+            self.totals["runner.step"] += time.perf_counter() - t
+
+        engine.runner.step = timed_step
+
+    def _timed(self, label: str, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.totals[label] += time.perf_counter() - t
+        return timed
+
+    def window(self):
+        """Starts a measurement window; the returned function ends it: {phase: ms per iteration, ...}."""
+        start, rows, t0 = self.totals.copy(), self.rows, time.perf_counter()
+
+        def end() -> dict:
+            d = self.totals - start
+            n = max(d.pop("iterations", 0), 1)
+            out = {"iterations": n, "rows_mean": round((self.rows - rows) / n, 1),
+                   "ms_per_iteration": round((time.perf_counter() - t0) * 1e3 / n, 3)}
+            return out | {f"{k}_ms": round(v * 1e3 / n, 3) for k, v in sorted(d.items())}
+        return end
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt-root", type=Path)
@@ -227,6 +279,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--max-running", type=int, default=128)
     parser.add_argument("--overlap-max-rows", type=int, help="the codec runner's overlap_max_rows (default: its own)")
+    parser.add_argument("--profile-loop", action="store_true",
+                        help="in-process: report the engine loop's phases per iteration (host work, device waits)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
@@ -240,8 +294,12 @@ def main() -> None:
         if args.overlap_max_rows is not None:
             engine.codec.overlap_max_rows = args.overlap_max_rows
         asyncio.run(run_rate(tts, 4.0, 2.0, seed=0))  # warm-up
+        profile = LoopProfile(engine) if args.profile_loop else None
         for rate in rates:
+            window = profile.window() if profile else None
             result = asyncio.run(run_rate(tts, rate, args.duration, seed=int(rate)))
+            if window:
+                result["engine_loop"] = window()
             row = {"engine": "q3tts", "benchmark": "serving", "model": name, "gpus": 1, "batch": args.max_running,
                    "ms_per_frame": None, "gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
                    "request_mix": "x-vector clone, English, 6-14 s uniform, EOS off", **result}
