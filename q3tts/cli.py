@@ -94,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--fused-decode", default=None, metavar="SETTINGS",
                         help="comma-separated EngineConfig.fused_decode settings (off, attention, all), rows of each "
                              "per batch in the same run (default: the engine's default)")
+    decode.add_argument("--breakdown", default="1,64", metavar="BATCHES",
+                        help="batch sizes whose frame is also timed by parts in CUDA graphs (default: 1,64)")
     decode.add_argument("--out", type=Path, help="write the results JSON here")
     decode.set_defaults(run=_bench_decode)
 
@@ -377,7 +379,8 @@ def _bench_decode(args) -> int:
     for setting in fused:
         EngineConfig(fused_decode=setting)  # a bad setting is refused before any model loads
     rows = bench_decode(args.sizes.split(","), [int(b) for b in args.batches.split(",")], args.n_short, args.n_long,
-                        args.reps, args.ckpt_root, fused=fused, log=lambda m: print(m, file=sys.stderr, flush=True))
+                        args.reps, args.ckpt_root, tuple(int(b) for b in args.breakdown.split(",")), fused=fused,
+                        log=lambda m: print(m, file=sys.stderr, flush=True))
     peers = [r for path in args.peer_results for r in json.loads(path.read_text())["results"]]
     command = "q3tts " + " ".join(sys.argv[1:])
     doc = write_results(rows, args.out, command, peers) if args.out else {"results": [vars(r) for r in rows]}
