@@ -13,6 +13,8 @@ weights' dtype (bf16 on the GPU) with fp32 accumulation.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -28,6 +30,23 @@ INTERPRET_ON_CPU = False
 
 def use_triton(t: torch.Tensor) -> bool:
     return triton is not None and (t.is_cuda or INTERPRET_ON_CPU)
+
+
+# Programmatic dependent launch (Hopper and newer) for the decode-step kernels (fused_linear, decode_attention):
+# each is launched while its predecessor still runs, asks L2 for its weights, then waits for the predecessor's
+# results (griddepcontrol.wait) before reading anything it produced and before writing anything; it lets its own
+# successor launch once past that wait. So the launch latency and the first weight reads hide behind the previous
+# kernel. Measured in docs/perf-notes.md (entry 42). Off: plain launches.
+PDL = True
+
+
+def use_pdl(t: torch.Tensor) -> bool:
+    return PDL and t.is_cuda and _capability(t.device.index)[0] >= 9
+
+
+@functools.cache
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 # ---- RMSNorm with a fused residual add ---------------------------------------------------------------------
@@ -255,11 +274,12 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     if block_size < 16 or num_heads // num_kv > 16:
         raise ValueError("the attention kernel needs block_size >= 16 and <= 16 query heads per KV head")
     out = torch.empty(N, num_heads * D, dtype=out_dtype, device=qkv.device)
+    pdl = use_pdl(qkv)
     _decode_attention_kernel[(N, num_kv)](
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
-        IEEE=k_cache.dtype == torch.float32, num_warps=4)
+        IEEE=k_cache.dtype == torch.float32, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return out
 
 
@@ -274,9 +294,13 @@ if triton is not None:
     def _decode_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, rows_ptr, pos_ptr, table_ptr, k_ptr, v_ptr,
                                  out_ptr, eps, scale, table_stride, cache_s0, cache_s1, cache_s2,
                                  NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr,
-                                 D: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
+                                 D: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr,
+                                 PDL: tl.constexpr):
         # One program per (token, kv head): its key and value normed, rotated and stored, then its GROUP query
         # heads (padded to 16 rows for the tensor cores) normed, rotated and attended over the row's positions.
+        if PDL:  # (see PDL above) everything below reads the previous kernel's results
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1)
         width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV) * D
@@ -352,11 +376,13 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     out = torch.empty(M, N, dtype=torch.float32 if residual is not None else dtype, device=x.device)
     BLOCK_M = max(16, triton.next_power_of_2(M))
     BLOCK_N, BLOCK_K, warps, stages = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
+    pdl = use_pdl(x)
     _fused_linear_kernel[(triton.cdiv(N, BLOCK_N),)](
         x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,
         M, N, K, eps, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None,
-        IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps,
-        num_stages=stages)
+        IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=pdl,
+        LINE=128 // weight.element_size(), num_warps=warps, num_stages=stages,
+        **({"launch_pdl": True} if pdl else {}))
     return out
 
 
@@ -382,13 +408,30 @@ def _fused_linear_ref(x, weight, norm, eps, swiglu, residual):
 
 if triton is not None:
     @triton.jit
+    def _prefetch_l2(base, count, LINE: tl.constexpr):
+        """Asks L2 for `count` lines of LINE elements (128 bytes) from `base` on; a hint, it does not wait."""
+        for start in range(0, count, 256):
+            line = tl.minimum(start + tl.arange(0, 256), count - 1)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [base + line * LINE],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def _fused_linear_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
                              SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             PDL: tl.constexpr, LINE: tl.constexpr):
         # One program per BLOCK_N output columns, all M tokens (padded to BLOCK_M rows for the tensor cores):
         # the weights are read once, which is what bounds a product of a few tokens.
+        n0 = tl.program_id(0) * BLOCK_N
+        if PDL:  # (see PDL above) the weights, contiguous rows n0.., are nobody's results: fetched before the wait
+            lines = tl.cdiv(tl.minimum(N - n0, BLOCK_N) * K, LINE)
+            _prefetch_l2(w_ptr + n0 * K, lines, LINE)
+            if SWIGLU:
+                _prefetch_l2(w_ptr + (N + n0) * K, lines, LINE)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         m = tl.arange(0, BLOCK_M)
-        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = n0 + tl.arange(0, BLOCK_N)
         k = tl.arange(0, BLOCK_K)
         m_in, n_in = m < M, n < N
         dtype = w_ptr.dtype.element_ty
