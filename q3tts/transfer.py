@@ -22,3 +22,33 @@ def to_device(values, device: torch.device | str, dtype: torch.dtype | None = No
     if device.type != "cuda" or t.device.type != "cpu" or not PINNED:
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def copy_row(tensors: list[torch.Tensor], src: int, dst: int) -> None:
+    """t[dst] = t[src] for every tensor (rows of per-row state), in one multi-tensor launch rather than one each."""
+    torch._foreach_copy_([t[dst] for t in tensors], [t[src] for t in tensors])
+
+
+def zero_rows(tensors: list[torch.Tensor], rows: list[int]) -> None:
+    """t[rows] = 0 for every tensor, in one multi-tensor launch."""
+    torch._foreach_zero_([t[r] for t in tensors for r in rows])
+
+
+def write_rows(targets: list[torch.Tensor], rows: list[int], values: list[torch.Tensor]) -> None:
+    """target[rows] = value for each target (on the device) and its host value ([len(rows), ...]): one transfer
+    per dtype, and for rows that follow each other one multi-tensor copy per dtype, instead of a transfer and a
+    copy each."""
+    contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, target in enumerate(targets):
+        by_dtype.setdefault(target.dtype, []).append(i)
+    for dtype, group in by_dtype.items():
+        host = [values[i].to(dtype).reshape(len(rows), -1) for i in group]
+        flat = to_device(torch.cat([v.reshape(-1) for v in host]), targets[group[0]].device)
+        parts = [part.view(values[i].shape) for i, part in zip(group, flat.split([v.numel() for v in host]))]
+        if contiguous:
+            torch._foreach_copy_([targets[i][rows[0]:rows[0] + len(rows)] for i in group], parts)
+        else:
+            index = to_device(rows, flat.device)
+            for i, part in zip(group, parts):
+                targets[i][index] = part

@@ -21,6 +21,7 @@ from contextlib import nullcontext
 import torch
 
 from ..models.codec_decoder import CodecDecoder
+from ..transfer import copy_row
 from .codec_stream import StreamingDecoder
 from .graphs import capture_buckets, replay_or_run
 from .prefix_cache import PrefixCache
@@ -63,8 +64,7 @@ class CodecRunner:
                 key = hashlib.blake2b(ref.cpu().numpy().tobytes() + str(tuple(ref.shape)).encode()).hexdigest()
                 kept = done.get(key) or (self.references.get(key) if self.references is not None else None)
                 if kept is not None:
-                    for t, value in zip(state, kept):
-                        t[row] = value
+                    torch._foreach_copy_([t[row] for t in state], list(kept[:len(state)]))
                     self.references_reused += 1
                 else:
                     self.references_decoded += 1
@@ -80,8 +80,7 @@ class CodecRunner:
     def move_row(self, src: int, dst: int) -> None:
         """Moves a stream's decoder state (see ModelRunner.move_row), on the codec's stream."""
         with self._on_codec_stream():
-            for t in self.stream.state.tensors():
-                t[dst] = t[src]
+            copy_row(self.stream.state.tensors(), src, dst)
 
     def swap_out(self, row: int) -> list[torch.Tensor]:
         """A copy of the row's decoder state (kept on the device; see ModelRunner.swap_out)."""
@@ -90,8 +89,7 @@ class CodecRunner:
 
     def swap_in(self, row: int, saved: list[torch.Tensor]) -> None:
         with self._on_codec_stream():
-            for t, value in zip(self.stream.state.tensors(), saved):
-                t[row] = value
+            torch._foreach_copy_([t[row] for t in self.stream.state.tensors()], saved)
 
     def _on_codec_stream(self):
         return torch.cuda.stream(self.pcm_stream) if self.pcm_stream is not None else nullcontext()

@@ -45,7 +45,7 @@ from ..models.codec_decoder import (
     DecoderTransformer,
     SnakeBeta,
 )
-from ..transfer import to_device
+from ..transfer import to_device, zero_rows
 from .codec_kernels import (
     attend,
     causal_conv,
@@ -121,9 +121,7 @@ class StreamingDecoder:
 
     def reset(self, rows: list[int] | torch.Tensor) -> None:
         """Starts fresh streams in `rows` (zeros are exactly the whole-sequence decode's left padding)."""
-        rows = to_device(rows, self.device)
-        for t in self.state.tensors():
-            t[rows] = 0
+        zero_rows(self.state.tensors(), rows.tolist() if isinstance(rows, torch.Tensor) else rows)
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, clamp: bool = True) -> torch.Tensor:

@@ -362,10 +362,13 @@ class Engine:
     def _grow(self) -> None:
         """Gives every running row the KV blocks of its next frame, oldest request first; when none are free,
         the newest running request is preempted (swapped out) until they are. Call with the lock."""
-        block_size, held = self.config.block_size, self.runner.kv.rows
-        needy = [seq for row, seq in enumerate(self.rows)
-                 if len(held[row]) * block_size < min(seq.num_positions + 1, seq.payload.max_positions)]
-        for seq in sorted(needy, key=lambda s: s.order):
+        kv = self.runner.kv
+        wanted = [min(seq.num_positions + 1, seq.payload.max_positions) for seq in self.rows]
+        needy = [row for row, n in enumerate(wanted) if len(kv.rows[row]) * kv.block_size < n]
+        if sum(kv.missing(row, wanted[row]) for row in needy) <= kv.num_free:  # (the usual case: one write)
+            self.runner.grow_rows(needy, [wanted[row] for row in needy])
+            return
+        for seq in sorted((self.rows[row] for row in needy), key=lambda s: s.order):
             while seq.request_id in self.scheduler.running:
                 try:
                     self.runner.grow(self.rows.index(seq), min(seq.num_positions + 1, seq.payload.max_positions))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import MIN_NEW_TOKENS, SamplerTensors, SamplingParams, suppressed_ids
-from ..transfer import to_device
+from ..transfer import copy_row, to_device, write_rows, zero_rows
 from .config import EngineConfig
 from .decoder import FUSED_MAX_ROWS, FlatDecoder, PagedCache
 from .graphs import capture_buckets, replay_or_run, side_stream
@@ -143,8 +143,7 @@ class ModelRunner:
         need = sum(self.kv.blocks_for(n + 1) for n in lengths)
         if need > self.kv.num_free:
             raise OutOfBlocks(f"{need} KV blocks needed for the prompts, {self.kv.num_free} free")
-        for row, n in zip(rows, lengths):
-            self.grow(row, n + 1)
+        self.grow_rows(rows, [n + 1 for n in lengths])
         starts, store = self._reuse_prefixes(rows, prompts)
         idx = to_device(rows, dev)
         x = torch.cat([p.embeds[start:] for p, start in zip(prompts, starts)])
@@ -153,29 +152,38 @@ class ModelRunner:
             self.prefix_cache.put(prompt.prefix_key, *self._read_kv(row, prompt.prefix_len))
         last = to_device((torch.tensor(lengths) - torch.tensor(starts)).cumsum(0) - 1, dev)
         s.hidden[idx] = hidden[last]
-        s.positions[idx] = to_device(lengths, dev, torch.int32)
-        s.steps[idx] = 0
-        s.done[idx] = False
-        s.emitted[idx] = False
         s.seen[idx] = False
-        s.max_new[idx] = to_device([p.max_new_tokens for p in params], dev, s.max_new.dtype)
-        s.penalty[idx] = to_device([p.repetition_penalty for p in params], dev, torch.float32)
-        s.seeds[idx] = to_device([p.seed for p in params], dev, s.seeds.dtype)
-        s.talker_sampler.assign(idx, SamplerTensors.build(params, False, dev))
-        s.cp_sampler.assign(idx, SamplerTensors.build(params, True, dev))
         text = [len(p.trailing_ids) for p in prompts]
-        s.trailing_len[idx] = to_device(text, dev, s.trailing_len.dtype)
+        n = len(rows)
+        talker, cp = (SamplerTensors.build(params, subtalker, "cpu").tensors() for subtalker in (False, True))
+        write_rows([s.positions, s.steps, s.done, s.emitted, s.max_new, s.penalty, s.seeds, s.trailing_len,
+                    *s.talker_sampler.tensors(), *s.cp_sampler.tensors()], rows,
+                   [torch.tensor(lengths), torch.zeros(n), torch.zeros(n), torch.zeros(n),
+                    torch.tensor([p.max_new_tokens for p in params]),
+                    torch.tensor([p.repetition_penalty for p in params]), torch.tensor([p.seed for p in params]),
+                    torch.tensor(text), *talker, *cp])
         if max(text):  # every row's trailing text in one copy (a burst's rows would take one each)
-            trailing = torch.zeros(len(rows), max(text), dtype=torch.int32)
+            trailing = torch.zeros(n, max(text), dtype=torch.int32)
             for i, p in enumerate(prompts):
                 trailing[i, :text[i]] = torch.tensor(p.trailing_ids, dtype=torch.int32)
             s.trailing_ids[idx, :max(text)] = to_device(trailing, dev)
 
     def grow(self, row: int, num_positions: int) -> None:
         """Makes `row` hold KV for at least `num_positions` positions (OutOfBlocks if too few blocks are free)."""
-        start, new = self.kv.grow(row, num_positions)
-        if new:
-            self.cache.block_table[row, start:start + len(new)] = to_device(new, self.device, torch.int32)
+        self.grow_rows([row], [num_positions])
+
+    def grow_rows(self, rows: list[int], num_positions: list[int]) -> None:
+        """`grow` for each row, with one write of the block table; on OutOfBlocks the rows before the one that
+        failed keep their new blocks."""
+        cells: list[tuple[int, int, int]] = []  # (row, index in its table, block)
+        try:
+            for row, n in zip(rows, num_positions):
+                start, new = self.kv.grow(row, n)
+                cells += [(row, start + i, block) for i, block in enumerate(new)]
+        finally:
+            if cells:
+                r, c, b = to_device(torch.tensor(cells, dtype=torch.int32).T, self.device)
+                self.cache.block_table[r, c] = b
 
     def prefill_tokens(self, prompt: Prompt) -> int:
         """The positions `add_rows` would prefill for `prompt` now (its cached prefix, if any, is copied)."""
@@ -249,21 +257,22 @@ class ModelRunner:
         """Frees the rows' KV blocks; the rows become padding (finished, scratch block)."""
         for row in rows:
             self.kv.release(row)
-        idx = to_device(rows, self.device)
-        self.cache.block_table[idx] = 0
-        self.state.done[idx] = True
-        self.state.positions[idx] = 0
+        self._make_padding(rows)
+
+    def _make_padding(self, rows: list[int]) -> None:
+        """Rows that hold no request: finished, pointing at the scratch block."""
+        zero_rows([self.cache.block_table, self.state.positions], rows)
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            self.state.done[rows[0]:rows[0] + len(rows)] = True
+        else:
+            self.state.done[to_device(rows, self.device)] = True
 
     def move_row(self, src: int, dst: int) -> None:
         """Moves the sequence in row `src` to the free row `dst` (between frames, device copies only), so the
         running rows stay 0..B-1; `src` becomes a padding row."""
-        for t in self.state.tensors():
-            t[dst] = t[src]
-        self.cache.block_table[dst] = self.cache.block_table[src]
+        copy_row([*self.state.tensors(), self.cache.block_table], src, dst)
         self.kv.move(src, dst)
-        self.cache.block_table[src] = 0
-        self.state.done[src] = True
-        self.state.positions[src] = 0
+        self._make_padding([src])
 
     def swap_out(self, row: int) -> SwappedRow:
         """Copies the row's state and KV blocks off the device's rows and cache and frees them (the row becomes
@@ -282,8 +291,7 @@ class ModelRunner:
         blocks = to_device(self.kv.rows[row], self.device)
         self.cache.k[:, blocks] = to_device(swapped.k, self.device)
         self.cache.v[:, blocks] = to_device(swapped.v, self.device)
-        for t, saved in zip(self.state.tensors(), swapped.state):
-            t[row] = saved
+        torch._foreach_copy_([t[row] for t in self.state.tensors()], swapped.state)
 
     # ---- the frame -------------------------------------------------------------------------------------------
 
