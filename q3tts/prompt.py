@@ -54,9 +54,10 @@ def prompt_length(config: ModelConfig, spec: PromptSpec) -> int:
 
 @torch.no_grad()
 def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_rows: torch.Tensor | None = None,
-                 weights: tuple | None = None) -> Prompt:
+                 weights: tuple | None = None, first: torch.Tensor | None = None) -> Prompt:
     """`text_rows`: the text projection of `_projected_ids(spec)` if already computed (`build_prompts`);
-    `weights`: `_weights(talker)` if already known."""
+    `weights`: `_weights(talker)` if already known; `first`: in streaming mode without a reference, the first
+    text position (text_rows[:1] + codec_bos) if already computed."""
     tc = config.talker_config
     device = talker.codec_head.weight.device
     ids = lambda values: to_device(values, device, torch.long)  # no device sync per request
@@ -70,7 +71,6 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_row
             else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
     voice = _voice_digest(spec, ctrl)
     head = _voice_head(talker, config, spec, ctrl, voice, bos, pad, weights)
-    codec_bos = _fixed(talker, weights, "codec", (tc.codec_bos_id,))  # the codec prefix's last row: first text
     parts = [head]
     text = spec.input_ids[3:-5]
     if spec.ref_codes is not None:
@@ -79,6 +79,7 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_row
         icl, trailing, tail = _icl_part(talker, tc, text_rows, _reference_frames(talker, spec.ref_codes, weights),
                                         eos, pad, spec.non_streaming_mode)
         parts.append(icl)
+        trailing_parts = (trailing,)
         # Streaming ICL trails whatever text did not fit beside the reference frames.
         icl_text = spec.ref_ids[3:-2] + text + [config.tts_eos_token_id]
         trailing_ids = icl_text[tail:] if tail is not None else []
@@ -86,34 +87,44 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_row
         projected = tp(ids(text)) if text_rows is None else text_rows
         parts.append(torch.cat([projected, eos[None]]) + ec(ids([tc.codec_pad_id] * (len(text) + 1))))
         parts.append(pad[None] + ec(ids([tc.codec_bos_id])))
-        trailing, trailing_ids = pad[None], []
+        trailing_parts, trailing_ids = (pad[None],), []
     else:  # (the official code projects the first text token and the rest in two calls)
-        first = tp(ids(text[:1])) if text_rows is None else text_rows[:1]
-        parts.append(first + codec_bos)
-        trailing = torch.cat([tp(ids(text[1:])) if text_rows is None else text_rows[1:], eos[None]])
+        if first is None:
+            codec_bos = _fixed(talker, weights, "codec", (tc.codec_bos_id,))  # the codec prefix's last row
+            first = (tp(ids(text[:1])) if text_rows is None else text_rows[:1]) + codec_bos
+        parts.append(first)
+        trailing_parts = (tp(ids(text[1:])) if text_rows is None else text_rows[1:], eos[None])
         trailing_ids = text[1:] + [config.tts_eos_token_id]
-    embeds = torch.cat(parts)
-    prefix_len, prefix_key = prefix_of(spec, voice, head.shape[0], embeds.shape[0])
-    return Prompt(embeds=embeds, trailing=trailing, pad=pad, trailing_ids=trailing_ids, prefix_len=prefix_len,
-                  prefix_key=prefix_key)
+    num_positions = sum(part.shape[0] for part in parts)
+    prefix_len, prefix_key = prefix_of(spec, voice, head.shape[0], num_positions)
+    return Prompt(parts=tuple(parts), trailing_parts=trailing_parts, pad=pad, trailing_ids=trailing_ids,
+                  prefix_len=prefix_len, prefix_key=prefix_key)
 
 
 @torch.no_grad()
 def build_prompts(talker: Talker, config: ModelConfig, specs: list[PromptSpec]) -> list[Prompt]:
     """`build_prompt` for many requests at once (a burst). In half precision the text of all of them is projected
-    in one call instead of one or two per request, which takes most of the small launches out of a prompt; the
-    projected rows then differ from per-request calls in the last bits, as any two batch sizes of the same
-    matrix product may. In fp32 every prompt is built exactly as `build_prompt` alone builds it (the official
-    implementation's per-request calls, bit for bit)."""
+    in one call instead of one or two per request, and the first text positions of the streaming ones get their
+    codec_bos in one addition, which takes most of the small launches out of a prompt; the projected rows then
+    differ from per-request calls in the last bits, as any two batch sizes of the same matrix product may. In
+    fp32 every prompt is built exactly as `build_prompt` alone builds it (the official implementation's
+    per-request calls, bit for bit)."""
     weights = _weights(talker)
     if len(specs) < 2 or talker.codec_head.weight.dtype == torch.float32:
         return [build_prompt(talker, config, spec, weights=weights) for spec in specs]
+    device = talker.codec_head.weight.device
     lists = [_projected_ids(spec) for spec in specs]
     flat = [i for ids in lists for i in ids]
-    rows = talker.embed_text(to_device(flat, talker.codec_head.weight.device, torch.long))
+    rows = talker.embed_text(to_device(flat, device, torch.long))
     ends = torch.tensor([len(ids) for ids in lists]).cumsum(0).tolist()
-    return [build_prompt(talker, config, spec, rows[end - len(ids):end], weights)
-            for spec, ids, end in zip(specs, lists, ends)]
+    streaming = [i for i, spec in enumerate(specs) if spec.ref_codes is None and not spec.non_streaming_mode]
+    firsts = {}
+    if streaming:
+        codec_bos = _fixed(talker, weights, "codec", (config.talker_config.codec_bos_id,))
+        at = to_device([ends[i] - len(lists[i]) for i in streaming], device, torch.long)
+        firsts = dict(zip(streaming, (rows[at] + codec_bos).split(1)))
+    return [build_prompt(talker, config, spec, rows[end - len(ids):end], weights, firsts.get(i))
+            for i, (spec, ids, end) in enumerate(zip(specs, lists, ends))]
 
 
 def _projected_ids(spec: PromptSpec) -> list[int]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Every 32 rows above 64: a batch runs the next bucket up, and at 100-256 rows a frame's cost grows with its rows.
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 DEFAULT_KV_CACHE_GB = 2.0  # 1.7B or 0.6B at bf16: ~18,700 positions (~64 requests of 20 s with their prompts)
 # Small models' default cache stops at max(this many positions per row, one full context): megabytes, not 2 GB.
 DEFAULT_POSITIONS_PER_ROW = 1024
@@ -34,7 +35,7 @@ class EngineConfig:
     block_size: int = 64
     max_trailing: int = 4100  # trailing text ids per row (a request's text is at most 4,096 tokens)
     buckets: tuple[int, ...] = DEFAULT_BUCKETS  # batch sizes captured as CUDA graphs (those <= max_rows)
-    # Prefill token counts captured as graphs; None: 32 to 512, and 1024 / 2048 for engines of at least 32 / 64
+    # Prefill token counts captured as graphs; None: 32 to 512, up to 1024 / 2048 for engines of at least 32 / 64
     # rows (a burst of that many requests' prompts, at 10 to 40 positions each).
     prefill_buckets: tuple[int, ...] | None = None
     use_graphs: bool = True  # on CUDA; False runs every step eagerly
@@ -79,9 +80,9 @@ class EngineConfig:
         self.buckets = tuple(sorted(b for b in self.buckets if b <= self.max_rows))
         if not self.buckets or self.buckets[-1] != self.max_rows:
             self.buckets = (*self.buckets, self.max_rows)
-        if self.prefill_buckets is None:
-            self.prefill_buckets = (32, 64, 128, 256, 512) + (1024,) * (self.max_rows >= 32) + (2048,) * (
-                self.max_rows >= 64)
+        if self.prefill_buckets is None:  # (steps of at most 1.5x: a prefill pads at most a third)
+            self.prefill_buckets = (32, 64, 96, 128, 192, 256, 384, 512) + (768, 1024) * (self.max_rows >= 32) + (
+                1536, 2048) * (self.max_rows >= 64)
         if any(b < 1 for b in self.prefill_buckets):
             raise ValueError(f"prefill_buckets must be positive token counts, got {self.prefill_buckets}")
         self.prefill_buckets = tuple(sorted(self.prefill_buckets))  # () captures none: every prefill runs eagerly

@@ -24,9 +24,9 @@ from .kernels import (
 )
 
 # Decode steps of up to this many rows take the fused products (`fused`). Measured on an H100 (docs/perf-notes.md,
-# entry 38): at 1 row a talker + code-predictor layer pair costs 65.4 us fused against 68.3 unfused, at 64 rows
-# 140.9 against 79.2 (every program norms all the rows it reads); the crossing, interpolated, near 4 rows.
-FUSED_MAX_ROWS = 4
+# entries 38 and 42): the whole 1.7B frame at 1 row 4.79 ms fused against 5.05 unfused; at 2, 4 and 8 rows
+# 0.03-0.06 ms slower fused; at 64, 1.8x slower per product (every program norms all the rows it reads).
+FUSED_MAX_ROWS = 1
 
 
 @dataclass

@@ -2,14 +2,14 @@
 
 Every entry point submits here (the drop-in official methods, `TTS.synthesize`, `stream`, the server). A
 background thread runs the frame loop; at every frame boundary it:
-  1. settles the frame just finished: rows that ended leave (the last row moves into the hole, so the running
-     rows stay 0..B-1), cancelled and dropped requests too;
-  2. brings back preempted requests and admits waiting ones, as the scheduler decides (batched prefill);
-  3. gives each row the KV block it needs for the next frame, preempting the newest request when the cache is
+  1. gives each row the KV block it needs for the next frame, preempting the newest request when the cache is
      full (its row is swapped to host memory and comes back later exactly where it stopped);
-  4. launches the next frame (the captured LM frame and codec step) and hands the finished frame's 80 ms of PCM
-     to each request while the new one runs (a stream far enough ahead of real time gets its frames in groups:
-     stream.py).
+  2. launches the next frame (the captured LM frame and codec step);
+  3. while that frame runs: settles the frame just finished (rows that ended leave, the last row moving into
+     the hole so the running rows stay 0..B-1; cancelled and dropped requests too), brings back preempted
+     requests and admits waiting ones as the scheduler decides (batched prefill, queued behind the frame), and
+     hands the finished frame's 80 ms of PCM to each request (a stream far enough ahead of real time gets its
+     frames in groups: stream.py).
 Each request's output depends only on its own prompt, parameters and seed, never on what else is in the batch.
 """
 
@@ -285,11 +285,12 @@ class Engine:
                 self._end(seq, "error", error)
 
     def _loop(self) -> None:
-        # Each iteration: settle frame n (its codes and flags, read back last time: rows that ended leave), grow,
-        # admit, launch frame n + 1, hand out frame n's audio once its decode is done (the decode runs beside frame
-        # n + 1's language model, on the codec's stream), then wait for frame n + 1's codes. Waiting for the frame
-        # just launched (rather than keeping the next one queued behind it) lets a request that arrived during
-        # frame n join frame n + 1.
+        # Each iteration: grow, launch frame n + 1 for the rows as they are, then, while it runs, settle frame n
+        # (its codes and flags, read back last time: rows that ended leave, having run frame n + 1 as padding),
+        # admit (their prefill queues behind frame n + 1: they join frame n + 2), hand out frame n's audio once
+        # its decode is done (the decode runs beside frame n + 1's language model, on the codec's stream), then
+        # wait for frame n + 1's codes. The host's bookkeeping thus overlaps the device's frame instead of
+        # following it. An idle engine admits first and launches at once.
         readback = Readback(self.runner, depth=2, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
         last: tuple[FrameOut, list[Sequence]] | None = None
         while True:
@@ -300,27 +301,20 @@ class Engine:
                     self._cv.wait()
                 if self._stopping:
                     return
+                if self.rows:
+                    self._grow()
+            row_map = self._launch(readback) if self.rows else None
+            with self._cv:
                 if last is not None:
                     audio = self._settle(*last, outbox)
                 self._drop_abandoned()
                 for seq in [s for s in self.rows if s.cancelled]:
                     self.metrics.requests_cancelled += 1
                     self._leave(seq, "cancelled", outbox)
-                self._grow()
                 start = len(self.rows)
                 resumed, admitted = self.scheduler.admit(time.perf_counter())
                 self._join(resumed, admitted)
-            row_map = None
-            if self.rows:
-                B = len(self.rows)
-                self.runner.step(B)
                 self._start_codec(start, resumed, admitted)
-                self.codec.step(B)
-                readback.push(B)
-                self.metrics.max_batch = max(self.metrics.max_batch, B)
-                for seq in self.rows:
-                    seq.num_positions = min(seq.num_positions + 1, seq.payload.max_positions)
-                row_map = list(self.rows)
             if last is not None:
                 outbox[:0] = self._audio(readback.pop_pcm().numpy(), audio)  # a stream's audio before its end
             outbox = deliver(outbox, time.perf_counter(), self.config.stream_hold_s, self._preempted)
@@ -328,6 +322,17 @@ class Engine:
             for channel in post(outbox):  # their event loop is closed: nobody reads them
                 self._dropped.append(channel.request_id)
             last = (readback.pop(wait_pcm=False), row_map) if row_map is not None else None
+
+    def _launch(self, readback: Readback) -> list[Sequence]:
+        """Launches the next frame of rows 0..B-1 and its decode; returns the rows' sequences in that frame."""
+        B = len(self.rows)
+        self.runner.step(B)
+        self.codec.step(B)
+        readback.push(B)
+        self.metrics.max_batch = max(self.metrics.max_batch, B)
+        for seq in self.rows:
+            seq.num_positions = min(seq.num_positions + 1, seq.payload.max_positions)
+        return list(self.rows)
 
     def _join(self, resumed: list[Sequence], admitted: list[Sequence]) -> None:
         """Brings preempted requests back into the next free rows, then prefills the admitted ones after them
@@ -347,8 +352,8 @@ class Engine:
             self.rows.extend(admitted)
 
     def _start_codec(self, start: int, resumed: list[Sequence], admitted: list[Sequence]) -> None:
-        """Codec state of the rows that joined at `start..` (host work while the frame runs; the codec's stream
-        orders it before the decode)."""
+        """Codec state of the rows that joined at `start..` (on the codec's stream: after the decode in flight,
+        before their first)."""
         for row, seq in enumerate(resumed, start):
             self.codec.swap_in(row, seq.payload.swapped[1])
             seq.payload.swapped = None

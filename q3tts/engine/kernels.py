@@ -33,15 +33,15 @@ def use_triton(t: torch.Tensor) -> bool:
 
 
 # Programmatic dependent launch (Hopper and newer) for the decode-step kernels (fused_linear, decode_attention):
-# each is launched while its predecessor still runs, asks L2 for its weights, then waits for the predecessor's
-# results (griddepcontrol.wait) before reading anything it produced and before writing anything; it lets its own
-# successor launch once past that wait. So the launch latency and the first weight reads hide behind the previous
-# kernel. Measured in docs/perf-notes.md (entry 42). Off: plain launches.
-PDL = True
+# each is launched while its predecessor still runs and waits for the predecessor's results (griddepcontrol.wait)
+# before reading anything it produced and before writing anything; it lets its own successor launch once past
+# that wait, so the launch latency hides behind the previous kernel. "prefetch": fused_linear also asks L2 for
+# its weights before the wait. Measured in docs/perf-notes.md (entry 42); "off": plain launches.
+PDL = "off"
 
 
 def use_pdl(t: torch.Tensor) -> bool:
-    return PDL and t.is_cuda and _capability(t.device.index)[0] >= 9
+    return PDL != "off" and t.is_cuda and _capability(t.device.index)[0] >= 9
 
 
 @functools.cache
@@ -381,7 +381,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
         x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,
         M, N, K, eps, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None,
         IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=pdl,
-        LINE=128 // weight.element_size(), num_warps=warps, num_stages=stages,
+        PREFETCH=pdl and PDL == "prefetch", LINE=128 // weight.element_size(), num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if pdl else {}))
     return out
 
@@ -419,15 +419,16 @@ if triton is not None:
     def _fused_linear_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
                              SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             PDL: tl.constexpr, LINE: tl.constexpr):
+                             PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr):
         # One program per BLOCK_N output columns, all M tokens (padded to BLOCK_M rows for the tensor cores):
         # the weights are read once, which is what bounds a product of a few tokens.
         n0 = tl.program_id(0) * BLOCK_N
-        if PDL:  # (see PDL above) the weights, contiguous rows n0.., are nobody's results: fetched before the wait
+        if PREFETCH:  # the weights, contiguous rows n0.., are nobody's results: asked for before the wait
             lines = tl.cdiv(tl.minimum(N - n0, BLOCK_N) * K, LINE)
             _prefetch_l2(w_ptr + n0 * K, lines, LINE)
             if SWIGLU:
                 _prefetch_l2(w_ptr + (N + n0) * K, lines, LINE)
+        if PDL:  # (see PDL above)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         m = tl.arange(0, BLOCK_M)

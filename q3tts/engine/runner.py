@@ -146,8 +146,8 @@ class ModelRunner:
         self.grow_rows(rows, [n + 1 for n in lengths])
         starts, store = self._reuse_prefixes(rows, prompts)
         idx = to_device(rows, dev)
-        x = torch.cat([p.embeds[start:] for p, start in zip(prompts, starts)])
-        hidden = self._prefill_tokens(rows, starts, lengths, to_device(x, dev))
+        pieces = [piece.to(dev) for p, start in zip(prompts, starts) for piece in p.embeds_from(start)]
+        hidden = self._prefill_tokens(rows, starts, lengths, pieces)
         for row, prompt in store:  # computed just now: kept for the next request with this voice
             self.prefix_cache.put(prompt.prefix_key, *self._read_kv(row, prompt.prefix_len))
         last = to_device((torch.tensor(lengths) - torch.tensor(starts)).cumsum(0) - 1, dev)
@@ -227,21 +227,21 @@ class ModelRunner:
         blocks, offsets = self._kv_slots([(row, num_positions)])
         return self.cache.k[:, blocks, offsets], self.cache.v[:, blocks, offsets]  # (copies)
 
-    def _prefill_tokens(self, rows: list[int], starts: list[int], lengths: list[int], x: torch.Tensor
+    def _prefill_tokens(self, rows: list[int], starts: list[int], lengths: list[int], pieces: list[torch.Tensor]
                         ) -> torch.Tensor:
         """Runs the prompts' tokens (rows[i] gets positions starts[i]..lengths[i]-1, those before already in its
-        KV) through the talker and returns their normed hidden states [N, H]. Up to the largest prefill bucket
-        the tokens are padded to a bucket (padding tokens go to the scratch row) and the captured graph runs;
-        beyond it, eagerly."""
-        N, dev = x.shape[0], self.device
+        KV; their embeddings: `pieces`, joined in order) through the talker and returns their normed hidden states
+        [N, H]. Up to the largest prefill bucket the tokens are padded to a bucket (padding tokens go to the
+        scratch row) and the captured graph runs; beyond it, eagerly."""
+        N, dev = sum(piece.shape[0] for piece in pieces), self.device
         counts = torch.tensor(lengths) - torch.tensor(starts)
         flat_rows = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int32), counts)
         flat_pos = torch.cat([torch.arange(a, n, dtype=torch.int32) for a, n in zip(starts, lengths)])
         bucket = next((b for b in self.config.prefill_buckets if b >= N), None)
         if bucket is None:
-            return self.talker(x, to_device(flat_rows, dev), to_device(flat_pos, dev), self.cache)
+            return self.talker(torch.cat(pieces), to_device(flat_rows, dev), to_device(flat_pos, dev), self.cache)
         pad = bucket - N
-        self.prefill_x[:N].copy_(x)
+        torch.cat([piece.to(self.prefill_x.dtype) for piece in pieces], out=self.prefill_x[:N])
         padded_rows = torch.cat([flat_rows, torch.full((pad,), self.config.max_rows, dtype=torch.int32)])
         padded_positions = torch.cat([flat_pos, torch.zeros(pad, dtype=torch.int32)])
         self.prefill_rows[:bucket].copy_(to_device(padded_rows, dev))
