@@ -21,7 +21,13 @@ def to_device(values, device: torch.device | str, dtype: torch.dtype | None = No
     device = torch.device(device)
     if device.type != "cuda" or t.device.type != "cpu" or not PINNED:
         return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
+    # (contiguous first: a strided host tensor would be copied through pageable memory, which synchronizes)
+    return t.contiguous().pin_memory().to(device, non_blocking=True)
+
+
+def row_slice(rows: list[int]) -> slice | None:
+    """rows as a slice when they follow each other (one view per tensor instead of one per row), else None."""
+    return slice(rows[0], rows[0] + len(rows)) if rows == list(range(rows[0], rows[0] + len(rows))) else None
 
 
 def copy_row(tensors: list[torch.Tensor], src: int, dst: int) -> None:
@@ -30,15 +36,16 @@ def copy_row(tensors: list[torch.Tensor], src: int, dst: int) -> None:
 
 
 def zero_rows(tensors: list[torch.Tensor], rows: list[int]) -> None:
-    """t[rows] = 0 for every tensor, in one multi-tensor launch."""
-    torch._foreach_zero_([t[r] for t in tensors for r in rows])
+    """t[rows] = 0 for every tensor, in one multi-tensor launch (rows that follow each other as one slice)."""
+    run = row_slice(rows)
+    torch._foreach_zero_([t[run] for t in tensors] if run else [t[r] for t in tensors for r in rows])
 
 
 def write_rows(targets: list[torch.Tensor], rows: list[int], values: list[torch.Tensor]) -> None:
     """target[rows] = value for each target (on the device) and its host value ([len(rows), ...]): one transfer
     per dtype, and for rows that follow each other one multi-tensor copy per dtype, instead of a transfer and a
     copy each."""
-    contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+    run = row_slice(rows)
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, target in enumerate(targets):
         by_dtype.setdefault(target.dtype, []).append(i)
@@ -46,8 +53,8 @@ def write_rows(targets: list[torch.Tensor], rows: list[int], values: list[torch.
         host = [values[i].to(dtype).reshape(len(rows), -1) for i in group]
         flat = to_device(torch.cat([v.reshape(-1) for v in host]), targets[group[0]].device)
         parts = [part.view(values[i].shape) for i, part in zip(group, flat.split([v.numel() for v in host]))]
-        if contiguous:
-            torch._foreach_copy_([targets[i][rows[0]:rows[0] + len(rows)] for i in group], parts)
+        if run:
+            torch._foreach_copy_([targets[i][run] for i in group], parts)
         else:
             index = to_device(rows, flat.device)
             for i, part in zip(group, parts):

@@ -109,7 +109,7 @@ def test_engine_teacher_forcing_matches_reference(tts):
 def test_engine_config_prefill_buckets():
     assert EngineConfig(prefill_buckets=(128, 32)).prefill_buckets == (32, 128)
     assert EngineConfig(max_rows=8).prefill_buckets == (32, 64, 96, 128, 192, 256, 384, 512)
-    assert EngineConfig(max_rows=64).prefill_buckets[-2:] == (1024, 2048)
+    assert EngineConfig(max_rows=64).prefill_buckets[-4:] == (768, 1024, 1536, 2048)
     with pytest.raises(ValueError, match="prefill_buckets"):
         EngineConfig(prefill_buckets=(0, 64))
 

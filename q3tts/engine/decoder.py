@@ -85,10 +85,10 @@ class FlatDecoder:
         dtype = self.final_norm.dtype
         residual = x.float()
         for i, w in enumerate(self.layers):
-            qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps)
+            qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps, pdl=True)
             attended = decode_attention(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
-                                        cache.block_table, cache.k[i], cache.v[i], self.num_heads, dtype)
-            residual = fused_linear(attended, w.o, residual=residual)
-            act = fused_linear(residual, w.gate_up, norm=w.post_norm, eps=self.eps, swiglu=True)
-            residual = fused_linear(act, w.down, residual=residual)
+                                        cache.block_table, cache.k[i], cache.v[i], self.num_heads, dtype, pdl=True)
+            residual = fused_linear(attended, w.o, residual=residual, pdl=True)
+            act = fused_linear(residual, w.gate_up, norm=w.post_norm, eps=self.eps, swiglu=True, pdl=True)
+            residual = fused_linear(act, w.down, residual=residual, pdl=True)
         return add_rmsnorm(residual, None, self.final_norm, self.eps, dtype)[0]

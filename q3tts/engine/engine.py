@@ -415,7 +415,7 @@ class Engine:
     @staticmethod
     def _record(payload: _Payload, codes: np.ndarray) -> None:
         channel = payload.channel
-        same = bool(channel.codes) and np.array_equal(channel.codes[-1], codes)
+        same = bool(channel.codes) and channel.codes[-1].tobytes() == codes.tobytes()  # (array_equal: ~10x slower)
         payload.repeats = payload.repeats + 1 if same else 1
         channel.codes.append(codes)
 

@@ -32,16 +32,17 @@ def use_triton(t: torch.Tensor) -> bool:
     return triton is not None and (t.is_cuda or INTERPRET_ON_CPU)
 
 
-# Programmatic dependent launch (Hopper and newer) for the decode-step kernels (fused_linear, decode_attention):
-# each is launched while its predecessor still runs and waits for the predecessor's results (griddepcontrol.wait)
-# before reading anything it produced and before writing anything; it lets its own successor launch once past
-# that wait, so the launch latency hides behind the previous kernel. "prefetch": fused_linear also asks L2 for
-# its weights before the wait. Measured in docs/perf-notes.md (entry 42); "off": plain launches.
-PDL = "off"
+# Programmatic dependent launch (Hopper and newer) for the one-row decode step's kernels (fused_linear and
+# decode_attention with pdl=True): each is launched while its predecessor still runs and waits for the
+# predecessor's results (griddepcontrol.wait) before reading anything it produced and before writing anything; it
+# lets its own successor launch once past that wait, so the launch latency hides behind the previous kernel.
+# Measured in docs/perf-notes.md (entries 42, 45): -0.08 ms per 1.7B frame at one row, a little slower at 4-64
+# rows (the unfused path), and slower still when the products also prefetched their weights into L2.
+PDL = True
 
 
-def use_pdl(t: torch.Tensor) -> bool:
-    return PDL != "off" and t.is_cuda and _capability(t.device.index)[0] >= 9
+def use_pdl(t: torch.Tensor, pdl: bool) -> bool:
+    return pdl and PDL and t.is_cuda and _capability(t.device.index)[0] >= 9
 
 
 @functools.cache
@@ -261,10 +262,10 @@ if triton is not None:
 def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                      inv_freq: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
-                     out_dtype: torch.dtype) -> torch.Tensor:
+                     out_dtype: torch.dtype, pdl: bool = False) -> torch.Tensor:
     """`qk_norm_rope_store` then `paged_attention`, in one launch, for decode: every token is the one new token
     of its row (tokens of one row would race: a program reads only the keys it wrote itself). Returns
-    [N, Hq * D]."""
+    [N, Hq * D]. `pdl`: launched with PDL (see PDL above)."""
     N = qkv.shape[0]
     _, block_size, num_kv, D = k_cache.shape
     if not use_triton(qkv):
@@ -274,7 +275,7 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     if block_size < 16 or num_heads // num_kv > 16:
         raise ValueError("the attention kernel needs block_size >= 16 and <= 16 query heads per KV head")
     out = torch.empty(N, num_heads * D, dtype=out_dtype, device=qkv.device)
-    pdl = use_pdl(qkv)
+    pdl = use_pdl(qkv, pdl)
     _decode_attention_kernel[(N, num_kv)](
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -355,7 +356,7 @@ FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] 
 
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
-                 swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+                 swiglu: bool = False, residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """x @ weight.T for a few tokens (weight: [N, K], nn.Linear's layout) with what surrounds it in a decoder
     layer done in the same kernel, in the weights' dtype with fp32 accumulation (one program reads all the rows:
     meant for decode steps of a few rows, see decoder.FUSED_MAX_ROWS):
@@ -366,7 +367,8 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
       * residual: returns the new fp32 residual stream, residual + the product (rounded to the weights' dtype
         first, as F.linear's output is).
     Otherwise returns the product [M, N] in the weights' dtype. Same operations and roundings as the unfused
-    kernels; only the order of the fp32 sums inside the product differs from cuBLAS's."""
+    kernels; only the order of the fp32 sums inside the product differs from cuBLAS's. `pdl`: launched with PDL
+    (see PDL above)."""
     x = x.contiguous()
     M, K = x.shape
     N = weight.shape[0] // 2 if swiglu else weight.shape[0]
@@ -376,12 +378,12 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     out = torch.empty(M, N, dtype=torch.float32 if residual is not None else dtype, device=x.device)
     BLOCK_M = max(16, triton.next_power_of_2(M))
     BLOCK_N, BLOCK_K, warps, stages = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
-    pdl = use_pdl(x)
+    pdl = use_pdl(x, pdl)
     _fused_linear_kernel[(triton.cdiv(N, BLOCK_N),)](
         x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,
         M, N, K, eps, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None,
-        IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=pdl,
-        PREFETCH=pdl and PDL == "prefetch", LINE=128 // weight.element_size(), num_warps=warps, num_stages=stages,
+        IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=pdl, num_warps=warps,
+        num_stages=stages,
         **({"launch_pdl": True} if pdl else {}))
     return out
 
@@ -408,26 +410,13 @@ def _fused_linear_ref(x, weight, norm, eps, swiglu, residual):
 
 if triton is not None:
     @triton.jit
-    def _prefetch_l2(base, count, LINE: tl.constexpr):
-        """Asks L2 for `count` lines of LINE elements (128 bytes) from `base` on; a hint, it does not wait."""
-        for start in range(0, count, 256):
-            line = tl.minimum(start + tl.arange(0, 256), count - 1)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [base + line * LINE],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
     def _fused_linear_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
                              SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr):
+                             PDL: tl.constexpr):
         # One program per BLOCK_N output columns, all M tokens (padded to BLOCK_M rows for the tensor cores):
         # the weights are read once, which is what bounds a product of a few tokens.
         n0 = tl.program_id(0) * BLOCK_N
-        if PREFETCH:  # the weights, contiguous rows n0.., are nobody's results: asked for before the wait
-            lines = tl.cdiv(tl.minimum(N - n0, BLOCK_N) * K, LINE)
-            _prefetch_l2(w_ptr + n0 * K, lines, LINE)
-            if SWIGLU:
-                _prefetch_l2(w_ptr + (N + n0) * K, lines, LINE)
         if PDL:  # (see PDL above)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()

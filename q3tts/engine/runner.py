@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import MIN_NEW_TOKENS, SamplerTensors, SamplingParams, suppressed_ids
-from ..transfer import copy_row, to_device, write_rows, zero_rows
+from ..transfer import copy_row, row_slice, to_device, write_rows, zero_rows
 from .config import EngineConfig
 from .decoder import FUSED_MAX_ROWS, FlatDecoder, PagedCache
 from .graphs import capture_buckets, replay_or_run, side_stream
@@ -262,10 +262,8 @@ class ModelRunner:
     def _make_padding(self, rows: list[int]) -> None:
         """Rows that hold no request: finished, pointing at the scratch block."""
         zero_rows([self.cache.block_table, self.state.positions], rows)
-        if rows == list(range(rows[0], rows[0] + len(rows))):
-            self.state.done[rows[0]:rows[0] + len(rows)] = True
-        else:
-            self.state.done[to_device(rows, self.device)] = True
+        run = row_slice(rows)
+        self.state.done[run if run else to_device(rows, self.device)] = True
 
     def move_row(self, src: int, dst: int) -> None:
         """Moves the sequence in row `src` to the free row `dst` (between frames, device copies only), so the
