@@ -224,6 +224,7 @@ class LoopProfile:
 
     def __init__(self, engine) -> None:
         import q3tts.engine.engine as engine_module
+        import q3tts.engine.runner as runner_module
         from q3tts.engine.readback import Readback
 
         self.totals: collections.Counter = collections.Counter()
@@ -232,6 +233,10 @@ class LoopProfile:
         targets += [(engine.scheduler, "admit", "admit"), (engine.codec, "step", "codec.step"),
                     (engine_module, "deliver", "deliver"), (engine_module, "post", "post"),
                     (Readback, "pop", "wait.frame"), (Readback, "pop_pcm", "wait.pcm")]
+        # inside _join (the model runner's add_rows)
+        targets += [(engine.runner, name, f"join.{name}") for name in ("grow_rows", "_reuse_prefixes",
+                                                                         "_prefill_tokens", "_read_kv")]
+        targets += [(runner_module, name, f"join.{name}") for name in ("to_device", "write_rows")]
         for owner, name, label in targets:
             setattr(owner, name, self._timed(label, getattr(owner, name)))
         step = engine.runner.step
