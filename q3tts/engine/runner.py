@@ -152,7 +152,7 @@ class ModelRunner:
             self.prefix_cache.put(prompt.prefix_key, *self._read_kv(row, prompt.prefix_len))
         last = to_device((torch.tensor(lengths) - torch.tensor(starts)).cumsum(0) - 1, dev)
         s.hidden[idx] = hidden[last]
-        s.seen[idx] = False
+        zero_rows([s.seen], rows)
         text = [len(p.trailing_ids) for p in prompts]
         n = len(rows)
         talker, cp = (SamplerTensors.build(params, subtalker, "cpu").tensors() for subtalker in (False, True))
@@ -262,8 +262,11 @@ class ModelRunner:
     def _make_padding(self, rows: list[int]) -> None:
         """Rows that hold no request: finished, pointing at the scratch block."""
         zero_rows([self.cache.block_table, self.state.positions], rows)
-        run = row_slice(rows)
-        self.state.done[run if run else to_device(rows, self.device)] = True
+        run = row_slice(rows)  # (fill_ / index_fill_: `t[index] = True` would copy a host scalar, synchronizing)
+        if run:
+            self.state.done[run] = True
+        else:
+            self.state.done.index_fill_(0, to_device(rows, self.device), True)
 
     def move_row(self, src: int, dst: int) -> None:
         """Moves the sequence in row `src` to the free row `dst` (between frames, device copies only), so the
