@@ -6,10 +6,10 @@ background thread runs the frame loop; at every frame boundary it:
      full (its row is swapped to host memory and comes back later exactly where it stopped);
   2. launches the next frame (the captured LM frame and codec step);
   3. while that frame runs: settles the frame just finished (rows that ended leave, the last row moving into
-     the hole so the running rows stay 0..B-1; cancelled and dropped requests too), brings back preempted
-     requests and admits waiting ones as the scheduler decides (batched prefill, queued behind the frame), and
-     hands the finished frame's 80 ms of PCM to each request (a stream far enough ahead of real time gets its
-     frames in groups: stream.py).
+     the hole so the running rows stay 0..B-1; cancelled and dropped requests too), hands its 80 ms of PCM to
+     each request (a stream far enough ahead of real time gets its frames in groups: stream.py), then brings
+     back preempted requests and admits waiting ones as the scheduler decides (batched prefill, queued behind
+     the frame).
 Each request's output depends only on its own prompt, parameters and seed, never on what else is in the batch.
 """
 
@@ -285,10 +285,10 @@ class Engine:
                 self._end(seq, "error", error)
 
     def _loop(self) -> None:
-        # Each iteration: grow, launch frame n + 1 for the rows as they are, then, while it runs, settle frame n
+        # Each iteration: grow, launch frame n + 1 for the rows as they are, then, while it runs: settle frame n
         # (its codes and flags, read back last time: rows that ended leave, having run frame n + 1 as padding),
-        # admit (their prefill queues behind frame n + 1: they join frame n + 2), hand out frame n's audio once
-        # its decode is done (the decode runs beside frame n + 1's language model, on the codec's stream), then
+        # hand out frame n's audio once its decode is done (the decode runs beside frame n + 1's language model,
+        # on the codec's stream), admit (their prefill queues behind frame n + 1: they join frame n + 2), and
         # wait for frame n + 1's codes. The host's bookkeeping thus overlaps the device's frame instead of
         # following it. An idle engine admits first and launches at once.
         readback = Readback(self.runner, depth=2, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
@@ -311,16 +311,17 @@ class Engine:
                 for seq in [s for s in self.rows if s.cancelled]:
                     self.metrics.requests_cancelled += 1
                     self._leave(seq, "cancelled", outbox)
-                start = len(self.rows)
-                resumed, admitted = self.scheduler.admit(time.perf_counter())
-                self._join(resumed, admitted)
-                self._start_codec(start, resumed, admitted)
             if last is not None:
                 outbox[:0] = self._audio(readback.pop_pcm().numpy(), audio)  # a stream's audio before its end
             outbox = deliver(outbox, time.perf_counter(), self.config.stream_hold_s, self._preempted)
             self._preempted = []
             for channel in post(outbox):  # their event loop is closed: nobody reads them
                 self._dropped.append(channel.request_id)
+            with self._cv:
+                start = len(self.rows)
+                resumed, admitted = self.scheduler.admit(time.perf_counter())
+                self._join(resumed, admitted)
+                self._start_codec(start, resumed, admitted)
             last = (readback.pop(wait_pcm=False), row_map) if row_map is not None else None
 
     def _launch(self, readback: Readback) -> list[Sequence]:
