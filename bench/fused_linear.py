@@ -1,9 +1,13 @@
 """Tile shapes for the decode steps' fused matrix products (kernels.fused_linear): every product shape of a
 model's talker and code predictor, for 1 and 64 rows, timed with each candidate (BLOCK_N, BLOCK_K, warps, stages)
 against what it replaces (cuBLAS plus the norm / SwiGLU / residual-add kernels around it). Prints the best per
-shape, its bandwidth, and a FUSED_LINEAR_TILES table to paste. GPU machine only.
+shape, its bandwidth, and a FUSED_LINEAR_TILES table to paste (`--out`: also as JSON). GPU machine only.
 
-usage: python bench/fused_linear.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,64]
+The weights are read from memory as in a frame, not from L2: each timed call reads the next of enough copies to
+overflow L2 (a frame streams ~5 GB of weights through a 50 MB L2; the code predictor's 4-12 MB matrices would
+otherwise stay there between the timed calls, and tiles chosen that way favour L2 over DRAM).
+
+usage: python bench/fused_linear.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,64] [--out tiles.json]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from q3tts.engine import kernels
 CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
               itertools.product((16, 32, 64), (128, 256, 512), ((4, 3), (4, 5), (8, 3), (8, 5)))]
 CONFIGS = Path(__file__).resolve().parents[1] / "q3tts/configs"
+COLD_BYTES = 128 * 2**20  # weight copies per shape: at least this much, 2.5x an H100's L2
 
 
 def time_ms(fn) -> float:
@@ -42,6 +47,13 @@ def shapes(size: str) -> list[tuple[str, int, int, str]]:
     return out
 
 
+def rotating(calls: list):
+    """One of `calls` (the same product on each weight copy), the next one each time (the module docstring says
+    why)."""
+    turn = itertools.cycle(calls)
+    return lambda: next(turn)()
+
+
 def unfused(x, w, norm_w, residual, kind):
     """What fused_linear replaces: the separate kernels (each add+RMSNorm counted once, with the product after it)."""
     if kind == "norm":
@@ -55,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="0.6B-Base,1.7B-Base")
     parser.add_argument("--batches", default="1,64")
+    parser.add_argument("--out", type=Path, help="also write the table here as JSON: [[key, tiles], ...]")
     args = parser.parse_args()
     torch.manual_seed(0)
     table = {}
@@ -68,13 +81,14 @@ def main() -> None:
                 res_in = torch.randn(M, K, device="cuda")
                 res_out = torch.randn(M, out_n, device="cuda")
                 norm_w = torch.ones(K if kind != "residual" else out_n, device="cuda", dtype=torch.bfloat16)
+                copies = [w] + [w.clone() for _ in range(-(-COLD_BYTES // w.nbytes) - 1)]
                 if kind == "residual":
-                    fused = functools.partial(kernels.fused_linear, x, w, residual=res_out)
-                    base = unfused(x, w, norm_w, res_out, kind)
+                    fused = rotating([functools.partial(kernels.fused_linear, x, c, residual=res_out) for c in copies])
+                    base = rotating([unfused(x, c, norm_w, res_out, kind) for c in copies])
                 else:
-                    fused = functools.partial(kernels.fused_linear, res_in, w, norm=norm_w, eps=1e-6,
-                                              swiglu=kind == "swiglu")
-                    base = unfused(x, w, norm_w, res_in, kind)
+                    fused = rotating([functools.partial(kernels.fused_linear, res_in, c, norm=norm_w, eps=1e-6,
+                                                        swiglu=kind == "swiglu") for c in copies])
+                    base = rotating([unfused(x, c, norm_w, res_in, kind) for c in copies])
                 ref = _twin(res_in if kind != "residual" else x, w, norm_w, res_out, kind)
                 err = float((fused().float() - ref.float()).abs().max() / ref.float().abs().max())
                 t_base, t_default = time_ms(base), time_ms(fused)
@@ -105,6 +119,8 @@ def main() -> None:
     for key, tiles in sorted(table.items()):
         print(f"    {key}: {tiles},")
     print("}")
+    if args.out:
+        args.out.write_text(json.dumps([[list(key), list(tiles)] for key, tiles in sorted(table.items())]))
 
 
 def _twin(x, w, norm_w, residual, kind):
