@@ -176,3 +176,5 @@ def test_prompts_built_together(cache, ref_wav, dtype):
                     assert torch.equal(a, b)
                 else:
                     torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+            for start in (0, got.prefix_len, got.num_positions - 1):  # the pieces the engine joins for a prefill
+                assert torch.equal(torch.cat(got.embeds_from(start)), got.embeds[start:])
