@@ -109,9 +109,6 @@ class SamplerTensors:
         """Views of the first n rows (static addresses, for CUDA graphs)."""
         return SamplerTensors(self.do_sample[:n], self.temperature[:n], self.top_k[:n], self.top_p[:n])
 
-    def assign(self, rows: torch.Tensor, values: SamplerTensors) -> None:
-        for target, value in zip(self.tensors(), values.tensors()):
-            target[rows] = value
 
 
 def suppressed_ids(vocab_size: int, eos_id: int, device: torch.device | str) -> torch.Tensor:

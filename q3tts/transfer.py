@@ -1,9 +1,11 @@
-"""Small host-to-device copies that do not wait for the device.
+"""Small host-to-device copies that do not wait for the device, and per-row state writes in few launches.
 
-`torch.tensor(values, device="cuda")` and `cuda_tensor[...] = cpu_tensor` copy from pageable memory, which
-PyTorch follows with a stream synchronize: between frames that drains the frames in flight, and the GPU then
-idles while the host finishes its bookkeeping. Staging through pinned memory and copying without blocking keeps
-the copy in stream order instead (the caching host allocator keeps the pinned block until the copy is done).
+`torch.tensor(values, device="cuda")`, `cuda_tensor[...] = cpu_tensor` and `cuda_tensor[index] = python_scalar`
+copy from pageable memory, which blocks the host until the device reaches the copy: with a frame in flight, the
+rest of the frame (docs/perf-notes.md, entry 46). Staging through pinned memory and copying without blocking
+keeps the copy in stream order instead (the caching host allocator keeps the pinned block until the copy is
+done). The engine moves, clears and arms rows of many per-row tensors between frames; `copy_row`, `zero_rows`
+and `write_rows` do that as multi-tensor launches rather than one small launch per tensor and row.
 """
 
 from __future__ import annotations

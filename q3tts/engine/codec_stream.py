@@ -119,9 +119,9 @@ class StreamingDecoder:
         """Numbers of state per stream."""
         return sum(t[0].numel() for t in self.state.tensors())
 
-    def reset(self, rows: list[int] | torch.Tensor) -> None:
+    def reset(self, rows: list[int]) -> None:
         """Starts fresh streams in `rows` (zeros are exactly the whole-sequence decode's left padding)."""
-        zero_rows(self.state.tensors(), rows.tolist() if isinstance(rows, torch.Tensor) else rows)
+        zero_rows(self.state.tensors(), rows)
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, clamp: bool = True) -> torch.Tensor:
