@@ -38,7 +38,16 @@ def use_triton(t: torch.Tensor) -> bool:
 # lets its own successor launch once past that wait, so the launch latency hides behind the previous kernel.
 # Measured in docs/perf-notes.md (entries 42, 45): -0.08 ms per 1.7B frame at one row, a little slower at 4-64
 # rows (the unfused path), and slower still when the products also prefetched their weights into L2.
-PDL = True
+def _triton_has_pdl() -> bool:
+    """Triton >= 3.3 (griddepcontrol in the language, `launch_pdl` in the launcher); torch 2.4-2.6 ship older."""
+    try:
+        from triton.language.extra import cuda
+    except ImportError:
+        return False
+    return hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
+
+
+PDL = triton is not None and _triton_has_pdl()
 
 
 def use_pdl(t: torch.Tensor, pdl: bool) -> bool:
