@@ -117,7 +117,8 @@ def build_prompts(talker: Talker, config: ModelConfig, specs: list[PromptSpec]) 
     flat = [i for ids in lists for i in ids]
     rows = talker.embed_text(to_device(flat, device, torch.long))
     ends = torch.tensor([len(ids) for ids in lists]).cumsum(0).tolist()
-    streaming = [i for i, spec in enumerate(specs) if spec.ref_codes is None and not spec.non_streaming_mode]
+    streaming = [i for i, spec in enumerate(specs)
+                 if spec.ref_codes is None and not spec.non_streaming_mode and lists[i]]  # (no text: build_prompt's)
     firsts = {}
     if streaming:
         codec_bos = _fixed(talker, weights, "codec", (config.talker_config.codec_bos_id,))
