@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import ModelConfig
-from .engine.prefix_cache import PrefixCache
+from .engine.prefix_cache import PrefixCache, tensor_digest
 from .engine.sequence import Prompt
 from .models.talker import Talker
 from .transfer import to_device
@@ -201,7 +201,7 @@ def _voice_digest(spec: PromptSpec, ctrl: list[int]) -> bytes:
     digest = hashlib.blake2b(repr((spec.instruct_ids, spec.input_ids[:3], ctrl, spec.speaker)).encode(),
                              digest_size=16)
     if spec.speaker_embedding is not None:
-        digest.update(_tensor_digest(spec.speaker_embedding))
+        digest.update(tensor_digest(spec.speaker_embedding))
     return digest.digest()
 
 
@@ -219,28 +219,10 @@ def prefix_of(spec: PromptSpec, voice: bytes, head_len: int, num_positions: int)
         ref_text = len(spec.ref_ids) - 5
         n += ref_text if spec.non_streaming_mode else min(ref_text, 1 + spec.ref_codes.shape[0])
         digest.update(repr((spec.non_streaming_mode, spec.ref_ids[3:-2])).encode())
-        digest.update(_tensor_digest(spec.ref_codes))
+        digest.update(tensor_digest(spec.ref_codes))
     n = min(n, num_positions - 1)
     digest.update(str(n).encode())
     return n, digest.hexdigest()
-
-
-_DIGESTS: dict[int, tuple[weakref.ref, int, bytes]] = {}  # by id (tensors compare elementwise, so no weak dict)
-
-
-def _tensor_digest(t: torch.Tensor) -> bytes:
-    """A digest of a tensor's dtype, shape and values, kept per tensor object (a voice's embedding and codes are
-    the same objects request after request) until it changes in place."""
-    version = -1 if t.is_inference() else t._version  # (inference tensors keep no version counter)
-    hit = _DIGESTS.get(id(t))
-    if hit is not None and hit[0]() is t and hit[1] == version:
-        return hit[2]
-    data = t.detach().to("cpu").contiguous()
-    digest = hashlib.blake2b(repr((data.dtype, tuple(data.shape))).encode() + data.view(torch.uint8).numpy().tobytes(),
-                             digest_size=16).digest()
-    key = id(t)
-    _DIGESTS[key] = (weakref.ref(t, lambda _: _DIGESTS.pop(key, None)), version, digest)
-    return digest
 
 
 _FIXED: weakref.WeakKeyDictionary[Talker, dict] = weakref.WeakKeyDictionary()
@@ -250,7 +232,7 @@ def _reference_frames(talker: Talker, ref_codes: torch.Tensor, weights: tuple) -
     """codec_bos + the reference frames' embeddings [1 + T_ref, H] of an in-context voice: they depend on the
     voice alone, so they are kept with the voice heads (same budget, same invalidation), keyed by the codes'
     digest."""
-    key = b"frames" + _tensor_digest(ref_codes)
+    key = b"frames" + tensor_digest(ref_codes)
     with _HEADS_LOCK:
         heads = _HEADS.setdefault(talker, _HeadCache())
         hit = heads.get(key, weights)

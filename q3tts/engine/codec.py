@@ -15,7 +15,6 @@ from the codec's stream (`pcm_stream`) either way.
 
 from __future__ import annotations
 
-import hashlib
 from contextlib import nullcontext
 
 import torch
@@ -24,7 +23,7 @@ from ..models.codec_decoder import CodecDecoder
 from ..transfer import copy_row
 from .codec_stream import StreamingDecoder
 from .graphs import capture_buckets, replay_or_run
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, tensor_digest
 
 
 class CodecRunner:
@@ -54,14 +53,14 @@ class CodecRunner:
         the row's first frame is read back (the official in-context cut can keep it: see `q3tts.official`)."""
         tails: list[torch.Tensor | None] = []
         state = self.stream.state.tensors()
-        done: dict[str, tuple[torch.Tensor, ...]] = {}  # reference digest -> (state tensors..., last sample)
+        done: dict[bytes, tuple[torch.Tensor, ...]] = {}  # reference digest -> (state tensors..., last sample)
         with self._on_codec_stream():
             self.stream.reset(rows)
             for row, ref in zip(rows, ref_codes):
                 if ref is None or not ref.shape[0]:
                     tails.append(None)
                     continue
-                key = hashlib.blake2b(ref.cpu().numpy().tobytes() + str(tuple(ref.shape)).encode()).hexdigest()
+                key = tensor_digest(ref)  # (kept per tensor object: a voice's codes are hashed once)
                 kept = done.get(key) or (self.references.get(key) if self.references is not None else None)
                 if kept is not None:
                     torch._foreach_copy_([t[row] for t in state], list(kept[:len(state)]))

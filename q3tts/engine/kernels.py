@@ -32,12 +32,6 @@ def use_triton(t: torch.Tensor) -> bool:
     return triton is not None and (t.is_cuda or INTERPRET_ON_CPU)
 
 
-# Programmatic dependent launch (Hopper and newer) for the one-row decode step's kernels (fused_linear and
-# decode_attention with pdl=True): each is launched while its predecessor still runs and waits for the
-# predecessor's results (griddepcontrol.wait) before reading anything it produced and before writing anything; it
-# lets its own successor launch once past that wait, so the launch latency hides behind the previous kernel.
-# Measured in docs/perf-notes.md (entries 42, 45): -0.08 ms per 1.7B frame at one row, a little slower at 4-64
-# rows (the unfused path), and slower still when the products also prefetched their weights into L2.
 def _triton_has_pdl() -> bool:
     """Triton >= 3.3 (griddepcontrol in the language, `launch_pdl` in the launcher); torch 2.4-2.6 ship older."""
     try:
@@ -47,6 +41,12 @@ def _triton_has_pdl() -> bool:
     return hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
 
 
+# Programmatic dependent launch (Hopper and newer) for the one-row decode step's kernels (fused_linear and
+# decode_attention with pdl=True): each is launched while its predecessor still runs and waits for the
+# predecessor's results (griddepcontrol.wait) before reading anything it produced and before writing anything; it
+# lets its own successor launch once past that wait, so the launch latency hides behind the previous kernel.
+# Measured in docs/perf-notes.md (entries 42, 45): -0.08 ms per 1.7B frame at one row, a little slower at 4-64
+# rows (the unfused path), and slower still when the products also prefetched their weights into L2.
 PDL = triton is not None and _triton_has_pdl()
 
 

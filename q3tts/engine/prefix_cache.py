@@ -16,6 +16,8 @@ the codec stream's prefix, the same for every request with that reference.
 
 from __future__ import annotations
 
+import hashlib
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -52,3 +54,21 @@ class PrefixCache:
 
 def _nbytes(tensors: tuple[torch.Tensor, ...]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+_DIGESTS: dict[int, tuple[weakref.ref, int, bytes]] = {}  # by id (tensors compare elementwise, so no weak dict)
+
+
+def tensor_digest(t: torch.Tensor) -> bytes:
+    """A digest of a tensor's dtype, shape and values (a content key for these caches), kept per tensor object (a
+    voice's embedding and codes are the same objects request after request) until it changes in place."""
+    version = -1 if t.is_inference() else t._version  # (inference tensors keep no version counter)
+    hit = _DIGESTS.get(id(t))
+    if hit is not None and hit[0]() is t and hit[1] == version:
+        return hit[2]
+    data = t.detach().to("cpu").contiguous()
+    digest = hashlib.blake2b(repr((data.dtype, tuple(data.shape))).encode() + data.view(torch.uint8).numpy().tobytes(),
+                             digest_size=16).digest()
+    key = id(t)
+    _DIGESTS[key] = (weakref.ref(t, lambda _: _DIGESTS.pop(key, None)), version, digest)
+    return digest
