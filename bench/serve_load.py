@@ -233,10 +233,11 @@ class LoopProfile:
         targets += [(engine.scheduler, "admit", "admit"), (engine.codec, "step", "codec.step"),
                     (engine_module, "deliver", "deliver"), (engine_module, "post", "post"),
                     (Readback, "pop", "wait.frame"), (Readback, "pop_pcm", "wait.pcm")]
-        # inside _join (the model runner's add_rows)
-        targets += [(engine.runner, name, f"join.{name}") for name in ("grow_rows", "_reuse_prefixes",
-                                                                         "_prefill_tokens", "_read_kv")]
-        targets += [(runner_module, name, f"join.{name}") for name in ("to_device", "write_rows")]
+        # the model runner's admission steps and its transfers, wherever called (grow_rows and to_device serve
+        # _grow and the departures too)
+        targets += [(engine.runner, name, f"runner.{name}") for name in ("grow_rows", "_reuse_prefixes",
+                                                                           "_prefill_tokens", "_read_kv")]
+        targets += [(runner_module, name, f"runner.{name}") for name in ("to_device", "write_rows")]
         for owner, name, label in targets:
             setattr(owner, name, self._timed(label, getattr(owner, name)))
         step = engine.runner.step

@@ -42,7 +42,7 @@ def test_loop_profile(tmp_path, monkeypatch):
     tts.close()
     assert len(record) == 2 and all(r["frames"] == r["expected"] for r in record)
     assert phases["iterations"] > 0 and phases["rows_mean"] > 0
-    assert {"_join_ms", "_settle_ms", "wait.frame_ms", "join._prefill_tokens_ms"} <= set(phases)
+    assert {"_join_ms", "_settle_ms", "wait.frame_ms", "runner._prefill_tokens_ms"} <= set(phases)
     assert all(0 <= v <= phases["ms_per_iteration"] for k, v in phases.items() if k.endswith("_ms"))
 
 
