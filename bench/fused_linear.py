@@ -1,7 +1,9 @@
 """Tile shapes for the decode steps' fused matrix products (kernels.fused_linear): every product shape of a
 model's talker and code predictor, for 1 and 64 rows, timed with each candidate (BLOCK_N, BLOCK_K, warps, stages)
-against what it replaces (cuBLAS plus the norm / SwiGLU / residual-add kernels around it). Prints the best per
-shape, its bandwidth, and a FUSED_LINEAR_TILES table to paste (`--out`: also as JSON). GPU machine only.
+against what it replaces (cuBLAS plus the norm / SwiGLU / residual-add kernels around it). One row takes the
+matrix-vector kernel (GEMV_TILES; the tensor-core kernel with its committed tiles is timed beside it as `dot`),
+more rows the tensor-core kernel (FUSED_LINEAR_TILES). Prints the best per shape, its bandwidth, and the tables
+to paste (`--out`: also as JSON, keys of 3 for GEMV_TILES, of 4 for FUSED_LINEAR_TILES). GPU machine only.
 
 The weights are read from memory as in a frame, not from L2: each timed call reads the next of enough copies to
 overflow L2 (a frame streams ~5 GB of weights through a 50 MB L2; the code predictor's 4-12 MB matrices would
@@ -17,6 +19,7 @@ import functools
 import itertools
 import json
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +29,8 @@ from q3tts.engine import kernels
 
 CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
               itertools.product((16, 32, 64), (128, 256, 512), ((4, 3), (4, 5), (8, 3), (8, 5)))]
+GEMV_CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
+                   itertools.product((1, 2, 4, 8), (256, 512, 1024), ((4, 2), (4, 4), (8, 3)))]
 CONFIGS = Path(__file__).resolve().parents[1] / "q3tts/configs"
 COLD_BYTES = 128 * 2**20  # weight copies per shape: at least this much, 2.5x an H100's L2
 
@@ -90,35 +95,46 @@ def main() -> None:
                                                         swiglu=kind == "swiglu") for c in copies])
                     base = rotating([unfused(x, c, norm_w, res_in, kind) for c in copies])
                 ref = _twin(res_in if kind != "residual" else x, w, norm_w, res_out, kind)
-                err = float((fused().float() - ref.float()).abs().max() / ref.float().abs().max())
                 t_base, t_default = time_ms(base), time_ms(fused)
-                BLOCK_M = max(16, 1 << (M - 1).bit_length())
+                gemv = M <= kernels.GEMV_MAX_ROWS
+                if gemv:  # the tensor-core kernel this replaces, with its committed tiles
+                    with mock.patch.object(kernels, "GEMV_MAX_ROWS", 0):
+                        t_dot = time_ms(fused)
+                        total["dot"] = total.get("dot", 0.0) + t_dot
+                    table_, key = kernels.GEMV_TILES, (out_n, K, kind == "swiglu")
+                else:
+                    table_, key = kernels.FUSED_LINEAR_TILES, (max(16, 1 << (M - 1).bit_length()), out_n, K,
+                                                               kind == "swiglu")
                 results = []
-                for tiles in CANDIDATES:
+                for tiles in GEMV_CANDIDATES if gemv else CANDIDATES:
                     if tiles[1] > K:
                         continue
-                    kernels.FUSED_LINEAR_TILES[(BLOCK_M, out_n, K, kind == "swiglu")] = tiles
+                    table_[key] = tiles
                     try:
                         results.append((time_ms(fused), tiles))
                     except Exception as e:  # out of shared memory or registers
                         results.append((float("inf"), tiles))
                         print(f"  {tiles}: {type(e).__name__}")
                 best, tiles = min(results)
-                kernels.FUSED_LINEAR_TILES[(BLOCK_M, out_n, K, kind == "swiglu")] = tiles
-                table[(BLOCK_M, out_n, K, kind == "swiglu")] = tiles
+                table_[key] = tiles
+                table[key] = tiles
+                err = float((fused().float() - ref.float()).abs().max() / ref.float().abs().max())
                 gb = N * K * 2 / 1e9
+                dot = f"dot {t_dot * 1e3:6.1f} us, " if gemv else ""
                 print(f"{size} M={M} {name:<14} N={N:>5} K={K:>5}: unfused {t_base * 1e3:6.1f} us, fused default "
-                      f"{t_default * 1e3:6.1f} us, best {best * 1e3:6.1f} us {tiles} ({gb / best * 1e3:5.0f} GB/s) "
-                      f"err {err:.1e}", flush=True)
+                      f"{t_default * 1e3:6.1f} us, {dot}best {best * 1e3:6.1f} us {tiles} "
+                      f"({gb / best * 1e3:5.0f} GB/s) err {err:.1e}", flush=True)
                 total["unfused"] += t_base
                 total["default"] += t_default
                 total["best"] += best
             print(f"{size} M={M} per layer pair (talker + cp, one each): " +
                   ", ".join(f"{k} {v * 1e3:.1f} us" for k, v in total.items()), flush=True)
-    print("FUSED_LINEAR_TILES = {")
-    for key, tiles in sorted(table.items()):
-        print(f"    {key}: {tiles},")
-    print("}")
+    for name, width in (("GEMV_TILES", 3), ("FUSED_LINEAR_TILES", 4)):
+        print(name + " = {")
+        for key, tiles in sorted(table.items()):
+            if len(key) == width:
+                print(f"    {key}: {tiles},")
+        print("}")
     if args.out:
         args.out.write_text(json.dumps([[list(key), list(tiles)] for key, tiles in sorted(table.items())]))
 

@@ -182,6 +182,25 @@ def test_fused_linear_with_each_measured_tile(monkeypatch, tiles):
         _close(out, _twin(monkeypatch, kernels.fused_linear, inputs, w, **kwargs), dtype)
 
 
+@pytest.mark.parametrize("tiles", [(1, 64, 4, 3), (2, 128, 2, 2), (8, 256, 8, 4)]
+                         + sorted(set(kernels.GEMV_TILES.values())))
+def test_gemv_with_each_tile(monkeypatch, tiles):
+    """The one-row kernel computes the same product with every tile shape: the measured ones and a few small
+    ones the interpreter can run (K a multiple of the K tile or not, N not a multiple of the N tile)."""
+    monkeypatch.setattr(kernels, "_gemv_tiles", lambda *args: tiles)
+    dtype = DTYPES[-1]
+    g = torch.Generator(DEVICE).manual_seed(11)
+    for K in (2 * tiles[1], tiles[1] + 40):
+        w = (0.1 * torch.randn(2 * 37, K, device=DEVICE, generator=g)).to(dtype)
+        x = torch.randn(1, K, device=DEVICE, generator=g)
+        norm = (1 + 0.1 * torch.randn(K, device=DEVICE, generator=g)).to(dtype)
+        for kwargs, inputs in ((dict(norm=norm, eps=1e-6, swiglu=True), x), (dict(norm=norm, eps=1e-6), x),
+                               (dict(residual=torch.randn(1, 74, device=DEVICE, generator=g)), x.to(dtype)),
+                               ({}, x.to(dtype))):
+            out = kernels.fused_linear(inputs, w, **kwargs)
+            _close(out, _twin(monkeypatch, kernels.fused_linear, inputs, w, **kwargs), dtype)
+
+
 def _params() -> list[SamplingParams]:
     rows = [dict(do_sample=False), dict(temperature=0.7, top_k=5), dict(temperature=1.3, top_k=0, top_p=0.8),
             dict(temperature=0.9, top_k=50, top_p=0.95), dict(temperature=1.0, top_k=1),
@@ -190,7 +209,12 @@ def _params() -> list[SamplingParams]:
 
 
 @pytest.mark.parametrize("with_processors", [False, True])
-def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
+@pytest.mark.parametrize("digit", [1, 2, 4])
+def test_sampling_kernel_matches_twin(monkeypatch, with_processors, digit):
+    """The same ids as the twin, with each width of the top-k threshold search's digit."""
+    import q3tts.engine.sampler as sampler
+
+    monkeypatch.setattr(sampler, "TOP_K_DIGIT", digit)
     V = 3072 if with_processors else 2048
     params = _params()
     B = len(params)

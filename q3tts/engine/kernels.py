@@ -363,6 +363,13 @@ FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] 
     (16, 6144, 2048, True): (64, 128, 8, 3),
 }
 
+# One row (the one-stream decode step) takes a matrix-vector kernel instead: no tensor cores, so a program can
+# own as few as one output column and even the code predictor's N = 1024 products spread over every SM.
+# (N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of bench/fused_linear.py's candidates
+# with the weights read from memory (docs/perf-notes.md, entry 49); other shapes take _gemv_tiles' heuristic.
+GEMV_MAX_ROWS = 1
+GEMV_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
+
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
                  swiglu: bool = False, residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
@@ -385,15 +392,22 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     if not use_triton(x):
         return _fused_linear_ref(x, weight, norm, eps, swiglu, residual)
     out = torch.empty(M, N, dtype=torch.float32 if residual is not None else dtype, device=x.device)
+    pdl = use_pdl(x, pdl)
+    args = (x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,
+            M, N, K, eps)
+    flags = dict(NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None, PDL=pdl,
+                 **({"launch_pdl": True} if pdl else {}))
+    if M <= GEMV_MAX_ROWS:
+        BLOCK_N, BLOCK_K, warps, stages = _gemv_tiles(N, K, swiglu)
+        _gemv_kernel[(triton.cdiv(N, BLOCK_N),)](
+            *args, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, K_ALL=triton.next_power_of_2(K) if norm is not None else 1,
+            num_warps=warps, num_stages=stages, **flags)
+        return out
     BLOCK_M = max(16, triton.next_power_of_2(M))
     BLOCK_N, BLOCK_K, warps, stages = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
-    pdl = use_pdl(x, pdl)
     _fused_linear_kernel[(triton.cdiv(N, BLOCK_N),)](
-        x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,
-        M, N, K, eps, NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None,
-        IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=pdl, num_warps=warps,
-        num_stages=stages,
-        **({"launch_pdl": True} if pdl else {}))
+        *args, IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps,
+        num_stages=stages, **flags)
     return out
 
 
@@ -403,6 +417,14 @@ def _fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int
         return tiles
     BLOCK_K = 512 if K % 512 == 0 else triton.next_power_of_2(min(K, 128))
     return (16 if N <= 2048 else 32), BLOCK_K, 4, 3
+
+
+def _gemv_tiles(N: int, K: int, swiglu: bool) -> tuple[int, int, int, int]:
+    tiles = GEMV_TILES.get((N, K, swiglu))
+    if tiles is not None:
+        return tiles
+    # ~2-6 programs per SM of an H100 for the layers' shapes, a K tile of up to 1 KB of each weight row
+    return min(8, max(1, triton.next_power_of_2(N) // 512)), min(512, triton.next_power_of_2(K)), 4, 3
 
 
 def _fused_linear_ref(x, weight, norm, eps, swiglu, residual):
@@ -474,6 +496,50 @@ if triton is not None:
             tl.store(out_ptr + offs, tl.load(res_ptr + offs, mask=mask, other=0.0) + y, mask=mask)
         else:
             tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+    @triton.jit
+    def _gemv_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
+                     SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     K_ALL: tl.constexpr, PDL: tl.constexpr):
+        # _fused_linear_kernel for one row, on the CUDA cores: a [BLOCK_N, BLOCK_K] tile of products per step,
+        # summed over K once at the end. The same roundings (the normalised input and the product cast to the
+        # weights' dtype); only the order of the fp32 sums differs.
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        if PDL:  # (see PDL above)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        k = tl.arange(0, BLOCK_K)
+        n_in = n < N
+        dtype = w_ptr.dtype.element_ty
+        if NORM:
+            k_all = tl.arange(0, K_ALL)
+            xs = tl.load(x_ptr + k_all, mask=k_all < K, other=0.0).to(tl.float32)
+            inv = tl.rsqrt(tl.sum(xs * xs, axis=0) / K + eps)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        if SWIGLU:
+            acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + k
+            k_in = kk < K
+            w_mask = n_in[:, None] & k_in[None, :]
+            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+            a = tl.load(x_ptr + kk, mask=k_in, other=0.0)
+            if NORM:
+                a = a.to(tl.float32) * inv * tl.load(norm_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
+            a = a.to(dtype).to(tl.float32)[None, :]
+            acc += w.to(tl.float32) * a
+            if SWIGLU:
+                w = tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+                acc_up += w.to(tl.float32) * a
+        y = tl.sum(acc, axis=1).to(dtype).to(tl.float32)
+        if SWIGLU:
+            up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+            tl.store(out_ptr + n, (y / (1.0 + tl.exp(-y)) * up).to(dtype), mask=n_in)
+        elif RESIDUAL:
+            tl.store(out_ptr + n, tl.load(res_ptr + n, mask=n_in, other=0.0) + y, mask=n_in)
+        else:
+            tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=n_in)
 
 
 # ---- SwiGLU activation ---------------------------------------------------------------------------------------
