@@ -142,7 +142,7 @@ def test_silu_mul(monkeypatch, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M", [1, 5, 16])
-@pytest.mark.parametrize("kind", ["plain", "norm", "swiglu", "residual"])
+@pytest.mark.parametrize("kind", ["plain", "norm", "swiglu", "residual", "logits"])
 def test_fused_linear(monkeypatch, dtype, M, kind):
     """The small-batch product with its fused neighbours against the unfused twin; K not a multiple of the
     K tile, N not a multiple of the N tile, so every mask is exercised."""
@@ -159,9 +159,14 @@ def test_fused_linear(monkeypatch, dtype, M, kind):
         kwargs["swiglu"] = True
     if kind == "residual":
         kwargs["residual"] = torch.randn(M, N, device=DEVICE, generator=g)
+    if kind == "logits":
+        kwargs["fp32_out"] = True
     out = kernels.fused_linear(x, w, **kwargs)
     ref = _twin(monkeypatch, kernels.fused_linear, x, w, **kwargs)
     assert out.dtype == ref.dtype and out.shape == ref.shape == (M, N // 2 if kind == "swiglu" else N)
+    if kind == "logits":  # not rounded to the weights' dtype: as close as fp32 sums in another order
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     _close(out, ref, dtype)
 
 
@@ -196,7 +201,7 @@ def test_gemv_with_each_tile(monkeypatch, tiles):
         norm = (1 + 0.1 * torch.randn(K, device=DEVICE, generator=g)).to(dtype)
         for kwargs, inputs in ((dict(norm=norm, eps=1e-6, swiglu=True), x), (dict(norm=norm, eps=1e-6), x),
                                (dict(residual=torch.randn(1, 74, device=DEVICE, generator=g)), x.to(dtype)),
-                               ({}, x.to(dtype))):
+                               ({}, x.to(dtype)), (dict(fp32_out=True), x.to(dtype))):
             out = kernels.fused_linear(inputs, w, **kwargs)
             _close(out, _twin(monkeypatch, kernels.fused_linear, inputs, w, **kwargs), dtype)
 

@@ -268,6 +268,8 @@ if triton is not None:
 
 # ---- decode: q/k RMSNorm + RoPE + KV store + attention in one kernel --------------------------------------------
 
+ATTENTION_WARPS = 4  # docs/perf-notes.md, entry 49
+
 def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                      inv_freq: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
@@ -289,7 +291,8 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
-        IEEE=k_cache.dtype == torch.float32, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+        IEEE=k_cache.dtype == torch.float32, PDL=pdl, num_warps=ATTENTION_WARPS,
+        **({"launch_pdl": True} if pdl else {}))
     return out
 
 
@@ -368,11 +371,21 @@ FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] 
 # (N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of bench/fused_linear.py's candidates
 # with the weights read from memory (docs/perf-notes.md, entry 49); other shapes take _gemv_tiles' heuristic.
 GEMV_MAX_ROWS = 1
-GEMV_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
+GEMV_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
+    (1024, 2048, False): (1, 1024, 8, 3),
+    (1024, 3072, False): (1, 256, 4, 2),
+    (2048, 2048, False): (2, 1024, 4, 2),
+    (2048, 6144, False): (1, 256, 4, 2),
+    (3072, 1024, True): (4, 256, 4, 2),
+    (4096, 1024, False): (8, 512, 4, 2),
+    (4096, 2048, False): (8, 512, 8, 3),
+    (6144, 2048, True): (1, 1024, 4, 4),
+}
 
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
-                 swiglu: bool = False, residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+                 swiglu: bool = False, residual: torch.Tensor | None = None, fp32_out: bool = False,
+                 pdl: bool = False) -> torch.Tensor:
     """x @ weight.T for a few tokens (weight: [N, K], nn.Linear's layout) with what surrounds it in a decoder
     layer done in the same kernel, in the weights' dtype with fp32 accumulation (one program reads all the rows:
     meant for decode steps of a few rows, see decoder.FUSED_MAX_ROWS):
@@ -382,21 +395,24 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
         product's output;
       * residual: returns the new fp32 residual stream, residual + the product (rounded to the weights' dtype
         first, as F.linear's output is).
-    Otherwise returns the product [M, N] in the weights' dtype. Same operations and roundings as the unfused
+    Otherwise returns the product [M, N] in the weights' dtype, or with `fp32_out` in fp32 without that rounding
+    (as torch.mm(..., out_dtype=torch.float32): the heads' logits). Same operations and roundings as the unfused
     kernels; only the order of the fp32 sums inside the product differs from cuBLAS's. `pdl`: launched with PDL
     (see PDL above)."""
+    if fp32_out and (swiglu or residual is not None):
+        raise ValueError("fp32_out is for the plain product")
     x = x.contiguous()
     M, K = x.shape
     N = weight.shape[0] // 2 if swiglu else weight.shape[0]
     dtype = weight.dtype
     if not use_triton(x):
-        return _fused_linear_ref(x, weight, norm, eps, swiglu, residual)
-    out = torch.empty(M, N, dtype=torch.float32 if residual is not None else dtype, device=x.device)
+        return _fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out)
+    out = torch.empty(M, N, dtype=torch.float32 if residual is not None or fp32_out else dtype, device=x.device)
     pdl = use_pdl(x, pdl)
     args = (x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,
             M, N, K, eps)
-    flags = dict(NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None, PDL=pdl,
-                 **({"launch_pdl": True} if pdl else {}))
+    flags = dict(NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None, ROUND=not fp32_out,
+                 PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     if M <= GEMV_MAX_ROWS:
         BLOCK_N, BLOCK_K, warps, stages = _gemv_tiles(N, K, swiglu)
         _gemv_kernel[(triton.cdiv(N, BLOCK_N),)](
@@ -427,9 +443,11 @@ def _gemv_tiles(N: int, K: int, swiglu: bool) -> tuple[int, int, int, int]:
     return min(8, max(1, triton.next_power_of_2(N) // 512)), min(512, triton.next_power_of_2(K)), 4, 3
 
 
-def _fused_linear_ref(x, weight, norm, eps, swiglu, residual):
+def _fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out=False):
     dtype = weight.dtype
     y = x.to(dtype) if norm is None else _rmsnorm_ref(x, norm, eps).to(dtype)
+    if fp32_out:
+        return y.float() @ weight.float().t()
     product = torch.nn.functional.linear(y, weight)
     if swiglu:
         g, u = product.float().chunk(2, dim=-1)
@@ -442,8 +460,8 @@ def _fused_linear_ref(x, weight, norm, eps, swiglu, residual):
 if triton is not None:
     @triton.jit
     def _fused_linear_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
-                             SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr,
+                             IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              PDL: tl.constexpr):
         # One program per BLOCK_N output columns, all M tokens (padded to BLOCK_M rows for the tensor cores):
         # the weights are read once, which is what bounds a product of a few tokens.
@@ -488,7 +506,9 @@ if triton is not None:
                     acc_up += tl.dot(a, tl.trans(w))
         offs = m[:, None] * N + n[None, :]
         mask = m_in[:, None] & n_in[None, :]
-        y = acc.to(dtype).to(tl.float32)
+        y = acc
+        if ROUND:
+            y = y.to(dtype).to(tl.float32)
         if SWIGLU:
             up = acc_up.to(dtype).to(tl.float32)
             tl.store(out_ptr + offs, (y / (1.0 + tl.exp(-y)) * up).to(dtype), mask=mask)
@@ -500,8 +520,8 @@ if triton is not None:
 
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
-                     SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     K_ALL: tl.constexpr, PDL: tl.constexpr):
+                     SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, K_ALL: tl.constexpr, PDL: tl.constexpr):
         # _fused_linear_kernel for one row, on the CUDA cores: a [BLOCK_N, BLOCK_K] tile of products per step,
         # summed over K once at the end. The same roundings (the normalised input and the product cast to the
         # weights' dtype); only the order of the fp32 sums differs.
@@ -532,7 +552,9 @@ if triton is not None:
             if SWIGLU:
                 w = tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
                 acc_up += w.to(tl.float32) * a
-        y = tl.sum(acc, axis=1).to(dtype).to(tl.float32)
+        y = tl.sum(acc, axis=1)
+        if ROUND:
+            y = y.to(dtype).to(tl.float32)
         if SWIGLU:
             up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
             tl.store(out_ptr + n, (y / (1.0 + tl.exp(-y)) * up).to(dtype), mask=n_in)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import MIN_NEW_TOKENS, SamplerTensors, SamplingParams, suppressed_ids
 from ..transfer import copy_row, row_slice, to_device, write_rows, zero_rows
+from . import kernels
 from .config import EngineConfig
 from .decoder import FUSED_MAX_ROWS, FlatDecoder, PagedCache
 from .graphs import capture_buckets, replay_or_run, side_stream
@@ -326,6 +327,8 @@ class ModelRunner:
 
     def _head(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self._head_out_dtype:
+            if self._decode["fused"] and hidden.shape[0] <= kernels.GEMV_MAX_ROWS:  # (the one-row matrix-vector kernel)
+                return kernels.fused_linear(hidden, weight, fp32_out=True)
             return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
         return F.linear(hidden, weight).float()
 

@@ -35,7 +35,8 @@ def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Ten
         logits, V, params.do_sample, params.temperature, params.top_k, params.top_p, seeds, counters, out,
         t.seen if t else logits, t.penalty if t else logits, t.steps if t else logits,
         t.suppress if t else logits, t.eos_id if t else 0, t.min_new_tokens if t else 0,
-        HAS_PROCESSORS=t is not None, BLOCK_V=triton.next_power_of_2(V), DIGIT=TOP_K_DIGIT, num_warps=8)
+        HAS_PROCESSORS=t is not None, BLOCK_V=triton.next_power_of_2(V), DIGIT=TOP_K_DIGIT,
+        num_warps=8)
     return out
 
 
