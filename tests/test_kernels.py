@@ -142,7 +142,8 @@ def test_silu_mul(monkeypatch, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M", [1, 5, 16])
-@pytest.mark.parametrize("kind", ["plain", "norm", "swiglu", "residual", "logits"])
+@pytest.mark.parametrize("kind", ["plain", "norm", "norm_in_dtype", "swiglu", "residual", "residual_in_dtype",
+                                  "logits"])
 def test_fused_linear(monkeypatch, dtype, M, kind):
     """The small-batch product with its fused neighbours against the unfused twin; K not a multiple of the
     K tile, N not a multiple of the N tile, so every mask is exercised."""
@@ -151,14 +152,16 @@ def test_fused_linear(monkeypatch, dtype, M, kind):
     w = (0.1 * torch.randn(N, K, device=DEVICE, generator=g)).to(dtype)
     x = torch.randn(M, K, device=DEVICE, generator=g)
     kwargs = {}
-    if kind in ("norm", "swiglu"):
+    if kind in ("norm", "norm_in_dtype", "swiglu"):
         kwargs = dict(norm=(1 + 0.1 * torch.randn(K, device=DEVICE, generator=g)).to(dtype), eps=1e-6)
-    else:
+    if kind not in ("norm", "swiglu"):  # (the stream in fp32, or a first layer's input in the weights' dtype)
         x = x.to(dtype)
     if kind == "swiglu":
         kwargs["swiglu"] = True
-    if kind == "residual":
+    if kind.startswith("residual"):  # the stream in fp32, or a first layer's input in the weights' dtype
         kwargs["residual"] = torch.randn(M, N, device=DEVICE, generator=g)
+        if kind == "residual_in_dtype":
+            kwargs["residual"] = kwargs["residual"].to(dtype)
     if kind == "logits":
         kwargs["fp32_out"] = True
     out = kernels.fused_linear(x, w, **kwargs)
@@ -437,3 +440,21 @@ def test_a_decoder_step_with_the_fused_attention(monkeypatch, tmp_path, fused):
     _close(outs[1], outs[0], torch.float32)
     _close(caches[1].k, caches[0].k, torch.float32)  # (layer 2 on: from hidden states equal to rounding)
     _close(caches[1].v, caches[0].v, torch.float32)
+
+
+def test_frame_sum_adds_in_order():
+    """The frame embedding's fp32 sum (3 kernels on CUDA) equals adding the 16 embeddings one by one, bit for
+    bit; magnitudes spread so that another order would round differently."""
+    from q3tts.engine.runner import _frame_sum
+
+    g = torch.Generator(DEVICE).manual_seed(3)
+    dtype = DTYPES[-1]
+    embeds = [(torch.randn(4, 256, device=DEVICE, generator=g) * 10.0 ** (i % 5 - 2)).to(dtype) for i in range(16)]
+    expected = embeds[0].float()
+    for e in embeds[1:]:
+        expected = expected + e.float()
+    assert torch.equal(_frame_sum(embeds), expected)
+    backwards = embeds[-1].float()
+    for e in embeds[-2::-1]:
+        backwards = backwards + e.float()
+    assert not torch.equal(backwards, expected)  # the order shows in the bits

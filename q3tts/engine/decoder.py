@@ -83,7 +83,7 @@ class FlatDecoder:
     def _fused_decode(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
                       cache: PagedCache) -> torch.Tensor:
         dtype = self.final_norm.dtype
-        residual = x.float()
+        residual = x  # (read as fp32 by the first norm and residual add: no cast kernel for a bf16 input)
         for i, w in enumerate(self.layers):
             qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps, pdl=True)
             attended = decode_attention(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,

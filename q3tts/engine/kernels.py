@@ -389,12 +389,12 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     """x @ weight.T for a few tokens (weight: [N, K], nn.Linear's layout) with what surrounds it in a decoder
     layer done in the same kernel, in the weights' dtype with fp32 accumulation (one program reads all the rows:
     meant for decode steps of a few rows, see decoder.FUSED_MAX_ROWS):
-      * norm: x is the fp32 residual stream; it is RMS-normalised (eps, then times `norm`) and cast to the
-        weights' dtype first, as add_rmsnorm does;
+      * norm: x is the residual stream (fp32; a first layer's input in any float dtype, read as fp32); it is
+        RMS-normalised (eps, then times `norm`) and cast to the weights' dtype first, as add_rmsnorm does;
       * swiglu: weight is gate/up stacked ([2 I, K]); returns silu(gate) * up [M, I], as silu_mul does on the
         product's output;
-      * residual: returns the new fp32 residual stream, residual + the product (rounded to the weights' dtype
-        first, as F.linear's output is).
+      * residual: returns the new fp32 residual stream, residual (any float dtype, read as fp32) + the product
+        (rounded to the weights' dtype first, as F.linear's output is).
     Otherwise returns the product [M, N] in the weights' dtype, or with `fp32_out` in fp32 without that rounding
     (as torch.mm(..., out_dtype=torch.float32): the heads' logits). Same operations and roundings as the unfused
     kernels; only the order of the fp32 sums inside the product differs from cuBLAS's. `pdl`: launched with PDL
@@ -402,6 +402,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     if fp32_out and (swiglu or residual is not None):
         raise ValueError("fp32_out is for the plain product")
     x = x.contiguous()
+    residual = residual.contiguous() if residual is not None else None
     M, K = x.shape
     N = weight.shape[0] // 2 if swiglu else weight.shape[0]
     dtype = weight.dtype
@@ -519,6 +520,14 @@ if triton is not None:
 
 
     @triton.jit
+    def _gemv_input(x_ptr, norm_ptr, kk, k_in, inv, NORM: tl.constexpr, dtype: tl.constexpr):
+        """Columns kk of the one-row input as the product sees them: [1, BLOCK_K] fp32 holding dtype values."""
+        a = tl.load(x_ptr + kk, mask=k_in, other=0.0)
+        if NORM:
+            a = a.to(tl.float32) * inv * tl.load(norm_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
+        return a.to(dtype).to(tl.float32)[None, :]
+
+    @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
                      SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, K_ALL: tl.constexpr, PDL: tl.constexpr):
@@ -526,32 +535,36 @@ if triton is not None:
         # summed over K once at the end. The same roundings (the normalised input and the product cast to the
         # weights' dtype); only the order of the fp32 sums differs.
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = tl.arange(0, BLOCK_K)
+        n_in = n < N
+        # The first weight tile is requested before waiting for the previous kernel (weights are no kernel's
+        # output): with PDL its load overlaps the previous kernel's last wave.
+        w_mask = n_in[:, None] & (k < K)[None, :]
+        w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=w_mask, other=0.0)
+        if SWIGLU:
+            w_up = tl.load(w_ptr + (N + n)[:, None] * K + k[None, :], mask=w_mask, other=0.0)
         if PDL:  # (see PDL above)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        k = tl.arange(0, BLOCK_K)
-        n_in = n < N
         dtype = w_ptr.dtype.element_ty
+        inv = 0.0
         if NORM:
             k_all = tl.arange(0, K_ALL)
             xs = tl.load(x_ptr + k_all, mask=k_all < K, other=0.0).to(tl.float32)
             inv = tl.rsqrt(tl.sum(xs * xs, axis=0) / K + eps)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        a = _gemv_input(x_ptr, norm_ptr, k, k < K, inv, NORM, dtype)
+        acc = w.to(tl.float32) * a
         if SWIGLU:
-            acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+            acc_up = w_up.to(tl.float32) * a
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             kk = k0 + k
             k_in = kk < K
+            a = _gemv_input(x_ptr, norm_ptr, kk, k_in, inv, NORM, dtype)
             w_mask = n_in[:, None] & k_in[None, :]
-            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-            a = tl.load(x_ptr + kk, mask=k_in, other=0.0)
-            if NORM:
-                a = a.to(tl.float32) * inv * tl.load(norm_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
-            a = a.to(dtype).to(tl.float32)[None, :]
-            acc += w.to(tl.float32) * a
+            acc += tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=w_mask, other=0.0).to(tl.float32) * a
             if SWIGLU:
-                w = tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-                acc_up += w.to(tl.float32) * a
+                acc_up += tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=w_mask,
+                                  other=0.0).to(tl.float32) * a
         y = tl.sum(acc, axis=1)
         if ROUND:
             y = y.to(dtype).to(tl.float32)
