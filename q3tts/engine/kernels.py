@@ -520,14 +520,6 @@ if triton is not None:
 
 
     @triton.jit
-    def _gemv_input(x_ptr, norm_ptr, kk, k_in, inv, NORM: tl.constexpr, dtype: tl.constexpr):
-        """Columns kk of the one-row input as the product sees them: [1, BLOCK_K] fp32 holding dtype values."""
-        a = tl.load(x_ptr + kk, mask=k_in, other=0.0)
-        if NORM:
-            a = a.to(tl.float32) * inv * tl.load(norm_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
-        return a.to(dtype).to(tl.float32)[None, :]
-
-    @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
                      SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, K_ALL: tl.constexpr, PDL: tl.constexpr):
@@ -535,36 +527,32 @@ if triton is not None:
         # summed over K once at the end. The same roundings (the normalised input and the product cast to the
         # weights' dtype); only the order of the fp32 sums differs.
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = tl.arange(0, BLOCK_K)
-        n_in = n < N
-        # The first weight tile is requested before waiting for the previous kernel (weights are no kernel's
-        # output): with PDL its load overlaps the previous kernel's last wave.
-        w_mask = n_in[:, None] & (k < K)[None, :]
-        w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=w_mask, other=0.0)
-        if SWIGLU:
-            w_up = tl.load(w_ptr + (N + n)[:, None] * K + k[None, :], mask=w_mask, other=0.0)
         if PDL:  # (see PDL above)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+        k = tl.arange(0, BLOCK_K)
+        n_in = n < N
         dtype = w_ptr.dtype.element_ty
-        inv = 0.0
         if NORM:
             k_all = tl.arange(0, K_ALL)
             xs = tl.load(x_ptr + k_all, mask=k_all < K, other=0.0).to(tl.float32)
             inv = tl.rsqrt(tl.sum(xs * xs, axis=0) / K + eps)
-        a = _gemv_input(x_ptr, norm_ptr, k, k < K, inv, NORM, dtype)
-        acc = w.to(tl.float32) * a
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         if SWIGLU:
-            acc_up = w_up.to(tl.float32) * a
-        for k0 in range(BLOCK_K, K, BLOCK_K):
+            acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
             kk = k0 + k
             k_in = kk < K
-            a = _gemv_input(x_ptr, norm_ptr, kk, k_in, inv, NORM, dtype)
             w_mask = n_in[:, None] & k_in[None, :]
-            acc += tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=w_mask, other=0.0).to(tl.float32) * a
+            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+            a = tl.load(x_ptr + kk, mask=k_in, other=0.0)
+            if NORM:
+                a = a.to(tl.float32) * inv * tl.load(norm_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
+            a = a.to(dtype).to(tl.float32)[None, :]
+            acc += w.to(tl.float32) * a
             if SWIGLU:
-                acc_up += tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=w_mask,
-                                  other=0.0).to(tl.float32) * a
+                w = tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+                acc_up += w.to(tl.float32) * a
         y = tl.sum(acc, axis=1)
         if ROUND:
             y = y.to(dtype).to(tl.float32)

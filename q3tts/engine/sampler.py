@@ -29,20 +29,16 @@ def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Ten
         if talker is not None:
             talker.seen[torch.arange(B, device=ids.device), ids] = True
         return ids
+    if V >= 2**16:
+        raise ValueError(f"the sampling kernel takes vocabularies below 65536 ids, got {V}")
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     t = talker
     _sample_kernel[(B,)](
         logits, V, params.do_sample, params.temperature, params.top_k, params.top_p, seeds, counters, out,
         t.seen if t else logits, t.penalty if t else logits, t.steps if t else logits,
         t.suppress if t else logits, t.eos_id if t else 0, t.min_new_tokens if t else 0,
-        HAS_PROCESSORS=t is not None, BLOCK_V=triton.next_power_of_2(V), DIGIT=TOP_K_DIGIT,
-        num_warps=8)
+        HAS_PROCESSORS=t is not None, BLOCK_V=triton.next_power_of_2(V), num_warps=8)
     return out
-
-
-# Bits of the top-k threshold found per pass over the logits (1, 2 or 4; 32 / DIGIT passes): docs/perf-notes.md,
-# entry 49.
-TOP_K_DIGIT = 2
 
 
 class TalkerProcessors:
@@ -71,7 +67,7 @@ if triton is not None:
     @triton.jit
     def _sample_kernel(logits_ptr, V, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr, out_ptr,
                        seen_ptr, penalty_ptr, steps_ptr, suppress_ptr, eos_id, min_new,
-                       HAS_PROCESSORS: tl.constexpr, BLOCK_V: tl.constexpr, DIGIT: tl.constexpr):
+                       HAS_PROCESSORS: tl.constexpr, BLOCK_V: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_V)
         valid = cols < V
@@ -88,15 +84,19 @@ if triton is not None:
             x = x / tl.load(temp_ptr + b)
             k = tl.load(top_k_ptr + b)
             if (k > 0) & (k < V):
-                # The largest threshold that keeps >= k keys, DIGIT bits at a time: each pass counts the keys at or
-                # above every value of the next digit in one reduction (the counts fall as the digit grows).
+                # The largest threshold that keeps >= k keys, two bits per pass: the keys at or above each of the
+                # next digit's three values are counted in one reduction, 16 bits a count (V < 2^16), and the
+                # counts fall as the digit grows.
                 key = _ordered(x)
-                digits = tl.arange(0, 1 << DIGIT).to(tl.int64)
                 threshold = tl.zeros([], tl.int64)
-                for shift in tl.static_range(32 - DIGIT, -1, -DIGIT):
-                    candidates = threshold | (digits << shift)
-                    counts = tl.sum(((key[None, :] >= candidates[:, None]) & valid[None, :]).to(tl.int32), axis=1)
-                    threshold = threshold | ((tl.sum((counts >= k).to(tl.int64), axis=0) - 1) << shift)
+                for shift in tl.static_range(30, -1, -2):
+                    packed = (((key >= (threshold | (1 << shift))) & valid).to(tl.int64)
+                              + (((key >= (threshold | (2 << shift))) & valid).to(tl.int64) << 16)
+                              + (((key >= (threshold | (3 << shift))) & valid).to(tl.int64) << 32))
+                    counts = tl.sum(packed, axis=0)
+                    digit = (((counts & 0xFFFF) >= k).to(tl.int64) + (((counts >> 16) & 0xFFFF) >= k).to(tl.int64)
+                             + ((counts >> 32) >= k).to(tl.int64))
+                    threshold = threshold | (digit << shift)
                 x = tl.where(key >= threshold, x, float("-inf"))
             probs = tl.exp(x - tl.max(x, axis=0))
             probs = probs / tl.sum(probs, axis=0)
