@@ -101,22 +101,22 @@ def main() -> None:
                     with mock.patch.object(kernels, "GEMV_MAX_ROWS", 0):
                         t_dot = time_ms(fused)
                         total["dot"] = total.get("dot", 0.0) + t_dot
-                    table_, key = kernels.GEMV_TILES, (out_n, K, kind == "swiglu")
+                    swept, key = kernels.GEMV_TILES, (out_n, K, kind == "swiglu")
                 else:
-                    table_, key = kernels.FUSED_LINEAR_TILES, (max(16, 1 << (M - 1).bit_length()), out_n, K,
+                    swept, key = kernels.FUSED_LINEAR_TILES, (max(16, 1 << (M - 1).bit_length()), out_n, K,
                                                                kind == "swiglu")
                 results = []
                 for tiles in GEMV_CANDIDATES if gemv else CANDIDATES:
                     if tiles[1] > K:
                         continue
-                    table_[key] = tiles
+                    swept[key] = tiles
                     try:
                         results.append((time_ms(fused), tiles))
                     except Exception as e:  # out of shared memory or registers
                         results.append((float("inf"), tiles))
                         print(f"  {tiles}: {type(e).__name__}")
                 best, tiles = min(results)
-                table_[key] = tiles
+                swept[key] = tiles
                 table[key] = tiles
                 err = float((fused().float() - ref.float()).abs().max() / ref.float().abs().max())
                 gb = N * K * 2 / 1e9

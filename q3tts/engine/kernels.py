@@ -268,8 +268,6 @@ if triton is not None:
 
 # ---- decode: q/k RMSNorm + RoPE + KV store + attention in one kernel --------------------------------------------
 
-ATTENTION_WARPS = 4  # docs/perf-notes.md, entry 49
-
 def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                      inv_freq: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
@@ -291,7 +289,7 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
-        IEEE=k_cache.dtype == torch.float32, PDL=pdl, num_warps=ATTENTION_WARPS,
+        IEEE=k_cache.dtype == torch.float32, PDL=pdl, num_warps=4,  # (2 and 8 are slower: perf-notes 49)
         **({"launch_pdl": True} if pdl else {}))
     return out
 
@@ -460,6 +458,22 @@ def _fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out=False):
 
 if triton is not None:
     @triton.jit
+    def _linear_epilogue(acc, acc_up, out_ptr, res_ptr, offs, mask, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
+                         ROUND: tl.constexpr, dtype: tl.constexpr):
+        """The fused products' last step, from the fp32 sums (`acc_up`: SwiGLU's up half): the product rounded to
+        the weights' dtype (unless not ROUND), then SwiGLU, the residual add or nothing, and the store."""
+        y = acc
+        if ROUND:
+            y = y.to(dtype).to(tl.float32)
+        if SWIGLU:
+            up = acc_up.to(dtype).to(tl.float32)
+            tl.store(out_ptr + offs, (y / (1.0 + tl.exp(-y)) * up).to(dtype), mask=mask)
+        elif RESIDUAL:
+            tl.store(out_ptr + offs, tl.load(res_ptr + offs, mask=mask, other=0.0) + y, mask=mask)
+        else:
+            tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
     def _fused_linear_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
                              SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr,
                              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -505,19 +519,10 @@ if triton is not None:
                     acc_up += tl.dot(a, tl.trans(w), input_precision="ieee")
                 else:
                     acc_up += tl.dot(a, tl.trans(w))
-        offs = m[:, None] * N + n[None, :]
-        mask = m_in[:, None] & n_in[None, :]
-        y = acc
-        if ROUND:
-            y = y.to(dtype).to(tl.float32)
-        if SWIGLU:
-            up = acc_up.to(dtype).to(tl.float32)
-            tl.store(out_ptr + offs, (y / (1.0 + tl.exp(-y)) * up).to(dtype), mask=mask)
-        elif RESIDUAL:
-            tl.store(out_ptr + offs, tl.load(res_ptr + offs, mask=mask, other=0.0) + y, mask=mask)
-        else:
-            tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-
+        if not SWIGLU:
+            acc_up = acc  # (unused)
+        _linear_epilogue(acc, acc_up, out_ptr, res_ptr, m[:, None] * N + n[None, :], m_in[:, None] & n_in[None, :],
+                         SWIGLU, RESIDUAL, ROUND, dtype)
 
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
@@ -554,15 +559,10 @@ if triton is not None:
                 w = tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
                 acc_up += w.to(tl.float32) * a
         y = tl.sum(acc, axis=1)
-        if ROUND:
-            y = y.to(dtype).to(tl.float32)
+        up = y  # (unused without SWIGLU)
         if SWIGLU:
-            up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
-            tl.store(out_ptr + n, (y / (1.0 + tl.exp(-y)) * up).to(dtype), mask=n_in)
-        elif RESIDUAL:
-            tl.store(out_ptr + n, tl.load(res_ptr + n, mask=n_in, other=0.0) + y, mask=n_in)
-        else:
-            tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=n_in)
+            up = tl.sum(acc_up, axis=1)
+        _linear_epilogue(y, up, out_ptr, res_ptr, n, n_in, SWIGLU, RESIDUAL, ROUND, dtype)
 
 
 # ---- SwiGLU activation ---------------------------------------------------------------------------------------

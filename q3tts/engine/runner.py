@@ -327,7 +327,7 @@ class ModelRunner:
 
     def _head(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self._head_out_dtype:
-            if self._decode["fused"] and hidden.shape[0] <= kernels.GEMV_MAX_ROWS:  # (the one-row matrix-vector kernel)
+            if self._decode["fused"] and hidden.shape[0] <= kernels.GEMV_MAX_ROWS:  # one row: a GEMV kernel
                 return kernels.fused_linear(hidden, weight, fp32_out=True)
             return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
         return F.linear(hidden, weight).float()
