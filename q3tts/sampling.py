@@ -110,7 +110,6 @@ class SamplerTensors:
         return SamplerTensors(self.do_sample[:n], self.temperature[:n], self.top_k[:n], self.top_p[:n])
 
 
-
 def suppressed_ids(vocab_size: int, eos_id: int, device: torch.device | str) -> torch.Tensor:
     """[V] bool: the last NUM_CONTROL_IDS ids of the codec vocabulary (control tokens) except EOS."""
     mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)

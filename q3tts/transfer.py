@@ -52,8 +52,8 @@ def write_rows(targets: list[torch.Tensor], rows: list[int], values: list[torch.
     for i, target in enumerate(targets):
         by_dtype.setdefault(target.dtype, []).append(i)
     for dtype, group in by_dtype.items():
-        host = [values[i].to(dtype).reshape(len(rows), -1) for i in group]
-        flat = to_device(torch.cat([v.reshape(-1) for v in host]), targets[group[0]].device)
+        host = [values[i].to(dtype).reshape(-1) for i in group]
+        flat = to_device(torch.cat(host), targets[group[0]].device)
         parts = [part.view(values[i].shape) for i, part in zip(group, flat.split([v.numel() for v in host]))]
         if run:
             torch._foreach_copy_([targets[i][run] for i in group], parts)
