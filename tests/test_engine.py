@@ -97,7 +97,6 @@ def test_engine_hidden_states_match_teacher_forcing(tts):
 def test_engine_teacher_forcing_matches_reference(tts):
     prompts, params = _requests(tts)
     codes = generate_codes(tts.model.talker, prompts[:1], params[:1])[0]
-    # Fewer code-predictor rows than frames: the frames are processed in chunks.
     runner = ModelRunner(tts.model, EngineConfig(max_rows=4, max_context=128, block_size=16, max_trailing=64))
     talker, cp = runner.teacher_forced_logits(prompts[0], codes)
     ref_talker, ref_cp = teacher_forced_logits(tts.model.talker, prompts[0], codes)

@@ -141,7 +141,7 @@ def test_silu_mul(monkeypatch, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("M", [1, 2, 5, 16])
 @pytest.mark.parametrize("kind", ["plain", "norm", "norm_in_dtype", "swiglu", "residual", "residual_in_dtype",
                                   "logits"])
 def test_fused_linear(monkeypatch, dtype, M, kind):
@@ -193,18 +193,20 @@ def test_fused_linear_with_each_measured_tile(monkeypatch, tiles):
 @pytest.mark.parametrize("tiles", [(1, 64, 4, 3), (2, 128, 2, 2), (8, 256, 8, 4)]
                          + sorted(set(kernels.GEMV_TILES.values())))
 def test_gemv_with_each_tile(monkeypatch, tiles):
-    """The one-row kernel computes the same product with every tile shape: the measured ones and a few small
-    ones the interpreter can run (K a multiple of the K tile or not, N not a multiple of the N tile)."""
+    """The matrix-vector kernel computes the same product with every tile shape, for one row and two: the
+    measured ones and a few small ones the interpreter can run (K a multiple of the K tile or not, N not a
+    multiple of the N tile), every fused neighbour, the norm of each row its own."""
     monkeypatch.setattr(kernels, "_gemv_tiles", lambda *args: tiles)
     dtype = DTYPES[-1]
     g = torch.Generator(DEVICE).manual_seed(11)
-    for K in (2 * tiles[1], tiles[1] + 40):
+    for M, K in [(M, K) for M in range(1, kernels.GEMV_MAX_ROWS + 1) for K in (2 * tiles[1], tiles[1] + 40)]:
         w = (0.1 * torch.randn(2 * 37, K, device=DEVICE, generator=g)).to(dtype)
-        x = torch.randn(1, K, device=DEVICE, generator=g)
+        x = torch.randn(M, K, device=DEVICE, generator=g) * torch.tensor([1.0, 30.0][:M], device=DEVICE)[:, None]
         norm = (1 + 0.1 * torch.randn(K, device=DEVICE, generator=g)).to(dtype)
         for kwargs, inputs in ((dict(norm=norm, eps=1e-6, swiglu=True), x), (dict(norm=norm, eps=1e-6), x),
-                               (dict(residual=torch.randn(1, 74, device=DEVICE, generator=g)), x.to(dtype)),
-                               ({}, x.to(dtype)), (dict(fp32_out=True), x.to(dtype))):
+                               (dict(residual=torch.randn(M, 74, device=DEVICE, generator=g)), x.to(dtype)),
+                               ({}, x.to(dtype)), (dict(fp32_out=True), x.to(dtype)),
+                               (dict(norm=norm, eps=1e-6, fp32_out=True), x)):
             out = kernels.fused_linear(inputs, w, **kwargs)
             _close(out, _twin(monkeypatch, kernels.fused_linear, inputs, w, **kwargs), dtype)
 
@@ -435,6 +437,91 @@ def test_a_decoder_step_with_the_fused_attention(monkeypatch, tmp_path, fused):
     _close(outs[1], outs[0], torch.float32)
     _close(caches[1].k, caches[0].k, torch.float32)  # (layer 2 on: from hidden states equal to rounding)
     _close(caches[1].v, caches[0].v, torch.float32)
+
+
+@pytest.mark.parametrize("case", ["decode_1", "decode_2", "first_pass"])
+def test_the_fused_products_equal_the_unfused_decoder(monkeypatch, tmp_path, case):
+    """A call of one or two tokens on the fused products (the matrix-vector kernel with the norms, SwiGLU and
+    residual adds inside) equals the unfused decoder: one stream's or two streams' decode step, and a code
+    predictor's first pass (two new tokens of one row, attention through the prefill kernels); hidden states and
+    caches. With final_norm=False the residual stream comes back, and the final norm of it is the output."""
+    from q3tts import TTS
+    from q3tts.engine.decoder import FlatDecoder, PagedCache
+    from q3tts.tiny import tiny_checkpoint
+
+    tts = TTS.from_pretrained(tiny_checkpoint("tiny", tmp_path), device=DEVICE, dtype=torch.float32)
+    cp, cc = tts.model.talker.code_predictor, tts.config.talker_config.code_predictor_config
+    decoder = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
+                          cc.head_dim, cp.model.inv_freq)
+    history, rows, positions = {"decode_1": ([4], [0], [4]), "decode_2": ([4, 9], [0, 1], [4, 9]),
+                                "first_pass": ([0], [0, 0], [0, 1])}[case]
+    g = torch.Generator(DEVICE).manual_seed(1)
+    past_rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
+    past_positions = torch.tensor([i for n in history for i in range(n)], dtype=torch.int32, device=DEVICE)
+    past = torch.randn(len(past_rows), cc.hidden_size, generator=g, device=DEVICE)
+    x = torch.randn(len(rows), cc.hidden_size, generator=g, device=DEVICE)
+    rows = torch.tensor(rows, dtype=torch.int32, device=DEVICE)
+    positions = torch.tensor(positions, dtype=torch.int32, device=DEVICE)
+    decode = case != "first_pass"
+    assert decoder.fuses(len(rows), True) and not decoder.fuses(len(rows), False)
+    outs, caches = [], []
+    with torch.no_grad():
+        for fused in (False, True):
+            cache = PagedCache.allocate(cc.num_hidden_layers, 4, 16, cc.num_key_value_heads, cc.head_dim, 2, 1,
+                                        torch.float32, torch.device(DEVICE))
+            cache.block_table.copy_(torch.tensor([[1], [2]], dtype=torch.int32))
+            if len(past_rows):
+                _twin(monkeypatch, decoder, past, past_rows, past_positions, cache)  # the same history in both
+            outs.append(decoder(x, rows, positions, cache, decode=decode, fused=fused))
+            caches.append(cache)
+        residual = decoder(x, rows, positions, caches[1], decode=decode, fused=True, final_norm=False)
+    assert residual.dtype == torch.float32
+    _close(outs[1], outs[0], torch.float32)
+    _close(kernels.add_rmsnorm(residual, None, decoder.final_norm, decoder.eps, torch.float32)[0], outs[0],
+           torch.float32)
+    _close(caches[1].k, caches[0].k, torch.float32)
+    _close(caches[1].v, caches[0].v, torch.float32)
+    with pytest.raises(ValueError, match="final_norm"):
+        decoder(x, rows, positions, caches[0], decode=decode, fused=False, final_norm=False)
+
+
+def test_the_runner_on_the_fused_products(monkeypatch, tmp_path):
+    """The frame on the fused products (one or two streams; fp32 here, where the runner keeps them off, so that
+    the interpreter can run them and the reference is exact): the code predictor's first pass and steps and the
+    heads with the final norm inside their products give the reference model's teacher-forced logits, and the
+    codes of two streams are the reference loop's."""
+    from q3tts import TTS
+    from q3tts.engine import EngineConfig
+    from q3tts.engine.runner import ModelRunner
+    from q3tts.prompt import build_prompt
+    from q3tts.reference import generate_codes
+    from q3tts.teacher_forcing import teacher_forced_logits
+    from q3tts.tiny import tiny_checkpoint
+    from tests.test_engine import _run_engine
+
+    tts = TTS.from_pretrained(tiny_checkpoint("tiny", tmp_path), device=DEVICE, dtype=torch.float32)
+    talker = tts.model.talker
+    specs = [tts.request(text, speaker="ryan", language="english").spec for text in ("Hello there.", "Thank you.")]
+    prompts = [build_prompt(talker, tts.config, spec) for spec in specs]
+    params = [SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=4, seed=1),
+              SamplingParams(max_new_tokens=3, seed=4)]
+    reference = generate_codes(talker, prompts, params)
+    runner = ModelRunner(tts.model, EngineConfig(max_rows=2, max_context=128, block_size=16, max_trailing=64))
+    runner._decode = {"decode": True, "fused": True}
+    if DEVICE == "cpu":  # one program per product (the interpreter runs programs one by one)
+        monkeypatch.setattr(kernels, "_gemv_tiles", lambda N, K, swiglu: (triton.next_power_of_2(N),
+                                                                          triton.next_power_of_2(K), 4, 1))
+    calls = []
+    monkeypatch.setattr(kernels, "fused_linear", lambda *a, **k: calls.append(k) or _fused_linear(*a, **k))
+    ours = runner.teacher_forced_logits(prompts[0], reference[0])
+    for a, b in zip(ours, teacher_forced_logits(talker, prompts[0], reference[0])):
+        assert a.shape == b.shape and float((a - b).abs().max() / b.abs().max()) < 1e-5
+    assert any(k.get("fp32_out") and k.get("norm") is not None for k in calls)  # the heads norm their input
+    for a, b in zip(_run_engine(runner, prompts, params), reference):
+        assert torch.equal(a, b)
+
+
+_fused_linear = kernels.fused_linear
 
 
 def test_frame_sum_adds_in_order():

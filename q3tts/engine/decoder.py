@@ -2,8 +2,9 @@
 
 Serves the talker (prefill and decode) and the code predictor alike. Per layer: add+RMSNorm, one qkv matrix
 product, q/k norm + RoPE + KV store, paged attention, o projection, add+RMSNorm, one gate/up product, SwiGLU,
-down projection: 9 kernels. Decode steps of a few rows in bf16/fp16 (`fused`) take 5: the norms, SwiGLU and the
-residual adds move into the matrix products (kernels.fused_linear), q/k norm, RoPE and the store into attention.
+down projection: 9 kernels. Calls of a token or two in bf16/fp16 (`fused`: a stream's decode step, its code
+predictor's first pass) take 5 (6 beside the prefill's attention): the norms, SwiGLU and the residual adds move into
+the matrix products (kernels.fused_linear), q/k norm, RoPE and the store into attention.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 
 from ..layers.attention import FusedLayerWeights, fuse_layer
 from .kernels import (
+    GEMV_MAX_ROWS,
     add_rmsnorm,
     decode_attention,
     fused_linear,
@@ -23,10 +25,13 @@ from .kernels import (
     silu_mul,
 )
 
-# Decode steps of up to this many rows take the fused products (`fused`). Measured on an H100 (docs/perf-notes.md,
-# entries 38 and 42): the whole 1.7B frame at 1 row 4.79 ms fused against 5.05 unfused; at 2, 4 and 8 rows
-# 0.03-0.06 ms slower fused; at 64, 1.8x slower per product (every program norms all the rows it reads).
-FUSED_MAX_ROWS = 1
+# Calls of up to this many tokens take the fused products (`fused`; a decoder may take fewer, `max_fused`): the
+# matrix-vector kernel's rows (kernels.GEMV_MAX_ROWS). Measured on an H100 (docs/perf-notes.md, entries 38, 41,
+# 49 and 51): with the tensor-core kernel the 1.7B frame at 1 row took 4.79 ms fused against 5.05 unfused, at
+# 2-16 rows 0.03-0.06 ms more fused (from two rows on cuBLAS runs GEMM kernels), at 64 1.8x more per product
+# (every program norms all the rows it reads); the matrix-vector kernel took one row to 4.00 ms, and two rows
+# from 5.06 / 4.31 ms (1.7B / 0.6B) to 4.88 / 3.88.
+FUSED_MAX_ROWS = GEMV_MAX_ROWS
 
 
 @dataclass
@@ -49,46 +54,59 @@ class FlatDecoder:
     """Runs `layers` (modules of the reference model, fused in place) over tokens at (rows, positions)."""
 
     def __init__(self, layers, final_norm: torch.Tensor, eps: float, num_heads: int, head_dim: int,
-                 inv_freq: torch.Tensor):
+                 inv_freq: torch.Tensor, max_fused: int = FUSED_MAX_ROWS):
         self.layers: list[FusedLayerWeights] = [fuse_layer(layer) for layer in layers]
         self.final_norm, self.eps = final_norm, eps
         self.num_heads, self.head_dim = num_heads, head_dim
         self.inv_freq = inv_freq.float()
+        self.max_fused = min(max_fused, FUSED_MAX_ROWS)
+
+    def fuses(self, num_tokens: int, fused: bool = False) -> bool:
+        """Whether a call over `num_tokens` tokens with `fused` takes the fused products."""
+        return fused and num_tokens <= self.max_fused
 
     def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-                 decode: bool = False, fused: bool = False) -> torch.Tensor:
+                 decode: bool = False, fused: bool = False, final_norm: bool = True) -> torch.Tensor:
         """x: [N, hidden] (any float dtype; the residual stream is fp32) -> normed hidden [N, hidden] in the
         weights' dtype. Writes each token's keys and values at its (row, position). `decode`: every token is the
-        only new one of its row, so q/k norm, RoPE, the KV store and attention run as one kernel; `fused` (with
-        decode, up to FUSED_MAX_ROWS tokens): the matrix products take their neighbours in too."""
-        if decode and fused and x.shape[0] <= FUSED_MAX_ROWS:
-            return self._fused_decode(x, rows, positions, cache)
+        only new one of its row, so q/k norm, RoPE, the KV store and attention run as one kernel; `fused` (up to
+        `max_fused` tokens, `fuses`): the matrix products take their neighbours in too, and `final_norm`
+        False returns the residual stream (fp32) before the final norm, for a product that norms its input
+        itself (fused_linear(norm=self.final_norm)): one kernel fewer."""
+        if self.fuses(x.shape[0], fused):
+            return self._fused(x, rows, positions, cache, decode, final_norm)
+        if not final_norm:
+            raise ValueError("final_norm=False is for the fused products (see fuses)")
         dtype = self.final_norm.dtype
         h, residual = x, None
         for i, w in enumerate(self.layers):
             y, residual = add_rmsnorm(h, residual, w.input_norm, self.eps, dtype)
-            qkv = F.linear(y, w.qkv)
-            if decode:
-                attended = decode_attention(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
-                                            cache.block_table, cache.k[i], cache.v[i], self.num_heads, dtype)
-            else:
-                q = qk_norm_rope_store(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
-                                       cache.block_table, cache.k[i], cache.v[i], self.num_heads)
-                attended = paged_attention(q, cache.k[i], cache.v[i], cache.block_table, rows, positions, dtype)
+            attended = self._attend(i, F.linear(y, w.qkv), rows, positions, cache, decode)
             h = F.linear(attended, w.o)
             y, residual = add_rmsnorm(h, residual, w.post_norm, self.eps, dtype)
             h = F.linear(silu_mul(F.linear(y, w.gate_up)), w.down)
         return add_rmsnorm(h, residual, self.final_norm, self.eps, dtype)[0]
 
-    def _fused_decode(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-                      cache: PagedCache) -> torch.Tensor:
-        dtype = self.final_norm.dtype
+    def _attend(self, i: int, qkv: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
+                decode: bool, pdl: bool = False) -> torch.Tensor:
+        """Layer i's q/k norm, RoPE, KV store and attention over qkv [N, (Hq + 2 Hkv) D] -> [N, Hq D]."""
+        w, dtype = self.layers[i], self.final_norm.dtype
+        if decode:
+            return decode_attention(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
+                                    cache.block_table, cache.k[i], cache.v[i], self.num_heads, dtype, pdl=pdl)
+        q = qk_norm_rope_store(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions, cache.block_table,
+                               cache.k[i], cache.v[i], self.num_heads)
+        return paged_attention(q, cache.k[i], cache.v[i], cache.block_table, rows, positions, dtype)
+
+    def _fused(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
+               decode: bool, final_norm: bool) -> torch.Tensor:
         residual = x  # (read as fp32 by the first norm and residual add: no cast kernel for a bf16 input)
         for i, w in enumerate(self.layers):
             qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps, pdl=True)
-            attended = decode_attention(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
-                                        cache.block_table, cache.k[i], cache.v[i], self.num_heads, dtype, pdl=True)
+            attended = self._attend(i, qkv, rows, positions, cache, decode, pdl=True)
             residual = fused_linear(attended, w.o, residual=residual, pdl=True)
             act = fused_linear(residual, w.gate_up, norm=w.post_norm, eps=self.eps, swiglu=True, pdl=True)
             residual = fused_linear(act, w.down, residual=residual, pdl=True)
-        return add_rmsnorm(residual, None, self.final_norm, self.eps, dtype)[0]
+        if not final_norm:
+            return residual
+        return add_rmsnorm(residual, None, self.final_norm, self.eps, self.final_norm.dtype)[0]

@@ -364,11 +364,12 @@ FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] 
     (16, 6144, 2048, True): (64, 128, 8, 3),
 }
 
-# One row (the one-stream decode step) takes a matrix-vector kernel instead: no tensor cores, so a program can
-# own as few as one output column and even the code predictor's N = 1024 products spread over every SM.
-# (N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of bench/fused_linear.py's candidates
-# with the weights read from memory (docs/perf-notes.md, entry 49); other shapes take _gemv_tiles' heuristic.
-GEMV_MAX_ROWS = 1
+# A row or two (one stream's decode step, its code predictor's first pass) take a matrix-vector kernel instead:
+# no tensor cores, so a program can own as few as one output column and even the code predictor's N = 1024
+# products spread over every SM. (N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of
+# bench/fused_linear.py's candidates at one row with the weights read from memory (docs/perf-notes.md, entry
+# 49); two rows take the same tiles; other shapes take _gemv_tiles' heuristic.
+GEMV_MAX_ROWS = 2
 GEMV_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (1024, 2048, False): (1, 1024, 8, 3),
     (1024, 3072, False): (1, 256, 4, 2),
@@ -415,8 +416,8 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     if M <= GEMV_MAX_ROWS:
         BLOCK_N, BLOCK_K, warps, stages = _gemv_tiles(N, K, swiglu)
         _gemv_kernel[(triton.cdiv(N, BLOCK_N),)](
-            *args, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, K_ALL=triton.next_power_of_2(K) if norm is not None else 1,
-            num_warps=warps, num_stages=stages, **flags)
+            *args, TWO=M == 2, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+            K_ALL=triton.next_power_of_2(K) if norm is not None else 1, num_warps=warps, num_stages=stages, **flags)
         return out
     BLOCK_M = max(16, triton.next_power_of_2(M))
     BLOCK_N, BLOCK_K, warps, stages = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
@@ -525,12 +526,30 @@ if triton is not None:
                          SWIGLU, RESIDUAL, ROUND, dtype)
 
     @triton.jit
+    def _gemv_input(x_ptr, kk, k_in, inv, norm_ptr, NORM: tl.constexpr, dtype: tl.constexpr):
+        """One row's K tile of the product's input, normalised (`inv`: its 1 / RMS) and rounded as the product
+        takes it, in fp32 [1, BLOCK_K]."""
+        a = tl.load(x_ptr + kk, mask=k_in, other=0.0)
+        if NORM:
+            a = a.to(tl.float32) * inv * tl.load(norm_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
+        return a.to(dtype).to(tl.float32)[None, :]
+
+    @triton.jit
+    def _inv_rms(x_ptr, K, eps, NORM: tl.constexpr, K_ALL: tl.constexpr):
+        if NORM:
+            k_all = tl.arange(0, K_ALL)
+            xs = tl.load(x_ptr + k_all, mask=k_all < K, other=0.0).to(tl.float32)
+            return tl.rsqrt(tl.sum(xs * xs, axis=0) / K + eps)
+        return 1.0
+
+    @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
-                     SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, K_ALL: tl.constexpr, PDL: tl.constexpr):
-        # _fused_linear_kernel for one row, on the CUDA cores: a [BLOCK_N, BLOCK_K] tile of products per step,
-        # summed over K once at the end. The same roundings (the normalised input and the product cast to the
-        # weights' dtype); only the order of the fp32 sums differs.
+                     SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr, TWO: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_ALL: tl.constexpr, PDL: tl.constexpr):
+        # _fused_linear_kernel for one row (or with TWO, two rows: each weight tile read once for both), on the
+        # CUDA cores: a [BLOCK_N, BLOCK_K] tile of products per step and row, summed over K once at the end. The
+        # same roundings (the normalised input and the product cast to the weights' dtype); only the order of the
+        # fp32 sums differs.
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         if PDL:  # (see PDL above)
             tl.extra.cuda.gdc_wait()
@@ -538,31 +557,41 @@ if triton is not None:
         k = tl.arange(0, BLOCK_K)
         n_in = n < N
         dtype = w_ptr.dtype.element_ty
-        if NORM:
-            k_all = tl.arange(0, K_ALL)
-            xs = tl.load(x_ptr + k_all, mask=k_all < K, other=0.0).to(tl.float32)
-            inv = tl.rsqrt(tl.sum(xs * xs, axis=0) / K + eps)
+        inv = _inv_rms(x_ptr, K, eps, NORM, K_ALL)
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         if SWIGLU:
             acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        if TWO:
+            inv1 = _inv_rms(x_ptr + K, K, eps, NORM, K_ALL)
+            acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+            if SWIGLU:
+                acc_up1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + k
             k_in = kk < K
             w_mask = n_in[:, None] & k_in[None, :]
-            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-            a = tl.load(x_ptr + kk, mask=k_in, other=0.0)
-            if NORM:
-                a = a.to(tl.float32) * inv * tl.load(norm_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
-            a = a.to(dtype).to(tl.float32)[None, :]
-            acc += w.to(tl.float32) * a
+            w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
+            a = _gemv_input(x_ptr, kk, k_in, inv, norm_ptr, NORM, dtype)
+            acc += w * a
+            if TWO:
+                a1 = _gemv_input(x_ptr + K, kk, k_in, inv1, norm_ptr, NORM, dtype)
+                acc1 += w * a1
             if SWIGLU:
-                w = tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-                acc_up += w.to(tl.float32) * a
+                w = tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
+                acc_up += w * a
+                if TWO:
+                    acc_up1 += w * a1
         y = tl.sum(acc, axis=1)
         up = y  # (unused without SWIGLU)
         if SWIGLU:
             up = tl.sum(acc_up, axis=1)
         _linear_epilogue(y, up, out_ptr, res_ptr, n, n_in, SWIGLU, RESIDUAL, ROUND, dtype)
+        if TWO:
+            y = tl.sum(acc1, axis=1)
+            up = y
+            if SWIGLU:
+                up = tl.sum(acc_up1, axis=1)
+            _linear_epilogue(y, up, out_ptr, res_ptr, N + n, n_in, SWIGLU, RESIDUAL, ROUND, dtype)
 
 
 # ---- SwiGLU activation ---------------------------------------------------------------------------------------
