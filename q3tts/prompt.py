@@ -95,10 +95,9 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_row
         parts.append(first)
         trailing_parts = (tp(ids(text[1:])) if text_rows is None else text_rows[1:], eos[None])
         trailing_ids = text[1:] + [config.tts_eos_token_id]
-    num_positions = sum(part.shape[0] for part in parts)
-    prefix_len, prefix_key = prefix_of(spec, voice, head.shape[0], num_positions)
-    return Prompt(parts=tuple(parts), trailing_parts=trailing_parts, pad=pad, trailing_ids=trailing_ids,
-                  prefix_len=prefix_len, prefix_key=prefix_key)
+    prompt = Prompt(parts=tuple(parts), trailing_parts=trailing_parts, pad=pad, trailing_ids=trailing_ids)
+    prompt.prefix_len, prompt.prefix_key = prefix_of(spec, voice, head.shape[0], prompt.num_positions)
+    return prompt
 
 
 @torch.no_grad()

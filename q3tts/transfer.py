@@ -4,8 +4,8 @@
 copy from pageable memory, which blocks the host until the device reaches the copy: with a frame in flight, the
 rest of the frame (docs/perf-notes.md, entry 46). Staging through pinned memory and copying without blocking
 keeps the copy in stream order instead (the caching host allocator keeps the pinned block until the copy is
-done). The engine moves, clears and arms rows of many per-row tensors between frames; `copy_row`, `zero_rows`
-and `write_rows` do that as multi-tensor launches rather than one small launch per tensor and row.
+done). The engine moves, clears and arms rows of many per-row tensors between frames; `set_row`, `copy_row`,
+`zero_rows` and `write_rows` do that as multi-tensor launches rather than one small launch per tensor and row.
 """
 
 from __future__ import annotations
@@ -32,9 +32,15 @@ def row_slice(rows: list[int]) -> slice | None:
     return slice(rows[0], rows[0] + len(rows)) if rows == list(range(rows[0], rows[0] + len(rows))) else None
 
 
+def set_row(tensors: list[torch.Tensor], row: int, values: list[torch.Tensor]) -> None:
+    """t[row] = value for every tensor (rows of per-row state) and its value, in one multi-tensor launch rather
+    than one each."""
+    torch._foreach_copy_([t[row] for t in tensors], values)
+
+
 def copy_row(tensors: list[torch.Tensor], src: int, dst: int) -> None:
-    """t[dst] = t[src] for every tensor (rows of per-row state), in one multi-tensor launch rather than one each."""
-    torch._foreach_copy_([t[dst] for t in tensors], [t[src] for t in tensors])
+    """t[dst] = t[src] for every tensor, in one multi-tensor launch."""
+    set_row(tensors, dst, [t[src] for t in tensors])
 
 
 def zero_rows(tensors: list[torch.Tensor], rows: list[int]) -> None:

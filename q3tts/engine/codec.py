@@ -20,7 +20,7 @@ from contextlib import nullcontext
 import torch
 
 from ..models.codec_decoder import CodecDecoder
-from ..transfer import copy_row
+from ..transfer import copy_row, set_row
 from .codec_stream import StreamingDecoder
 from .graphs import capture_buckets, replay_or_run
 from .prefix_cache import PrefixCache, tensor_digest
@@ -63,7 +63,7 @@ class CodecRunner:
                 key = tensor_digest(ref)  # (kept per tensor object: a voice's codes are hashed once)
                 kept = done.get(key) or (self.references.get(key) if self.references is not None else None)
                 if kept is not None:
-                    torch._foreach_copy_([t[row] for t in state], list(kept[:len(state)]))
+                    set_row(state, row, list(kept[:len(state)]))
                     self.references_reused += 1
                 else:
                     self.references_decoded += 1
@@ -88,7 +88,7 @@ class CodecRunner:
 
     def swap_in(self, row: int, saved: list[torch.Tensor]) -> None:
         with self._on_codec_stream():
-            torch._foreach_copy_([t[row] for t in self.stream.state.tensors()], saved)
+            set_row(self.stream.state.tensors(), row, saved)
 
     def _on_codec_stream(self):
         return torch.cuda.stream(self.pcm_stream) if self.pcm_stream is not None else nullcontext()

@@ -50,8 +50,11 @@ def _triton_has_pdl() -> bool:
 PDL = triton is not None and _triton_has_pdl()
 
 
-def use_pdl(t: torch.Tensor, pdl: bool) -> bool:
-    return pdl and PDL and t.is_cuda and _capability(t.device.index)[0] >= 9
+def pdl_flags(t: torch.Tensor, pdl: bool) -> dict:
+    """A launch's PDL arguments (the kernel's PDL flag, and the launcher's) for a request `pdl` on `t`'s device."""
+    if pdl and PDL and t.is_cuda and _capability(t.device.index)[0] >= 9:
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
 
 
 @functools.cache
@@ -284,13 +287,12 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     if block_size < 16 or num_heads // num_kv > 16:
         raise ValueError("the attention kernel needs block_size >= 16 and <= 16 query heads per KV head")
     out = torch.empty(N, num_heads * D, dtype=out_dtype, device=qkv.device)
-    pdl = use_pdl(qkv, pdl)
     _decode_attention_kernel[(N, num_kv)](
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
-        IEEE=k_cache.dtype == torch.float32, PDL=pdl, num_warps=4,  # (2 and 8 are slower: perf-notes 49)
-        **({"launch_pdl": True} if pdl else {}))
+        IEEE=k_cache.dtype == torch.float32, num_warps=4,  # (2 and 8 are slower: perf-notes 49)
+        **pdl_flags(qkv, pdl))
     return out
 
 
@@ -408,11 +410,10 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     if not use_triton(x):
         return _fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out)
     out = torch.empty(M, N, dtype=torch.float32 if residual is not None or fp32_out else dtype, device=x.device)
-    pdl = use_pdl(x, pdl)
     args = (x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,
             M, N, K, eps)
     flags = dict(NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None, ROUND=not fp32_out,
-                 PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+                 **pdl_flags(x, pdl))
     if M <= GEMV_MAX_ROWS:
         BLOCK_N, BLOCK_K, warps, stages = _gemv_tiles(N, K, swiglu)
         _gemv_kernel[(triton.cdiv(N, BLOCK_N),)](

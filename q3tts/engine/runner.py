@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import MIN_NEW_TOKENS, SamplerTensors, SamplingParams, suppressed_ids
-from ..transfer import copy_row, row_slice, to_device, write_rows, zero_rows
+from ..transfer import copy_row, row_slice, set_row, to_device, write_rows, zero_rows
 from . import kernels
 from .config import EngineConfig
 from .decoder import FUSED_MAX_ROWS, FlatDecoder, PagedCache
@@ -297,7 +297,7 @@ class ModelRunner:
         blocks = to_device(self.kv.rows[row], self.device)
         self.cache.k[:, blocks] = to_device(swapped.k, self.device)
         self.cache.v[:, blocks] = to_device(swapped.v, self.device)
-        torch._foreach_copy_([t[row] for t in self.state.tensors()], swapped.state)
+        set_row(self.state.tensors(), row, swapped.state)
 
     # ---- the frame -------------------------------------------------------------------------------------------
 
