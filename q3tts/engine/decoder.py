@@ -101,12 +101,13 @@ class FlatDecoder:
     def _fused(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
                decode: bool, final_norm: bool) -> torch.Tensor:
         residual = x  # (read as fp32 by the first norm and residual add: no cast kernel for a bf16 input)
+        pdl = x.shape[0] == 1  # (PDL pays at one token and costs at two: docs/perf-notes.md, entries 51-52)
         for i, w in enumerate(self.layers):
-            qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps, pdl=True)
-            attended = self._attend(i, qkv, rows, positions, cache, decode, pdl=True)
-            residual = fused_linear(attended, w.o, residual=residual, pdl=True)
-            act = fused_linear(residual, w.gate_up, norm=w.post_norm, eps=self.eps, swiglu=True, pdl=True)
-            residual = fused_linear(act, w.down, residual=residual, pdl=True)
+            qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps, pdl=pdl)
+            attended = self._attend(i, qkv, rows, positions, cache, decode, pdl=pdl)
+            residual = fused_linear(attended, w.o, residual=residual, pdl=pdl)
+            act = fused_linear(residual, w.gate_up, norm=w.post_norm, eps=self.eps, swiglu=True, pdl=pdl)
+            residual = fused_linear(act, w.down, residual=residual, pdl=pdl)
         if not final_norm:
             return residual
         return add_rmsnorm(residual, None, self.final_norm, self.eps, self.final_norm.dtype)[0]

@@ -332,7 +332,8 @@ class ModelRunner:
         """fp32 logits of `hidden` (normed) through `weight`; with `norm`, `hidden` is the code predictor's residual
         stream before its final norm, which the product applies (`_code_predictor`)."""
         if norm is not None:
-            return kernels.fused_linear(hidden, weight, norm=norm, eps=self.cp.eps, fp32_out=True, pdl=True)
+            return kernels.fused_linear(hidden, weight, norm=norm, eps=self.cp.eps, fp32_out=True,
+                                        pdl=hidden.shape[0] == 1)
         if self._head_out_dtype:
             if self.talker.fuses(hidden.shape[0], self._decode["fused"]):  # a row or two: a GEMV kernel
                 return kernels.fused_linear(hidden, weight, fp32_out=True)
