@@ -1,8 +1,9 @@
 """Tile shapes for the decode steps' fused matrix products (kernels.fused_linear): every product shape of a
 model's talker and code predictor, for 1 and 64 rows, timed with each candidate (BLOCK_N, BLOCK_K, warps, stages)
-against what it replaces (cuBLAS plus the norm / SwiGLU / residual-add kernels around it). One row takes the
-matrix-vector kernel (GEMV_TILES; the tensor-core kernel with its committed tiles is timed beside it as `dot`),
-more rows the tensor-core kernel (FUSED_LINEAR_TILES). Prints the best per shape, its bandwidth, and the tables
+against what it replaces (cuBLAS plus the norm / SwiGLU / residual-add kernels around it). One or two rows
+take the matrix-vector kernel (GEMV_TILES, swept at one row and shared by two: a two-row sweep is printed, not
+written; the tensor-core kernel with its committed tiles is timed beside it as `dot`), more rows the
+tensor-core kernel (FUSED_LINEAR_TILES). Prints the best per shape, its bandwidth, and the tables
 to paste (`--out`: also as JSON, keys of 3 for GEMV_TILES, of 4 for FUSED_LINEAR_TILES). GPU machine only.
 
 The weights are read from memory as in a frame, not from L2: each timed call reads the next of enough copies to
@@ -105,7 +106,7 @@ def main() -> None:
                 else:
                     swept, key = kernels.FUSED_LINEAR_TILES, (max(16, 1 << (M - 1).bit_length()), out_n, K,
                                                                kind == "swiglu")
-                results = []
+                results, committed = [], swept.get(key)
                 for tiles in GEMV_CANDIDATES if gemv else CANDIDATES:
                     if tiles[1] > K:
                         continue
@@ -116,8 +117,13 @@ def main() -> None:
                         results.append((float("inf"), tiles))
                         print(f"  {tiles}: {type(e).__name__}")
                 best, tiles = min(results)
-                swept[key] = tiles
-                table[key] = tiles
+                if gemv and M > 1:  # (two rows share the one-row table: their best is printed, not written)
+                    if committed is None:
+                        del swept[key]
+                    else:
+                        swept[key] = committed
+                else:
+                    swept[key] = table[key] = tiles
                 err = float((fused().float() - ref.float()).abs().max() / ref.float().abs().max())
                 gb = N * K * 2 / 1e9
                 dot = f"dot {t_dot * 1e3:6.1f} us, " if gemv else ""
