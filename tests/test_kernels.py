@@ -511,17 +511,14 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path):
     if DEVICE == "cpu":  # one program per product (the interpreter runs programs one by one)
         monkeypatch.setattr(kernels, "_gemv_tiles", lambda N, K, swiglu: (triton.next_power_of_2(N),
                                                                           triton.next_power_of_2(K), 4, 1))
-    calls = []
-    monkeypatch.setattr(kernels, "fused_linear", lambda *a, **k: calls.append(k) or _fused_linear(*a, **k))
+    calls, fused_linear = [], kernels.fused_linear
+    monkeypatch.setattr(kernels, "fused_linear", lambda *a, **k: calls.append(k) or fused_linear(*a, **k))
     ours = runner.teacher_forced_logits(prompts[0], reference[0])
     for a, b in zip(ours, teacher_forced_logits(talker, prompts[0], reference[0])):
         assert a.shape == b.shape and float((a - b).abs().max() / b.abs().max()) < 1e-5
     assert any(k.get("fp32_out") and k.get("norm") is not None for k in calls)  # the heads norm their input
     for a, b in zip(_run_engine(runner, prompts, params), reference):
         assert torch.equal(a, b)
-
-
-_fused_linear = kernels.fused_linear
 
 
 def test_frame_sum_adds_in_order():
