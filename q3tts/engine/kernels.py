@@ -657,8 +657,6 @@ _MAX_SPINS = 1 << 22
 # (the interpreter), its programs in all.
 STEP_PROGRAMS_PER_SM = 2
 STEP_WARPS = 4
-# How many phases ahead decoder_step asks L2 for a phase's weights (each program its own tiles; 0: never).
-STEP_PREFETCH = 2
 
 
 def decoder_step(x: torch.Tensor, stacked, final_norm: torch.Tensor, head: torch.Tensor, eps: float,
@@ -710,8 +708,7 @@ def decoder_step(x: torch.Tensor, stacked, final_norm: torch.Tensor, head: torch
                   I_ALL=triton.next_power_of_2(inter), MAX_SPINS=_MAX_SPINS,
                   QKV_BN=t["qkv"][0], QKV_BK=t["qkv"][1], O_BN=t["o"][0], O_BK=t["o"][1],
                   GU_BN=t["gate_up"][0], GU_BK=t["gate_up"][1], DOWN_BN=t["down"][0], DOWN_BK=t["down"][1],
-                  HEAD_BN=t["head"][0], HEAD_BK=t["head"][1], HQ_ALL=triton.next_power_of_2(num_heads * D),
-                  AHEAD=STEP_PREFETCH if on_gpu else 0, num_warps=num_warps or STEP_WARPS)
+                  HEAD_BN=t["head"][0], HEAD_BK=t["head"][1], num_warps=num_warps or STEP_WARPS)
     phases = 5 * L + 1
     if on_gpu:
         key = (x.device, dtype, tuple(sorted(consts.items())))
@@ -719,7 +716,6 @@ def decoder_step(x: torch.Tensor, stacked, final_norm: torch.Tensor, head: torch
         if programs is None:
             kernel = _decoder_step_kernel.warmup(*args, 0, phases, SYNC=True, grid=(1,), **consts)
             programs = _STEP_PROGRAMS[key] = min(wanted, _resident(kernel, x.device) // 2)
-            STEP_KERNELS[key] = {"programs": programs, "registers": kernel.n_regs, "spills": kernel.n_spills}
         _decoder_step_kernel[(programs,)](*args, 0, phases, SYNC=True, **consts)
     else:  # the interpreter runs programs one after another: a launch per phase stands in for the barriers
         for phase in range(phases):
@@ -742,7 +738,6 @@ def _step_tiles(N: int, K: int, swiglu: bool, rows: int, programs: int) -> tuple
 # what the GPU holds at once, so that every program of a launch is resident (a grid barrier waits for all of them)
 # even beside a second launch (two engines on one GPU), and neither can wait on the other.
 _STEP_PROGRAMS: dict = {}
-STEP_KERNELS: dict = {}  # the same keys -> programs, registers and spills of the compiled kernel (benchmarks print it)
 
 
 def _resident(kernel, device: torch.device) -> int:
@@ -780,7 +775,7 @@ if triton is not None:
             H_ALL: tl.constexpr, I_ALL: tl.constexpr, MAX_SPINS: tl.constexpr, SYNC: tl.constexpr,
             QKV_BN: tl.constexpr, QKV_BK: tl.constexpr, O_BN: tl.constexpr, O_BK: tl.constexpr,
             GU_BN: tl.constexpr, GU_BK: tl.constexpr, DOWN_BN: tl.constexpr, DOWN_BK: tl.constexpr,
-            HEAD_BN: tl.constexpr, HEAD_BK: tl.constexpr, HQ_ALL: tl.constexpr, AHEAD: tl.constexpr):
+            HEAD_BN: tl.constexpr, HEAD_BK: tl.constexpr):
         # Phases phase_start..phase_end-1 of: per layer qkv (input norm), attention, o (+ residual), gate/up (post
         # norm, SwiGLU), down (+ residual); then the head (final norm, fp32 logits). The residual stream lives in
         # res_ptr (fp32), updated in place: a product's epilogue reads and writes only its own columns, and the
@@ -790,17 +785,9 @@ if triton is not None:
         W: tl.constexpr = (NUM_HEADS + 2 * NUM_KV) * D
         HQ: tl.constexpr = NUM_HEADS * D
         ROWS: tl.constexpr = 2 if TWO else 1
-        if AHEAD > 0:
-            for q in range(phase_start, tl.minimum(phase_start + AHEAD, phase_end)):
-                _prefetch_phase(q, pid, P, w_qkv, w_o, w_gu, w_down, head_ptr, V, LAYERS, H, INTER, W, HQ, QKV_BN,
-                                O_BN, GU_BN, DOWN_BN, HEAD_BN, H_ALL, HQ_ALL, I_ALL)
         for phase in range(phase_start, phase_end):
             layer = tl.cast(phase // 5, tl.int64)
             kind = phase % 5
-            if AHEAD > 0:
-                if phase + AHEAD < phase_end:
-                    _prefetch_phase(phase + AHEAD, pid, P, w_qkv, w_o, w_gu, w_down, head_ptr, V, LAYERS, H, INTER, W,
-                                    HQ, QKV_BN, O_BN, GU_BN, DOWN_BN, HEAD_BN, H_ALL, HQ_ALL, I_ALL)
             if layer == LAYERS:
                 _gemv_phase(res_ptr, head_ptr, out_ptr, final_norm_ptr, out_ptr, V, H, eps, pid, P, True, False,
                             False, False, TWO, HEAD_BN, HEAD_BK, H_ALL)
@@ -841,38 +828,6 @@ if triton is not None:
             if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:
                 tl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
                 tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
-
-    @triton.jit
-    def _prefetch_phase(q, pid, P, w_qkv, w_o, w_gu, w_down, head_ptr, V, LAYERS: tl.constexpr, H: tl.constexpr,
-                        INTER: tl.constexpr, W: tl.constexpr, HQ: tl.constexpr, QKV_BN: tl.constexpr,
-                        O_BN: tl.constexpr, GU_BN: tl.constexpr, DOWN_BN: tl.constexpr, HEAD_BN: tl.constexpr,
-                        H_ALL: tl.constexpr, HQ_ALL: tl.constexpr, I_ALL: tl.constexpr):
-        """Asks L2 for the weights that program `pid` reads in phase q of _decoder_step_kernel."""
-        layer = tl.cast(q // 5, tl.int64)
-        kind = q % 5
-        if layer == LAYERS:
-            _prefetch_tiles(head_ptr, V, H, pid, P, HEAD_BN, H_ALL)
-        elif kind == 0:
-            _prefetch_tiles(w_qkv + layer * W * H, W, H, pid, P, QKV_BN, H_ALL)
-        elif kind == 2:
-            _prefetch_tiles(w_o + layer * H * HQ, H, HQ, pid, P, O_BN, HQ_ALL)
-        elif kind == 3:
-            _prefetch_tiles(w_gu + layer * 2 * INTER * H, INTER, H, pid, P, GU_BN, H_ALL)
-            _prefetch_tiles(w_gu + layer * 2 * INTER * H + INTER * H, INTER, H, pid, P, GU_BN, H_ALL)
-        elif kind == 4:
-            _prefetch_tiles(w_down + layer * H * INTER, H, INTER, pid, P, DOWN_BN, I_ALL)
-
-    @triton.jit
-    def _prefetch_tiles(w_ptr, N, K, pid, P, BLOCK_N: tl.constexpr, K_ALL: tl.constexpr):
-        """prefetch.global.L2 of every 128-byte line of the [BLOCK_N, K] weight tiles pid, pid + P, ..."""
-        step: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # (elements per line)
-        LINES: tl.constexpr = max(1, BLOCK_N * K_ALL // step)
-        offs = tl.arange(0, LINES) * step
-        for tile in range(pid, tl.cdiv(N, BLOCK_N), P):
-            count = tl.minimum(BLOCK_N, N - tile * BLOCK_N) * K
-            ptrs = w_ptr + tile * BLOCK_N * K + tl.where(offs < count, offs, 0)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                      is_pure=False, pack=1)
 
     @triton.jit
     def _gemv_phase(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, N, K, eps, pid, P, NORM: tl.constexpr,
