@@ -63,7 +63,7 @@ class FlatDecoder:
         self.max_fused = min(max_fused, FUSED_MAX_ROWS)
         # `stacked`: the layers' weights also as one tensor per kind (views: no copy), for `step_logits`
         self.stacked = stack_layers(self.layers, list(layers)) if stacked else None
-        self._sync = torch.zeros(3, dtype=torch.int32, device=final_norm.device)  # (kernels.decoder_step's)
+        self._sync: torch.Tensor | None = None
 
     def fuses(self, num_tokens: int, fused: bool = False) -> bool:
         """Whether a call over `num_tokens` tokens with `fused` takes the fused products."""
@@ -101,13 +101,15 @@ class FlatDecoder:
         one launch (kernels.decoder_step): what `fused_linear(self(x, ..., decode=True, fused=True,
         final_norm=False), head, norm=self.final_norm, fp32_out=True)` gives, but for the order of the fp32 sums
         inside the products."""
+        if self._sync is None or self._sync.device != x.device:
+            self._sync = torch.zeros(3, dtype=torch.int32, device=x.device)
         return decoder_step(x, self.stacked, self.final_norm, head, self.eps, self.inv_freq, rows, positions,
                             cache.block_table, cache.k, cache.v, self.num_heads, self._sync, **launch)
 
     def launch_error(self) -> bool:
         """Whether a `step_logits` launch gave up waiting at a grid barrier (its logits are then wrong): reads
         the device's flag (a sync)."""
-        return bool(self._sync[2].item())
+        return self._sync is not None and bool(self._sync[2].item())
 
     def _attend(self, i: int, qkv: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
                 decode: bool, pdl: bool = False) -> torch.Tensor:
