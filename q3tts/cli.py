@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--peer-results", type=Path, nargs="*", default=[],
                         help="peer rows of the same run (shared/bench/RESULTS.md format) to print and keep beside ours")
     decode.add_argument("--fused-decode", default=None, metavar="SETTINGS",
-                        help="comma-separated EngineConfig.fused_decode settings (off, attention, all, persistent), rows of each "
+                        help="comma-separated EngineConfig.fused_decode settings (off, attention, all), rows of each "
                              "per batch in the same run (default: the engine's default)")
     decode.add_argument("--breakdown", default="1,64", metavar="BATCHES",
                         help="batch sizes whose frame is also timed by parts in CUDA graphs (default: 1,64)")

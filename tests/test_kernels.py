@@ -485,67 +485,11 @@ def test_the_fused_products_equal_the_unfused_decoder(monkeypatch, tmp_path, cas
         decoder(x, rows, positions, caches[0], decode=decode, fused=False, final_norm=False)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_rows", [1, 2])
-def test_a_decode_step_in_one_launch_equals_the_fused_products(monkeypatch, tmp_path, dtype, num_rows):
-    """kernels.decoder_step (every layer and the head in one persistent launch, grid barriers between the
-    phases; on the CPU a launch per phase) gives the fused products' logits and writes the same keys and values,
-    for one and two streams; the layers' weights stacked for it are views that the modules and the fused
-    products keep using; the barrier's counters are left at zero."""
-    from q3tts import TTS
-    from q3tts.engine.decoder import FlatDecoder, PagedCache
-    from q3tts.tiny import tiny_checkpoint
-
-    tts = TTS.from_pretrained(tiny_checkpoint("tiny", tmp_path), device=DEVICE, dtype=dtype)
-    cp, cc = tts.model.talker.code_predictor, tts.config.talker_config.code_predictor_config
-    q_proj = cp.model.layers[1].self_attn.q_proj
-    before = q_proj.weight.clone()
-    decoder = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
-                          cc.head_dim, cp.model.inv_freq, stacked=True)
-    stack = decoder.stacked.qkv
-    assert torch.equal(q_proj.weight, before)
-    assert q_proj.weight.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
-    assert decoder.layers[1].qkv.data_ptr() == stack[1].data_ptr()
-    assert decoder.steps_in_one_launch(num_rows, True) and not decoder.steps_in_one_launch(num_rows, False)
-    history = [4, 9][:num_rows]
-    g = torch.Generator(DEVICE).manual_seed(2)
-    past_rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
-    past_positions = torch.tensor([i for n in history for i in range(n)], dtype=torch.int32, device=DEVICE)
-    past = torch.randn(len(past_rows), cc.hidden_size, generator=g, device=DEVICE)
-    x = torch.randn(num_rows, cc.hidden_size, generator=g, device=DEVICE).to(dtype)
-    head = cp.lm_head[3].weight
-    rows = torch.arange(num_rows, dtype=torch.int32, device=DEVICE)
-    positions = torch.tensor(history, dtype=torch.int32, device=DEVICE)
-    logits, caches = [], []
-    with torch.no_grad():
-        for one_launch in (False, True):
-            cache = PagedCache.allocate(cc.num_hidden_layers, 4, 16, cc.num_key_value_heads, cc.head_dim, 2, 1,
-                                        dtype, torch.device(DEVICE))
-            cache.block_table.copy_(torch.tensor([[1], [2]], dtype=torch.int32))
-            _twin(monkeypatch, decoder, past.to(dtype), past_rows, past_positions, cache)
-            if one_launch:
-                logits.append(decoder.step_logits(x, rows, positions, cache, head))
-            else:
-                residual = decoder(x, rows, positions, cache, decode=True, fused=True, final_norm=False)
-                logits.append(kernels.fused_linear(residual, head, norm=decoder.final_norm, eps=decoder.eps,
-                                                   fp32_out=True))
-            caches.append(cache)
-    assert logits[1].dtype == torch.float32 and logits[1].shape == (num_rows, head.shape[0])
-    _close(logits[1], logits[0], dtype)
-    _close(caches[1].k, caches[0].k, dtype)
-    _close(caches[1].v, caches[0].v, dtype)
-    if DEVICE == "cuda":
-        assert decoder._sync.tolist() == [0, 0, 0]
-        assert not decoder.launch_error()
-
-
-@pytest.mark.parametrize("setting", ["all", "persistent"])
-def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, setting):
+def test_the_runner_on_the_fused_products(monkeypatch, tmp_path):
     """The frame on the fused products (one or two streams; fp32 here, where the runner keeps them off, so that
     the interpreter can run them and the reference is exact): the code predictor's first pass and steps and the
     heads with the final norm inside their products give the reference model's teacher-forced logits, and the
-    codes of two streams are the reference loop's; with "persistent", each code-predictor step and its head in
-    one launch (kernels.decoder_step) too."""
+    codes of two streams are the reference loop's."""
     from q3tts import TTS
     from q3tts.engine import EngineConfig
     from q3tts.engine.runner import ModelRunner
@@ -562,26 +506,17 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, setting):
     params = [SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=4, seed=1),
               SamplingParams(max_new_tokens=3, seed=4)]
     reference = generate_codes(talker, prompts, params)
-    runner = ModelRunner(tts.model, EngineConfig(max_rows=2, max_context=128, block_size=16, max_trailing=64,
-                                                 fused_decode=setting))
+    runner = ModelRunner(tts.model, EngineConfig(max_rows=2, max_context=128, block_size=16, max_trailing=64))
     runner._decode = {"decode": True, "fused": True}
     if DEVICE == "cpu":  # one program per product (the interpreter runs programs one by one)
         monkeypatch.setattr(kernels, "_gemv_tiles", lambda N, K, swiglu: (triton.next_power_of_2(N),
                                                                           triton.next_power_of_2(K), 4, 1))
-        monkeypatch.setattr(kernels, "_step_tiles", lambda N, K, swiglu, rows, programs: (
-            triton.next_power_of_2(N), triton.next_power_of_2(K)))
-        monkeypatch.setattr(kernels, "STEP_PROGRAMS_PER_SM", 1)
     calls, fused_linear = [], kernels.fused_linear
     monkeypatch.setattr(kernels, "fused_linear", lambda *a, **k: calls.append(k) or fused_linear(*a, **k))
-    from q3tts.engine import decoder
-
-    steps = []
-    monkeypatch.setattr(decoder, "decoder_step", lambda *a, **k: steps.append(a) or kernels.decoder_step(*a, **k))
     ours = runner.teacher_forced_logits(prompts[0], reference[0])
     for a, b in zip(ours, teacher_forced_logits(talker, prompts[0], reference[0])):
         assert a.shape == b.shape and float((a - b).abs().max() / b.abs().max()) < 1e-5
     assert any(k.get("fp32_out") and k.get("norm") is not None for k in calls)  # the heads norm their input
-    assert len(steps) == (14 * len(reference[0]) if setting == "persistent" else 0)
     for a, b in zip(_run_engine(runner, prompts, params), reference):
         assert torch.equal(a, b)
 

@@ -20,7 +20,7 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 DEFAULT_KV_CACHE_GB = 2.0  # 1.7B or 0.6B at bf16: ~18,700 positions (~64 requests of 20 s with their prompts)
 # Small models' default cache stops at max(this many positions per row, one full context): megabytes, not 2 GB.
 DEFAULT_POSITIONS_PER_ROW = 1024
-FUSED_DECODE = ("off", "attention", "all", "persistent")
+FUSED_DECODE = ("off", "attention", "all")
 
 
 @dataclass
@@ -52,9 +52,7 @@ class EngineConfig:
     # Decode steps with fewer kernels per layer (docs/perf-notes.md, entries 36 and 38): "attention": q/k norm,
     # RoPE, KV store and attention as one kernel (kernels.decode_attention) instead of two; "all": also the norms,
     # SwiGLU and residual adds inside the matrix products (kernels.fused_linear; bf16/fp16 weights, batches of up
-    # to decoder.FUSED_MAX_ROWS rows: 5 kernels per layer instead of 9); "persistent": also each of the code
-    # predictor's decode steps of those rows (its layers and head) as one launch (kernels.decoder_step); "off":
-    # none of these.
+    # to decoder.FUSED_MAX_ROWS rows: 5 kernels per layer instead of 9); "off": neither.
     fused_decode: str = "all"
     # Voice prefixes kept for reuse across requests (engine/prefix_cache.py): the talker's keys and values of each
     # voice's first positions, and the codec's state after each in-context voice's reference; each of the two

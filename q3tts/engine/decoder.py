@@ -14,12 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..layers.attention import FusedLayerWeights, fuse_layer, stack_layers
+from ..layers.attention import FusedLayerWeights, fuse_layer
 from .kernels import (
     GEMV_MAX_ROWS,
     add_rmsnorm,
     decode_attention,
-    decoder_step,
     fused_linear,
     paged_attention,
     qk_norm_rope_store,
@@ -55,15 +54,12 @@ class FlatDecoder:
     """Runs `layers` (modules of the reference model, fused in place) over tokens at (rows, positions)."""
 
     def __init__(self, layers, final_norm: torch.Tensor, eps: float, num_heads: int, head_dim: int,
-                 inv_freq: torch.Tensor, max_fused: int = FUSED_MAX_ROWS, stacked: bool = False):
+                 inv_freq: torch.Tensor, max_fused: int = FUSED_MAX_ROWS):
         self.layers: list[FusedLayerWeights] = [fuse_layer(layer) for layer in layers]
         self.final_norm, self.eps = final_norm, eps
         self.num_heads, self.head_dim = num_heads, head_dim
         self.inv_freq = inv_freq.float()
         self.max_fused = min(max_fused, FUSED_MAX_ROWS)
-        # `stacked`: the layers' weights also as one tensor per kind (views: no copy), for `step_logits`
-        self.stacked = stack_layers(self.layers, list(layers)) if stacked else None
-        self._sync: torch.Tensor | None = None
 
     def fuses(self, num_tokens: int, fused: bool = False) -> bool:
         """Whether a call over `num_tokens` tokens with `fused` takes the fused products."""
@@ -90,26 +86,6 @@ class FlatDecoder:
             y, residual = add_rmsnorm(h, residual, w.post_norm, self.eps, dtype)
             h = F.linear(silu_mul(F.linear(y, w.gate_up)), w.down)
         return add_rmsnorm(h, residual, self.final_norm, self.eps, dtype)[0]
-
-    def steps_in_one_launch(self, num_tokens: int, fused: bool = False) -> bool:
-        """Whether `step_logits` takes a decode step of `num_tokens` tokens (one or two, on the fused products)."""
-        return self.stacked is not None and self.fuses(num_tokens, fused)
-
-    def step_logits(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-                    head: torch.Tensor, **launch) -> torch.Tensor:
-        """fp32 logits of `head` after a decode step of every layer (one new token for each of one or two rows), in
-        one launch (kernels.decoder_step): what `fused_linear(self(x, ..., decode=True, fused=True,
-        final_norm=False), head, norm=self.final_norm, fp32_out=True)` gives, but for the order of the fp32 sums
-        inside the products."""
-        if self._sync is None or self._sync.device != x.device:
-            self._sync = torch.zeros(3, dtype=torch.int32, device=x.device)
-        return decoder_step(x, self.stacked, self.final_norm, head, self.eps, self.inv_freq, rows, positions,
-                            cache.block_table, cache.k, cache.v, self.num_heads, self._sync, **launch)
-
-    def launch_error(self) -> bool:
-        """Whether a `step_logits` launch gave up waiting at a grid barrier (its logits are then wrong): reads
-        the device's flag (a sync)."""
-        return self._sync is not None and bool(self._sync[2].item())
 
     def _attend(self, i: int, qkv: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
                 decode: bool, pdl: bool = False) -> torch.Tensor:

@@ -309,25 +309,15 @@ if triton is not None:
                                  NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr,
                                  D: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr,
                                  PDL: tl.constexpr):
-        # One program per (token, kv head) (_decode_attention_head).
+        # One program per (token, kv head): its key and value normed, rotated and stored, then its GROUP query
+        # heads (padded to 16 rows for the tensor cores) normed, rotated and attended over the row's positions.
         if PDL:  # (see PDL above) everything below reads the previous kernel's results
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        _decode_attention_head(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, rows_ptr, pos_ptr, table_ptr, k_ptr, v_ptr,
-                               out_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1), eps, scale, table_stride,
-                               cache_s0, cache_s1, cache_s2, NUM_HEADS, NUM_KV, GROUP, D, BLOCK_SIZE, IEEE, False)
-
-    @triton.jit
-    def _decode_attention_head(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, rows_ptr, pos_ptr, table_ptr, k_ptr, v_ptr,
-                               out_ptr, t, kv_head, eps, scale, table_stride, cache_s0, cache_s1, cache_s2,
-                               NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                               BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr, CG: tl.constexpr):
-        """Token t's key and value for `kv_head` normed, rotated and stored, then its GROUP query heads (padded to
-        16 rows for the tensor cores) normed, rotated and attended over the row's positions. CG: qkv is read from
-        L2 (written by another program of the same launch)."""
+        t = tl.program_id(0).to(tl.int64)
+        kv_head = tl.program_id(1)
         width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV) * D
         d = tl.arange(0, D)
-        every = d < D
         partner = (d + D // 2) % D
         sign = tl.where(d < D // 2, -1.0, 1.0)
         pos = tl.load(pos_ptr + t)
@@ -336,19 +326,19 @@ if triton is not None:
         row = tl.load(rows_ptr + t).to(tl.int64)
 
         k_base = qkv_ptr + t * width + (NUM_HEADS + kv_head) * D
-        k = _norm_rope(_load(k_base + d, every, CG).to(tl.float32), _load(k_base + partner, every, CG).to(tl.float32),
+        k = _norm_rope(tl.load(k_base + d).to(tl.float32), tl.load(k_base + partner).to(tl.float32),
                        tl.load(kn_ptr + d).to(tl.float32), tl.load(kn_ptr + partner).to(tl.float32), cos, sin, sign,
                        eps, D)
         block = tl.load(table_ptr + row * table_stride + pos // BLOCK_SIZE).to(tl.int64)
         slot = block * cache_s0 + (pos % BLOCK_SIZE) * cache_s1 + kv_head * cache_s2
         tl.store(k_ptr + slot + d, k.to(k_ptr.dtype.element_ty))
-        tl.store(v_ptr + slot + d, _load(qkv_ptr + t * width + (NUM_HEADS + NUM_KV + kv_head) * D + d, every, CG))
+        tl.store(v_ptr + slot + d, tl.load(qkv_ptr + t * width + (NUM_HEADS + NUM_KV + kv_head) * D + d))
 
         g = tl.arange(0, 16)
-        in_group = (g < GROUP)[:, None] & every[None, :]
+        in_group = g < GROUP
         q_base = qkv_ptr + t * width + (kv_head * GROUP + g[:, None]) * D
-        q = _norm_rope(_load(q_base + d[None, :], in_group, CG).to(tl.float32),
-                       _load(q_base + partner[None, :], in_group, CG).to(tl.float32),
+        q = _norm_rope(tl.load(q_base + d[None, :], mask=in_group[:, None], other=0.0).to(tl.float32),
+                       tl.load(q_base + partner[None, :], mask=in_group[:, None], other=0.0).to(tl.float32),
                        tl.load(qn_ptr + d).to(tl.float32)[None, :], tl.load(qn_ptr + partner).to(tl.float32)[None, :],
                        cos[None, :], sin[None, :], sign[None, :], eps, D)
         q = q.to(k_ptr.dtype.element_ty)  # [16, D]
@@ -357,7 +347,7 @@ if triton is not None:
         out = _attend(q, k_ptr, v_ptr, table_ptr, row, pos, kv_head, scale, table_stride, cache_s0, cache_s1,
                       cache_s2, D, BLOCK_SIZE, IEEE)
         out_offs = (t * NUM_HEADS + kv_head * GROUP + g[:, None]) * D + d[None, :]
-        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=in_group)
+        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=in_group[:, None])
 
 
 # ---- small-batch matrix products with their neighbours fused in -------------------------------------------
@@ -470,17 +460,8 @@ def _fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out=False):
 
 if triton is not None:
     @triton.jit
-    def _load(ptrs, mask, CG: tl.constexpr):
-        """tl.load(ptrs, mask, other=0); CG: from L2, not L1 (data another program of the same launch wrote)."""
-        if CG:
-            x = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-        else:
-            x = tl.load(ptrs, mask=mask, other=0.0)
-        return x
-
-    @triton.jit
     def _linear_epilogue(acc, acc_up, out_ptr, res_ptr, offs, mask, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
-                         ROUND: tl.constexpr, dtype: tl.constexpr, CG: tl.constexpr = False):
+                         ROUND: tl.constexpr, dtype: tl.constexpr):
         """The fused products' last step, from the fp32 sums (`acc_up`: SwiGLU's up half): the product rounded to
         the weights' dtype (unless not ROUND), then SwiGLU, the residual add or nothing, and the store."""
         y = acc
@@ -490,7 +471,7 @@ if triton is not None:
             up = acc_up.to(dtype).to(tl.float32)
             tl.store(out_ptr + offs, (y / (1.0 + tl.exp(-y)) * up).to(dtype), mask=mask)
         elif RESIDUAL:
-            tl.store(out_ptr + offs, _load(res_ptr + offs, mask, CG).to(tl.float32) + y, mask=mask)
+            tl.store(out_ptr + offs, tl.load(res_ptr + offs, mask=mask, other=0.0) + y, mask=mask)
         else:
             tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -546,19 +527,19 @@ if triton is not None:
                          SWIGLU, RESIDUAL, ROUND, dtype)
 
     @triton.jit
-    def _gemv_input(x_ptr, kk, k_in, inv, norm_ptr, NORM: tl.constexpr, dtype: tl.constexpr, CG: tl.constexpr):
+    def _gemv_input(x_ptr, kk, k_in, inv, norm_ptr, NORM: tl.constexpr, dtype: tl.constexpr):
         """One row's K tile of the product's input, normalised (`inv`: its 1 / RMS) and rounded as the product
         takes it, in fp32 [1, BLOCK_K]."""
-        a = _load(x_ptr + kk, k_in, CG)
+        a = tl.load(x_ptr + kk, mask=k_in, other=0.0)
         if NORM:
             a = a.to(tl.float32) * inv * tl.load(norm_ptr + kk, mask=k_in, other=0.0).to(tl.float32)
         return a.to(dtype).to(tl.float32)[None, :]
 
     @triton.jit
-    def _inv_rms(x_ptr, K, eps, NORM: tl.constexpr, K_ALL: tl.constexpr, CG: tl.constexpr = False):
+    def _inv_rms(x_ptr, K, eps, NORM: tl.constexpr, K_ALL: tl.constexpr):
         if NORM:
             k_all = tl.arange(0, K_ALL)
-            xs = _load(x_ptr + k_all, k_all < K, CG).to(tl.float32)
+            xs = tl.load(x_ptr + k_all, mask=k_all < K, other=0.0).to(tl.float32)
             return tl.rsqrt(tl.sum(xs * xs, axis=0) / K + eps)
         return 1.0
 
@@ -567,42 +548,34 @@ if triton is not None:
                      SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr, TWO: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_ALL: tl.constexpr, PDL: tl.constexpr):
         # _fused_linear_kernel for one row (or with TWO, two rows: each weight tile read once for both), on the
-        # CUDA cores, one tile of BLOCK_N columns per program (_gemv_tile).
+        # CUDA cores: a [BLOCK_N, BLOCK_K] tile of products per step and row, summed over K once at the end. The
+        # same roundings (the normalised input and the product cast to the weights' dtype); only the order of the
+        # fp32 sums differs.
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         if PDL:  # (see PDL above)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        inv = _inv_rms(x_ptr, K, eps, NORM, K_ALL)
-        inv1 = inv
-        if TWO:
-            inv1 = _inv_rms(x_ptr + K, K, eps, NORM, K_ALL)
-        _gemv_tile(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, n, N, K, inv, inv1, NORM, SWIGLU, RESIDUAL, ROUND, TWO,
-                   BLOCK_N, BLOCK_K, False)
-
-    @triton.jit
-    def _gemv_tile(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, n, N, K, inv, inv1, NORM: tl.constexpr,
-                   SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr, TWO: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CG: tl.constexpr):
-        """Output columns `n` (a [BLOCK_N] range) of the product of one row (TWO: two) with a [BLOCK_N, BLOCK_K]
-        tile of products per step and row, summed over K once at the end; `inv`, `inv1`: the rows' 1 / RMS. The
-        same roundings as _fused_linear_kernel (the normalised input and the product cast to the weights' dtype);
-        only the order of the fp32 sums differs."""
         k = tl.arange(0, BLOCK_K)
         n_in = n < N
         dtype = w_ptr.dtype.element_ty
+        inv = _inv_rms(x_ptr, K, eps, NORM, K_ALL)
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        acc_up = acc
-        acc1 = acc
-        acc_up1 = acc
+        if SWIGLU:
+            acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        if TWO:
+            inv1 = _inv_rms(x_ptr + K, K, eps, NORM, K_ALL)
+            acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+            if SWIGLU:
+                acc_up1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + k
             k_in = kk < K
             w_mask = n_in[:, None] & k_in[None, :]
             w = tl.load(w_ptr + n[:, None] * K + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
-            a = _gemv_input(x_ptr, kk, k_in, inv, norm_ptr, NORM, dtype, CG)
+            a = _gemv_input(x_ptr, kk, k_in, inv, norm_ptr, NORM, dtype)
             acc += w * a
             if TWO:
-                a1 = _gemv_input(x_ptr + K, kk, k_in, inv1, norm_ptr, NORM, dtype, CG)
+                a1 = _gemv_input(x_ptr + K, kk, k_in, inv1, norm_ptr, NORM, dtype)
                 acc1 += w * a1
             if SWIGLU:
                 w = tl.load(w_ptr + (N + n)[:, None] * K + kk[None, :], mask=w_mask, other=0.0).to(tl.float32)
@@ -613,13 +586,13 @@ if triton is not None:
         up = y  # (unused without SWIGLU)
         if SWIGLU:
             up = tl.sum(acc_up, axis=1)
-        _linear_epilogue(y, up, out_ptr, res_ptr, n, n_in, SWIGLU, RESIDUAL, ROUND, dtype, CG)
+        _linear_epilogue(y, up, out_ptr, res_ptr, n, n_in, SWIGLU, RESIDUAL, ROUND, dtype)
         if TWO:
             y = tl.sum(acc1, axis=1)
             up = y
             if SWIGLU:
                 up = tl.sum(acc_up1, axis=1)
-            _linear_epilogue(y, up, out_ptr, res_ptr, N + n, n_in, SWIGLU, RESIDUAL, ROUND, dtype, CG)
+            _linear_epilogue(y, up, out_ptr, res_ptr, N + n, n_in, SWIGLU, RESIDUAL, ROUND, dtype)
 
 
 # ---- SwiGLU activation ---------------------------------------------------------------------------------------
@@ -647,198 +620,3 @@ if triton is not None:
         u = tl.load(x_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0).to(tl.float32)
         y = g / (1.0 + tl.exp(-g)) * u
         tl.store(out_ptr + row * inter + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-# ---- a decoder's whole decode step in one launch (the code predictor's) -------------------------------------------
-
-# A grid barrier gives up after this many polls (seconds) and raises the error flag instead of hanging the GPU.
-_MAX_SPINS = 1 << 22
-# decoder_step's programs per SM (fewer where they would not all fit twice) and warps per program; on the CPU
-# (the interpreter), its programs in all.
-STEP_PROGRAMS_PER_SM = 2
-STEP_WARPS = 4
-
-
-def decoder_step(x: torch.Tensor, stacked, final_norm: torch.Tensor, head: torch.Tensor, eps: float,
-                 inv_freq: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, sync: torch.Tensor,
-                 programs_per_sm: int | None = None, num_warps: int | None = None,
-                 tiles: dict | None = None) -> torch.Tensor:
-    """Every layer of a decoder and a head for the one new token of one or two rows, in one launch: the fp32
-    logits [M, V] of head(final_norm(decoder(x))), as the fused products compute them one kernel at a time
-    (`fused_linear` with norm / swiglu / residual, `decode_attention`, `fused_linear(norm=final_norm,
-    fp32_out=True)`), with the same roundings; only the order of the fp32 sums inside a product differs.
-
-    The kernel is persistent: its programs (`programs_per_sm` per SM, fewer if they would not all be resident
-    with room for a second such launch) walk the phases (per layer: qkv, attention, o, gate/up, down; then the
-    head), each phase's work spread over all programs, with a grid barrier between phases instead of a kernel
-    boundary. stacked: FusedLayerWeights whose tensors have a leading layer axis; k_cache, v_cache: [layers,
-    blocks, block_size, kv heads, head_dim]; sync: int32 [3] zeros owned by the caller (the barrier's two
-    counters, left at zero by every launch, and an error flag set if a barrier timed out); one launch at a time
-    per `sync`. `tiles`: {kind: (BLOCK_N, BLOCK_K)} overrides (kinds qkv, o, gate_up, down, head)."""
-    M, H = x.shape
-    if M > 2:
-        raise ValueError(f"decoder_step takes one or two tokens, got {M}")
-    if not use_triton(x):
-        raise ValueError("decoder_step runs on Triton only (the twin: the fused products one kernel at a time)")
-    L, W, _ = stacked.qkv.shape
-    inter = stacked.down.shape[2]
-    V = head.shape[0]
-    _, _, block_size, num_kv, D = k_cache.shape
-    x = x.contiguous()
-    dtype = head.dtype
-    res = torch.empty(M, H, dtype=torch.float32, device=x.device)
-    qkv = torch.empty(M, W, dtype=dtype, device=x.device)
-    att = torch.empty(M, num_heads * D, dtype=dtype, device=x.device)
-    act = torch.empty(M, inter, dtype=dtype, device=x.device)
-    out = torch.empty(M, V, dtype=torch.float32, device=x.device)
-    on_gpu = x.is_cuda
-    wanted = programs_per_sm or STEP_PROGRAMS_PER_SM
-    if on_gpu:
-        wanted *= torch.cuda.get_device_properties(x.device).multi_processor_count
-    shapes = {"qkv": (W, H, False), "o": (H, num_heads * D, False), "gate_up": (inter, H, True),
-              "down": (H, inter, False), "head": (V, H, False)}
-    t = {kind: (tiles or {}).get(kind) or _step_tiles(*shape, M, wanted) for kind, shape in shapes.items()}
-    args = (x, res, qkv, att, act, out, stacked.qkv, stacked.o, stacked.gate_up, stacked.down, stacked.input_norm,
-            stacked.post_norm, stacked.q_norm, stacked.k_norm, final_norm, head, inv_freq, rows, positions,
-            block_table, k_cache, v_cache, sync, eps, D**-0.5, block_table.stride(0), k_cache.stride(0),
-            k_cache.stride(1), k_cache.stride(2), k_cache.stride(3), V)
-    consts = dict(LAYERS=L, H=H, INTER=inter, NUM_HEADS=num_heads, NUM_KV=num_kv, D=D, BLOCK_SIZE=block_size,
-                  IEEE=dtype == torch.float32, TWO=M == 2, H_ALL=triton.next_power_of_2(H),
-                  I_ALL=triton.next_power_of_2(inter), MAX_SPINS=_MAX_SPINS,
-                  QKV_BN=t["qkv"][0], QKV_BK=t["qkv"][1], O_BN=t["o"][0], O_BK=t["o"][1],
-                  GU_BN=t["gate_up"][0], GU_BK=t["gate_up"][1], DOWN_BN=t["down"][0], DOWN_BK=t["down"][1],
-                  HEAD_BN=t["head"][0], HEAD_BK=t["head"][1], num_warps=num_warps or STEP_WARPS)
-    phases = 5 * L + 1
-    if on_gpu:
-        key = (x.device, dtype, tuple(sorted(consts.items())))
-        programs = _STEP_PROGRAMS.get(key)
-        if programs is None:
-            kernel = _decoder_step_kernel.warmup(*args, 0, phases, SYNC=True, grid=(1,), **consts)
-            programs = _STEP_PROGRAMS[key] = min(wanted, _resident(kernel, x.device) // 2)
-        _decoder_step_kernel[(programs,)](*args, 0, phases, SYNC=True, **consts)
-    else:  # the interpreter runs programs one after another: a launch per phase stands in for the barriers
-        for phase in range(phases):
-            _decoder_step_kernel[(wanted,)](*args, phase, phase + 1, SYNC=False, **consts)
-    return out
-
-
-def _step_tiles(N: int, K: int, swiglu: bool, rows: int, programs: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) for a phase of decoder_step: about one tile per program (BLOCK_N up to 16), a tile of
-    ~4K products per row and accumulator, BLOCK_K dividing K where a power of two can."""
-    block_n = 1
-    while block_n < 16 and N // (2 * block_n) >= programs:
-        block_n *= 2
-    block_k = max(16, 4096 // (2 if swiglu else 1) // rows // block_n)
-    block_k = min(block_k, triton.next_power_of_2(K), K & -K if K & -K >= 64 else block_k)
-    return block_n, block_k
-
-
-# (device, dtype, constants) -> programs of a decoder_step launch: as many as asked for, but no more than half of
-# what the GPU holds at once, so that every program of a launch is resident (a grid barrier waits for all of them)
-# even beside a second launch (two engines on one GPU), and neither can wait on the other.
-_STEP_PROGRAMS: dict = {}
-
-
-def _resident(kernel, device: torch.device) -> int:
-    """Programs of a compiled kernel that the whole GPU holds at once (registers, shared memory, threads)."""
-    kernel._init_handles()
-    props = torch.cuda.get_device_properties(device)
-    warps = kernel.metadata.num_warps
-    registers = -(-kernel.n_regs * 32 // 256) * 256 * warps  # (allocated per warp, 256 at a time)
-    per_sm = min(65536 // max(registers, 1), props.shared_memory_per_multiprocessor // max(kernel.metadata.shared, 1),
-                 props.max_threads_per_multi_processor // (32 * warps), 32)
-    return per_sm * props.multi_processor_count
-
-
-if triton is not None:
-    @triton.jit
-    def _grid_barrier(sync_ptr, target, MAX_SPINS: tl.constexpr):
-        """Every program's stores so far are visible to every program once all have arrived (`target` arrivals
-        counted from the launch's start). Gives up after MAX_SPINS polls, raising the error flag."""
-        tl.debug_barrier()
-        tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
-        spins = 0
-        while (tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < target) & (spins < MAX_SPINS):
-            spins += 1
-        if spins >= MAX_SPINS:
-            tl.store(sync_ptr + 2, 1)
-        tl.debug_barrier()
-
-    @triton.jit
-    def _decoder_step_kernel(
-            x_ptr, res_ptr, qkv_ptr, att_ptr, act_ptr, out_ptr, w_qkv, w_o, w_gu, w_down, n_in, n_post, n_q, n_k,
-            final_norm_ptr, head_ptr, inv_freq_ptr, rows_ptr, pos_ptr, table_ptr, k_ptr, v_ptr, sync_ptr, eps, scale,
-            table_stride, cache_layer, cache_s0, cache_s1, cache_s2, V, phase_start, phase_end,
-            LAYERS: tl.constexpr, H: tl.constexpr, INTER: tl.constexpr, NUM_HEADS: tl.constexpr,
-            NUM_KV: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr, TWO: tl.constexpr,
-            H_ALL: tl.constexpr, I_ALL: tl.constexpr, MAX_SPINS: tl.constexpr, SYNC: tl.constexpr,
-            QKV_BN: tl.constexpr, QKV_BK: tl.constexpr, O_BN: tl.constexpr, O_BK: tl.constexpr,
-            GU_BN: tl.constexpr, GU_BK: tl.constexpr, DOWN_BN: tl.constexpr, DOWN_BK: tl.constexpr,
-            HEAD_BN: tl.constexpr, HEAD_BK: tl.constexpr):
-        # Phases phase_start..phase_end-1 of: per layer qkv (input norm), attention, o (+ residual), gate/up (post
-        # norm, SwiGLU), down (+ residual); then the head (final norm, fp32 logits). The residual stream lives in
-        # res_ptr (fp32), updated in place: a product's epilogue reads and writes only its own columns, and the
-        # next reads of the whole row come after a barrier. Layer 0 reads its residual stream from x_ptr.
-        pid = tl.program_id(0)
-        P = tl.num_programs(0)
-        W: tl.constexpr = (NUM_HEADS + 2 * NUM_KV) * D
-        HQ: tl.constexpr = NUM_HEADS * D
-        ROWS: tl.constexpr = 2 if TWO else 1
-        for phase in range(phase_start, phase_end):
-            layer = tl.cast(phase // 5, tl.int64)
-            kind = phase % 5
-            if layer == LAYERS:
-                _gemv_phase(res_ptr, head_ptr, out_ptr, final_norm_ptr, out_ptr, V, H, eps, pid, P, True, False,
-                            False, False, TWO, HEAD_BN, HEAD_BK, H_ALL)
-            elif kind == 0:
-                w = w_qkv + layer * W * H
-                if layer == 0:
-                    _gemv_phase(x_ptr, w, qkv_ptr, n_in, qkv_ptr, W, H, eps, pid, P, True, False, False, True, TWO,
-                                QKV_BN, QKV_BK, H_ALL)
-                else:
-                    _gemv_phase(res_ptr, w, qkv_ptr, n_in + layer * H, qkv_ptr, W, H, eps, pid, P, True, False, False,
-                                True, TWO, QKV_BN, QKV_BK, H_ALL)
-            elif kind == 1:
-                for item in range(pid, ROWS * NUM_KV, P):
-                    _decode_attention_head(qkv_ptr, n_q + layer * D, n_k + layer * D, inv_freq_ptr, rows_ptr, pos_ptr,
-                                           table_ptr, k_ptr + layer * cache_layer, v_ptr + layer * cache_layer,
-                                           att_ptr, tl.cast(item // NUM_KV, tl.int64), item % NUM_KV, eps, scale,
-                                           table_stride, cache_s0, cache_s1, cache_s2, NUM_HEADS, NUM_KV,
-                                           NUM_HEADS // NUM_KV, D, BLOCK_SIZE, IEEE, True)
-            elif kind == 2:
-                w = w_o + layer * H * HQ
-                if layer == 0:
-                    _gemv_phase(att_ptr, w, res_ptr, n_in, x_ptr, H, HQ, eps, pid, P, False, False, True, True, TWO,
-                                O_BN, O_BK, 1)
-                else:
-                    _gemv_phase(att_ptr, w, res_ptr, n_in, res_ptr, H, HQ, eps, pid, P, False, False, True, True, TWO,
-                                O_BN, O_BK, 1)
-            elif kind == 3:
-                _gemv_phase(res_ptr, w_gu + layer * 2 * INTER * H, act_ptr, n_post + layer * H, act_ptr, INTER, H,
-                            eps, pid, P, True, True, False, True, TWO, GU_BN, GU_BK, H_ALL)
-            else:
-                _gemv_phase(act_ptr, w_down + layer * H * INTER, res_ptr, n_in, res_ptr, H, INTER, eps, pid, P,
-                            False, False, True, True, TWO, DOWN_BN, DOWN_BK, 1)
-            if SYNC:
-                if phase + 1 < phase_end:
-                    _grid_barrier(sync_ptr, (phase + 1 - phase_start) * P, MAX_SPINS)
-        if SYNC:  # the last program out leaves the counters at zero for the next launch
-            tl.debug_barrier()
-            if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:
-                tl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
-
-    @triton.jit
-    def _gemv_phase(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, N, K, eps, pid, P, NORM: tl.constexpr,
-                    SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr, TWO: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_ALL: tl.constexpr):
-        """A product of decoder_step: program `pid` of P takes tiles pid, pid + P, ... (_gemv_tile)."""
-        inv = _inv_rms(x_ptr, K, eps, NORM, K_ALL, True)
-        inv1 = inv
-        if TWO:
-            inv1 = _inv_rms(x_ptr + K, K, eps, NORM, K_ALL, True)
-        for tile in range(pid, tl.cdiv(N, BLOCK_N), P):
-            n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            _gemv_tile(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, n, N, K, inv, inv1, NORM, SWIGLU, RESIDUAL, ROUND,
-                       TWO, BLOCK_N, BLOCK_K, True)

@@ -88,7 +88,7 @@ class ModelRunner:
                                   max_fused=1 if tc.hidden_size > 1024 else FUSED_MAX_ROWS)
         cp = talker.code_predictor
         self.cp = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
-                              cc.head_dim, cp.model.inv_freq, stacked=cfg.fused_decode == "persistent")
+                              cc.head_dim, cp.model.inv_freq)
         # The code predictor's 16 positions per frame: one block per row, block r for row r.
         self.cp_cache = PagedCache.allocate(cc.num_hidden_layers, cfg.max_rows, cc.num_code_groups,
                                             cc.num_key_value_heads, cc.head_dim, cfg.max_rows, 1, self.dtype,
@@ -113,7 +113,7 @@ class ModelRunner:
         # How the decode steps run (EngineConfig.fused_decode); the fused products keep fp32 on cuBLAS, whose sums
         # the reference loop shares.
         self._decode = {"decode": cfg.fused_decode != "off",
-                        "fused": cfg.fused_decode in ("all", "persistent") and self.dtype != torch.float32}
+                        "fused": cfg.fused_decode == "all" and self.dtype != torch.float32}
         self.cache: PagedCache | None = None
         self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
         self.prefix_cache = PrefixCache(int(cfg.prefix_cache_gb * 2**30)) if cfg.prefix_cache_gb else None
@@ -364,27 +364,16 @@ class ModelRunner:
         # Positions 0 and 1 (talker hidden, Ec(c0)) in one pass, then one position per code.
         x = torch.stack([s.hidden[:B], c0_embed], dim=1).view(2 * B, -1)
         h, norm = self._code_predictor(x, self.cp_first[0][: 2 * B], self.cp_first[1][: 2 * B], decode=False)
-        logits = self._head(h[1::2], cp.lm_head[0].weight, norm)
+        h = h[1::2]
         codes = [c0]
         for g in range(cp.config.num_code_groups - 1):
-            code = sample_tokens(logits, sampler, seeds, counters + g + 1)
+            code = sample_tokens(self._head(h, cp.lm_head[g].weight, norm), sampler, seeds, counters + g + 1)
             codes.append(code)
             embed = cp.model.codec_embedding[g](code)
             embeds.append(embed)
             if g < cp.config.num_code_groups - 2:
-                logits = self._code_predictor_step(embed, self.row_ids[:B], self.cp_positions[g + 2, :B],
-                                                   cp.lm_head[g + 1].weight)
+                h, norm = self._code_predictor(embed, self.row_ids[:B], self.cp_positions[g + 2, :B])
         return codes, _frame_sum(embeds)
-
-    def _code_predictor_step(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-                             head: torch.Tensor) -> torch.Tensor:
-        """fp32 logits of `head` after a decode step of the code predictor over x (talker width): in one launch
-        where EngineConfig.fused_decode is "persistent" and the rows are few enough, else a kernel at a time."""
-        if self._decode["decode"] and self.cp.steps_in_one_launch(x.shape[0], self._decode["fused"]):
-            x = self.model.talker.code_predictor.small_to_mtp_projection(x)
-            return self.cp.step_logits(x, rows, positions, self.cp_cache, head)
-        h, norm = self._code_predictor(x, rows, positions)
-        return self._head(h, head, norm)
 
     def _code_predictor(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
                         decode: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -448,10 +437,13 @@ class ModelRunner:
         for t in range(T):  # one frame at a time, as a single stream's code predictor runs
             x = torch.stack([hidden[t:t + 1], embeds[0][t:t + 1]], dim=1).view(2, -1)
             h, norm = self._code_predictor(x, self.cp_first[0][:2], self.cp_first[1][:2], decode=False)
-            logits = [self._head(h[1::2], cp.lm_head[0].weight, norm)]
-            for g in range(1, cp.config.num_code_groups - 1):
-                logits.append(self._code_predictor_step(embeds[g][t:t + 1], self.row_ids[:1],
-                                                        self.cp_positions[g + 1, :1], cp.lm_head[g].weight))
+            h = h[1::2]
+            logits = []
+            for g in range(cp.config.num_code_groups - 1):
+                logits.append(self._head(h, cp.lm_head[g].weight, norm))
+                if g < cp.config.num_code_groups - 2:
+                    h, norm = self._code_predictor(embeds[g + 1][t:t + 1], self.row_ids[:1],
+                                                   self.cp_positions[g + 2, :1])
             cp_logits.append(torch.stack(logits, dim=1))
         return talker_logits, torch.cat(cp_logits)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -150,23 +150,3 @@ def _concat_into_views(linears: list[nn.Linear]) -> torch.Tensor:
         lin.weight = nn.Parameter(fused[start:start + rows], requires_grad=False)
         start += rows
     return fused
-
-
-def stack_layers(fused: list[FusedLayerWeights], layers: list[nn.Module]) -> FusedLayerWeights:
-    """The layers' fused weights stacked along a new first axis (one tensor per kind, for a kernel that walks the
-    layers), with every parameter of `layers` and every field of `fused` re-pointed at views of the stacks, so the
-    modules and the fused path keep working on the same memory (no copy is kept)."""
-    names = [f.name for f in fields(FusedLayerWeights)]
-    stacked = FusedLayerWeights(**{name: torch.stack([getattr(w, name) for w in fused]) for name in names})
-    for i, (w, layer) in enumerate(zip(fused, layers)):
-        for name in names:
-            old, new = getattr(w, name), getattr(stacked, name)[i]
-            for module in layer.modules():
-                for pname, p in list(module.named_parameters(recurse=False)):
-                    offset = p.storage_offset() - old.storage_offset()
-                    if (p.untyped_storage().data_ptr() == old.untyped_storage().data_ptr() and 0 <= offset
-                            and offset + p.numel() <= old.numel()):
-                        view = new.view(-1)[offset:offset + p.numel()].view(p.shape)
-                        setattr(module, pname, nn.Parameter(view, requires_grad=False))
-            setattr(w, name, new)
-    return stacked
