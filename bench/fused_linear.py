@@ -1,16 +1,16 @@
 """Tile shapes for the decode steps' fused matrix products (kernels.fused_linear): every product shape of a
-model's talker and code predictor, for 1 and 64 rows, timed with each candidate (BLOCK_N, BLOCK_K, warps, stages)
-against what it replaces (cuBLAS plus the norm / SwiGLU / residual-add kernels around it). One or two rows
-take the matrix-vector kernel (GEMV_TILES, swept at one row and shared by two: a two-row sweep is printed, not
-written; the tensor-core kernel with its committed tiles is timed beside it as `dot`), more rows the
-tensor-core kernel (FUSED_LINEAR_TILES). Prints the best per shape, its bandwidth, and the tables
-to paste (`--out`: also as JSON, keys of 3 for GEMV_TILES, of 4 for FUSED_LINEAR_TILES). GPU machine only.
+model's talker and code predictor layers (each shape once), for 1, 2 and 64 rows, timed with each candidate
+(BLOCK_N, BLOCK_K, warps, stages) against what it replaces (cuBLAS plus the norm / SwiGLU / residual-add kernels
+around it). One row takes the matrix-vector kernel (GEMV_TILES), two rows the same kernel with its own table
+(GEMV_TWO_ROW_TILES; the tensor-core kernel with its committed tiles is timed beside both as `dot`), more rows
+the tensor-core kernel (FUSED_LINEAR_TILES). Prints the best per shape, its bandwidth, and the tables to paste
+(`--out`: also as JSON, [rows, key, tiles] per entry). GPU machine only.
 
 The weights are read from memory as in a frame, not from L2: each timed call reads the next of enough copies to
 overflow L2 (a frame streams ~5 GB of weights through a 50 MB L2; the code predictor's 4-12 MB matrices would
 otherwise stay there between the timed calls, and tiles chosen that way favour L2 over DRAM).
 
-usage: python bench/fused_linear.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,64] [--out tiles.json]
+usage: python bench/fused_linear.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,2,64] [--out tiles.json]
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
               itertools.product((16, 32, 64), (128, 256, 512), ((4, 3), (4, 5), (8, 3), (8, 5)))]
 GEMV_CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
                    itertools.product((1, 2, 4, 8), (256, 512, 1024), ((4, 2), (4, 4), (8, 3)))]
+# Two rows hold two accumulators per tile: K tiles down to 128, the stage counts that fit
+GEMV_TWO_ROW_CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
+                           itertools.product((1, 2, 4, 8), (128, 256, 512), ((4, 2), (8, 2)))]
 CONFIGS = Path(__file__).resolve().parents[1] / "q3tts/configs"
 COLD_BYTES = 128 * 2**20  # weight copies per shape: at least this much, 2.5x an H100's L2
 
@@ -42,7 +45,8 @@ def time_ms(fn) -> float:
 
 
 def shapes(size: str) -> list[tuple[str, int, int, str]]:
-    """(name, N, K, kind) of each product of a decoder layer, talker and code predictor."""
+    """(name, N, K, kind) of each product of a decoder layer, talker and code predictor (each shape once: the
+    0.6B talker's layers have the code predictor's shapes)."""
     talker = json.loads((CONFIGS / f"{size}.json").read_text())["talker_config"]
     out = []
     for part, c in (("talker", talker), ("cp", talker["code_predictor_config"])):
@@ -50,7 +54,7 @@ def shapes(size: str) -> list[tuple[str, int, int, str]]:
         heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
         out += [(f"{part} qkv", (heads + 2 * kv) * d, h, "norm"), (f"{part} o", h, heads * d, "residual"),
                 (f"{part} gate_up", 2 * i, h, "swiglu"), (f"{part} down", h, i, "residual")]
-    return out
+    return list({shape[1:]: shape for shape in reversed(out)}.values())[::-1]
 
 
 def rotating(calls: list):
@@ -72,7 +76,7 @@ def unfused(x, w, norm_w, residual, kind):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="0.6B-Base,1.7B-Base")
-    parser.add_argument("--batches", default="1,64")
+    parser.add_argument("--batches", default="1,2,64")
     parser.add_argument("--out", type=Path, help="also write the table here as JSON: [[key, tiles], ...]")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -102,12 +106,13 @@ def main() -> None:
                     with mock.patch.object(kernels, "GEMV_MAX_ROWS", 0):
                         t_dot = time_ms(fused)
                         total["dot"] = total.get("dot", 0.0) + t_dot
-                    swept, key = kernels.GEMV_TILES, (out_n, K, kind == "swiglu")
+                    swept = kernels.GEMV_TILES if M == 1 else kernels.GEMV_TWO_ROW_TILES
+                    key = (out_n, K, kind == "swiglu")
                 else:
                     swept, key = kernels.FUSED_LINEAR_TILES, (max(16, 1 << (M - 1).bit_length()), out_n, K,
                                                                kind == "swiglu")
-                results, committed = [], swept.get(key)
-                for tiles in GEMV_CANDIDATES if gemv else CANDIDATES:
+                results = []
+                for tiles in (GEMV_CANDIDATES if M == 1 else GEMV_TWO_ROW_CANDIDATES) if gemv else CANDIDATES:
                     if tiles[1] > K:
                         continue
                     swept[key] = tiles
@@ -117,13 +122,8 @@ def main() -> None:
                         results.append((float("inf"), tiles))
                         print(f"  {tiles}: {type(e).__name__}")
                 best, tiles = min(results)
-                if gemv and M > 1:  # (two rows share the one-row table: their best is printed, not written)
-                    if committed is None:
-                        del swept[key]
-                    else:
-                        swept[key] = committed
-                else:
-                    swept[key] = table[key] = tiles
+                swept[key] = tiles
+                table[(min(M, 3), *key)] = tiles
                 err = float((fused().float() - ref.float()).abs().max() / ref.float().abs().max())
                 gb = N * K * 2 / 1e9
                 dot = f"dot {t_dot * 1e3:6.1f} us, " if gemv else ""
@@ -133,16 +133,16 @@ def main() -> None:
                 total["unfused"] += t_base
                 total["default"] += t_default
                 total["best"] += best
-            print(f"{size} M={M} per layer pair (talker + cp, one each): " +
+            print(f"{size} M={M} sum over these shapes: " +
                   ", ".join(f"{k} {v * 1e3:.1f} us" for k, v in total.items()), flush=True)
-    for name, width in (("GEMV_TILES", 3), ("FUSED_LINEAR_TILES", 4)):
+    for name, rows in (("GEMV_TILES", 1), ("GEMV_TWO_ROW_TILES", 2), ("FUSED_LINEAR_TILES", 3)):
         print(name + " = {")
         for key, tiles in sorted(table.items()):
-            if len(key) == width:
-                print(f"    {key}: {tiles},")
+            if key[0] == rows:
+                print(f"    {key[1:]}: {tiles},")
         print("}")
     if args.out:
-        args.out.write_text(json.dumps([[list(key), list(tiles)] for key, tiles in sorted(table.items())]))
+        args.out.write_text(json.dumps([[key[0], list(key[1:]), list(tiles)] for key, tiles in sorted(table.items())]))
 
 
 def _twin(x, w, norm_w, residual, kind):

@@ -191,7 +191,7 @@ def test_fused_linear_with_each_measured_tile(monkeypatch, tiles):
 
 
 @pytest.mark.parametrize("tiles", [(1, 64, 4, 3), (2, 128, 2, 2), (8, 256, 8, 4)]
-                         + sorted(set(kernels.GEMV_TILES.values())))
+                         + sorted(set(kernels.GEMV_TILES.values()) | set(kernels.GEMV_TWO_ROW_TILES.values())))
 def test_gemv_with_each_tile(monkeypatch, tiles):
     """The matrix-vector kernel computes the same product with every tile shape, for one row and two: the
     measured ones and a few small ones the interpreter can run (K a multiple of the K tile or not, N not a
@@ -509,8 +509,8 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path):
     runner = ModelRunner(tts.model, EngineConfig(max_rows=2, max_context=128, block_size=16, max_trailing=64))
     runner._decode = {"decode": True, "fused": True}
     if DEVICE == "cpu":  # one program per product (the interpreter runs programs one by one)
-        monkeypatch.setattr(kernels, "_gemv_tiles", lambda N, K, swiglu: (triton.next_power_of_2(N),
-                                                                          triton.next_power_of_2(K), 4, 1))
+        monkeypatch.setattr(kernels, "_gemv_tiles", lambda N, K, swiglu, rows: (triton.next_power_of_2(N),
+                                                                                triton.next_power_of_2(K), 4, 1))
     calls, fused_linear = [], kernels.fused_linear
     monkeypatch.setattr(kernels, "fused_linear", lambda *a, **k: calls.append(k) or fused_linear(*a, **k))
     ours = runner.teacher_forced_logits(prompts[0], reference[0])

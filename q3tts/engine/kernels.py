@@ -369,8 +369,9 @@ FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] 
 # A row or two (one stream's decode step, its code predictor's first pass) take a matrix-vector kernel instead:
 # no tensor cores, so a program can own as few as one output column and even the code predictor's N = 1024
 # products spread over every SM. (N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of
-# bench/fused_linear.py's candidates at one row with the weights read from memory (docs/perf-notes.md, entry
-# 49); two rows take the same tiles; other shapes take _gemv_tiles' heuristic.
+# bench/fused_linear.py's candidates with the weights read from memory, at one row (GEMV_TILES, docs/perf-notes.md
+# entry 49) and at two (GEMV_TWO_ROW_TILES, entry 54; shapes not there take the one-row tiles); other shapes take
+# _gemv_tiles' heuristic.
 GEMV_MAX_ROWS = 2
 GEMV_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (1024, 2048, False): (1, 1024, 8, 3),
@@ -382,6 +383,7 @@ GEMV_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (4096, 2048, False): (8, 512, 8, 3),
     (6144, 2048, True): (1, 1024, 4, 4),
 }
+GEMV_TWO_ROW_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
 
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
@@ -415,7 +417,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     flags = dict(NORM=norm is not None, SWIGLU=swiglu, RESIDUAL=residual is not None, ROUND=not fp32_out,
                  **pdl_flags(x, pdl))
     if M <= GEMV_MAX_ROWS:
-        BLOCK_N, BLOCK_K, warps, stages = _gemv_tiles(N, K, swiglu)
+        BLOCK_N, BLOCK_K, warps, stages = _gemv_tiles(N, K, swiglu, M)
         _gemv_kernel[(triton.cdiv(N, BLOCK_N),)](
             *args, TWO=M == 2, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
             K_ALL=triton.next_power_of_2(K) if norm is not None else 1, num_warps=warps, num_stages=stages, **flags)
@@ -436,8 +438,8 @@ def _fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int
     return (16 if N <= 2048 else 32), BLOCK_K, 4, 3
 
 
-def _gemv_tiles(N: int, K: int, swiglu: bool) -> tuple[int, int, int, int]:
-    tiles = GEMV_TILES.get((N, K, swiglu))
+def _gemv_tiles(N: int, K: int, swiglu: bool, rows: int = 1) -> tuple[int, int, int, int]:
+    tiles = (GEMV_TWO_ROW_TILES.get((N, K, swiglu)) if rows == 2 else None) or GEMV_TILES.get((N, K, swiglu))
     if tiles is not None:
         return tiles
     # ~2-6 programs per SM of an H100 for the layers' shapes, a K tile of up to 1 KB of each weight row
