@@ -383,7 +383,12 @@ GEMV_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (4096, 2048, False): (8, 512, 8, 3),
     (6144, 2048, True): (1, 1024, 4, 4),
 }
-GEMV_TWO_ROW_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
+GEMV_TWO_ROW_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
+    (1024, 2048, False): (1, 512, 4, 2),
+    (1024, 3072, False): (1, 512, 8, 2),
+    (3072, 1024, True): (4, 256, 4, 2),
+    (4096, 1024, False): (8, 512, 4, 2),
+}
 
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
