@@ -44,16 +44,20 @@ def time_ms(fn) -> float:
     return graph_ms(fn, replays=5, reps=20)
 
 
-def shapes(size: str) -> list[tuple[str, int, int, str]]:
-    """(name, N, K, kind) of each product of a decoder layer, talker and code predictor (each shape once: the
-    0.6B talker's layers have the code predictor's shapes)."""
+def shapes(size: str, parts: str = "layers,heads") -> list[tuple[str, int, int, str]]:
+    """(name, N, K, kind) of each product of a decoder layer, talker and code predictor, and of the heads (each
+    shape once: the 0.6B talker's layers have the code predictor's shapes)."""
     talker = json.loads((CONFIGS / f"{size}.json").read_text())["talker_config"]
+    cp = talker["code_predictor_config"]
     out = []
-    for part, c in (("talker", talker), ("cp", talker["code_predictor_config"])):
+    for part, c in (("talker", talker), ("cp", cp)) if "layers" in parts else ():
         h, d, i = c["hidden_size"], c["head_dim"], c["intermediate_size"]
         heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
         out += [(f"{part} qkv", (heads + 2 * kv) * d, h, "norm"), (f"{part} o", h, heads * d, "residual"),
                 (f"{part} gate_up", 2 * i, h, "swiglu"), (f"{part} down", h, i, "residual")]
+    if "heads" in parts:  # fp32 logits; the code predictor's head norms its input (runner._head)
+        out += [("talker head", talker["vocab_size"], talker["hidden_size"], "head"),
+                ("cp head", cp["vocab_size"], cp["hidden_size"], "head_norm")]
     return list({shape[1:]: shape for shape in reversed(out)}.values())[::-1]
 
 
@@ -70,6 +74,11 @@ def unfused(x, w, norm_w, residual, kind):
         return lambda: F.linear(kernels.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w)
     if kind == "swiglu":
         return lambda: kernels.silu_mul(F.linear(kernels.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w))
+    if kind == "head":
+        return lambda: torch.mm(x, w.t(), out_dtype=torch.float32)
+    if kind == "head_norm":
+        return lambda: torch.mm(kernels.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w.t(),
+                                out_dtype=torch.float32)
     return lambda: F.linear(x, w)
 
 
@@ -77,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="0.6B-Base,1.7B-Base")
     parser.add_argument("--batches", default="1,2,64")
+    parser.add_argument("--parts", default="layers,heads", help="layers, heads or both")
     parser.add_argument("--out", type=Path, help="also write the table here as JSON: [[key, tiles], ...]")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -84,7 +94,7 @@ def main() -> None:
     for size in args.sizes.split(","):
         for M in (int(b) for b in args.batches.split(",")):
             total = {"unfused": 0.0, "default": 0.0, "best": 0.0}
-            for name, N, K, kind in shapes(size):
+            for name, N, K, kind in shapes(size, args.parts):
                 w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
                 out_n = N // 2 if kind == "swiglu" else N
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -95,11 +105,18 @@ def main() -> None:
                 if kind == "residual":
                     fused = rotating([functools.partial(kernels.fused_linear, x, c, residual=res_out) for c in copies])
                     base = rotating([unfused(x, c, norm_w, res_out, kind) for c in copies])
+                elif kind == "head":
+                    fused = rotating([functools.partial(kernels.fused_linear, x, c, fp32_out=True) for c in copies])
+                    base = rotating([unfused(x, c, norm_w, None, kind) for c in copies])
+                elif kind == "head_norm":
+                    fused = rotating([functools.partial(kernels.fused_linear, res_in, c, norm=norm_w, eps=1e-6,
+                                                        fp32_out=True) for c in copies])
+                    base = rotating([unfused(x, c, norm_w, res_in, kind) for c in copies])
                 else:
                     fused = rotating([functools.partial(kernels.fused_linear, res_in, c, norm=norm_w, eps=1e-6,
                                                         swiglu=kind == "swiglu") for c in copies])
                     base = rotating([unfused(x, c, norm_w, res_in, kind) for c in copies])
-                ref = _twin(res_in if kind != "residual" else x, w, norm_w, res_out, kind)
+                ref = _twin(x if kind in ("residual", "head") else res_in, w, norm_w, res_out, kind)
                 t_base, t_default = time_ms(base), time_ms(fused)
                 gemv = M <= kernels.GEMV_MAX_ROWS
                 if gemv:  # the tensor-core kernel this replaces, with its committed tiles
@@ -148,6 +165,8 @@ def main() -> None:
 def _twin(x, w, norm_w, residual, kind):
     if kind == "residual":
         return kernels._fused_linear_ref(x, w, None, 1e-6, False, residual)
+    if kind.startswith("head"):
+        return kernels._fused_linear_ref(x, w, norm_w if kind == "head_norm" else None, 1e-6, False, None, True)
     return kernels._fused_linear_ref(x, w, norm_w, 1e-6, kind == "swiglu", None)
 
 
