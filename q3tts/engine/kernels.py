@@ -445,7 +445,9 @@ def _fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int
     tiles = FUSED_LINEAR_TILES.get((BLOCK_M, N, K, swiglu))
     if tiles is not None:
         return tiles
-    BLOCK_K = 512 if K % 512 == 0 else triton.next_power_of_2(min(K, 128))
+    # (an fp32 [BLOCK_M, BLOCK_K] input tile per stage: 512 columns at 16 rows, fewer as the rows grow, within an
+    # H100's shared memory; the 64-row default of 512 did not fit, perf-notes 55)
+    BLOCK_K = min(512 if K % 512 == 0 else 128, max(16, 8192 // BLOCK_M), triton.next_power_of_2(K))
     return (16 if N <= 2048 else 32), BLOCK_K, 4, 3
 
 
