@@ -4,7 +4,7 @@ model's talker and code predictor layers (each shape once), for 1, 2 and 64 rows
 around it). One row takes the matrix-vector kernel (GEMV_TILES), two rows the same kernel with its own table
 (GEMV_TWO_ROW_TILES; the tensor-core kernel with its committed tiles is timed beside both as `dot`), more rows
 the tensor-core kernel (FUSED_LINEAR_TILES). Prints the best per shape, its bandwidth, and the tables to paste
-(`--out`: also as JSON, [rows, key, tiles] per entry). GPU machine only.
+(`--out`: also as JSON, [table, key, tiles] per entry). GPU machine only.
 
 The weights are read from memory as in a frame, not from L2: each timed call reads the next of enough copies to
 overflow L2 (a frame streams ~5 GB of weights through a 50 MB L2; the code predictor's 4-12 MB matrices would
@@ -35,6 +35,7 @@ GEMV_CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
 # Two rows hold two accumulators per tile: K tiles down to 128, the stage counts that fit
 GEMV_TWO_ROW_CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
                            itertools.product((1, 2, 4, 8), (128, 256, 512), ((4, 2), (8, 2)))]
+TABLES = {1: "GEMV_TILES", 2: "GEMV_TWO_ROW_TILES"}  # rows -> the kernels table they take (more: FUSED_LINEAR_TILES)
 CONFIGS = Path(__file__).resolve().parents[1] / "q3tts/configs"
 COLD_BYTES = 128 * 2**20  # weight copies per shape: at least this much, 2.5x an H100's L2
 
@@ -92,7 +93,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="0.6B-Base,1.7B-Base")
     parser.add_argument("--batches", default="1,2,64")
     parser.add_argument("--parts", default="layers,heads", help="layers, heads or both")
-    parser.add_argument("--out", type=Path, help="also write the table here as JSON: [[key, tiles], ...]")
+    parser.add_argument("--out", type=Path, help="also write the tables here as JSON: [[table, key, tiles], ...]")
     args = parser.parse_args()
     torch.manual_seed(0)
     table = {}
@@ -128,11 +129,11 @@ def main() -> None:
                     with mock.patch.object(kernels, "GEMV_MAX_ROWS", 0):
                         t_dot = time_ms(fused)
                         total["dot"] = total.get("dot", 0.0) + t_dot
-                    swept = kernels.GEMV_TILES if M == 1 else kernels.GEMV_TWO_ROW_TILES
                     key = (out_n, K, kind == "swiglu")
                 else:
-                    swept, key = kernels.FUSED_LINEAR_TILES, (max(16, 1 << (M - 1).bit_length()), out_n, K,
-                                                               kind == "swiglu")
+                    key = (max(16, 1 << (M - 1).bit_length()), out_n, K, kind == "swiglu")
+                table_name = TABLES.get(M, "FUSED_LINEAR_TILES")
+                swept = getattr(kernels, table_name)
                 results = []
                 for tiles in (GEMV_CANDIDATES if M == 1 else GEMV_TWO_ROW_CANDIDATES) if gemv else CANDIDATES:
                     if tiles[1] > K:
@@ -141,7 +142,7 @@ def main() -> None:
                     results.append((time_ms(fused), tiles))
                 best, tiles = min(results)
                 swept[key] = tiles
-                table[(min(M, 3), *key)] = tiles
+                table[(table_name, *key)] = tiles
                 err = float((fused().float() - ref.float()).abs().max() / ref.float().abs().max())
                 gb = N * K * 2 / 1e9
                 dot = f"dot {t_dot * 1e3:6.1f} us, " if gemv else ""
@@ -153,10 +154,10 @@ def main() -> None:
                 total["best"] += best
             print(f"{size} M={M} sum over these shapes: " +
                   ", ".join(f"{k} {v * 1e3:.1f} us" for k, v in total.items()), flush=True)
-    for name, rows in (("GEMV_TILES", 1), ("GEMV_TWO_ROW_TILES", 2), ("FUSED_LINEAR_TILES", 3)):
+    for name in (*TABLES.values(), "FUSED_LINEAR_TILES"):
         print(name + " = {")
         for key, tiles in sorted(table.items()):
-            if key[0] == rows:
+            if key[0] == name:
                 print(f"    {key[1:]}: {tiles},")
         print("}")
     if args.out:

@@ -375,13 +375,13 @@ FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] 
 GEMV_MAX_ROWS = 2
 GEMV_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (1024, 2048, False): (1, 1024, 8, 3),
-    (2048, 1024, False): (8, 512, 8, 3),  # (the code predictor's heads)
     (1024, 3072, False): (1, 256, 4, 2),
+    (2048, 1024, False): (8, 512, 8, 3),  # (the code predictor's heads)
     (2048, 2048, False): (2, 1024, 4, 2),
     (2048, 6144, False): (1, 256, 4, 2),
-    (3072, 1024, False): (2, 1024, 4, 2),  # (the talkers' heads)
+    (3072, 1024, False): (2, 1024, 4, 2),  # (0.6B's talker head)
     (3072, 1024, True): (4, 256, 4, 2),
-    (3072, 2048, False): (2, 1024, 4, 2),
+    (3072, 2048, False): (2, 1024, 4, 2),  # (1.7B's talker head)
     (4096, 1024, False): (8, 512, 4, 2),
     (4096, 2048, False): (8, 512, 8, 3),
     (6144, 2048, True): (1, 1024, 4, 4),
