@@ -159,6 +159,8 @@ def test_malformed_json_and_unknown_routes_use_the_error_shape(server):
     bad = httpx.post(server.url + "/v1/audio/speech", content=b"{not json",
                      headers={"content-type": "application/json"})
     assert bad.status_code == 400 and set(bad.json()["error"]) == {"message", "type", "param", "code"}
+    error = bad.json()["error"]
+    assert (error["param"], error["code"]) == (None, "invalid_json") and "not valid JSON" in error["message"]
     missing = httpx.get(server.url + "/v1/nothing-here")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     wrong_method = httpx.get(server.url + "/v1/audio/speech")
