@@ -51,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("text", nargs="?", help="the text to speak ('-': read it from standard input; any length: "
                      "long texts are spoken in pieces)")
     say.add_argument("-f", "--file", type=Path, help="read the text from this file instead")
-    say.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default: out.wav)")
+    say.add_argument("-o", "--output", default="out.wav",
+                     help="audio file to write, in the format its extension names: .wav, .flac, .ogg ... "
+                          "(default: out.wav)")
     say.add_argument("--play", action="store_true",
                      help="also play the audio as it is generated (needs an audio output and `pip install "
                           "'q3tts[play]'`; without them, says so and only writes the file)")
@@ -229,6 +231,9 @@ def _say(args) -> int:
     output = Path(args.output)
     if not output.parent.is_dir():
         raise FileNotFoundError(f"-o {args.output}: the folder {str(output.parent)!r} does not exist")
+    if not sf.check_format(output.suffix[1:].upper()):
+        raise ValueError(f"-o {args.output}: the file's extension names no audio format that can be written; use "
+                         ".wav (or .flac, .ogg, .mp3 ...)")
     sampling = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     if args.greedy:
         sampling.update(do_sample=False, subtalker_dosample=False)

@@ -50,6 +50,11 @@ def test_say_modes_and_errors(tmp_path, capsys):
     assert "--ref-audio" in capsys.readouterr().err
     assert main(["say", "   ", "--model", "tiny", "-o", str(out)]) == 1
     assert "text is empty" in capsys.readouterr().err
+    for name in ("out.xyz", "out"):  # refused before the model loads, not after the audio is made
+        assert main(["say", "Hello.", "--model", "no-such-model", "-o", str(tmp_path / name)]) == 1
+        assert "names no audio format" in capsys.readouterr().err
+    assert main(["say", "Hello.", "--model", "tiny", "-o", str(tmp_path / "x.flac"), "--max-new-tokens", "3"]) == 0
+    assert (tmp_path / "x.flac").stat().st_size > 0
 
 
 def test_no_network_and_no_model_names_the_options(tmp_path, capsys, monkeypatch):
