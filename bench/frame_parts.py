@@ -1,0 +1,61 @@
+"""Graph-timed parts of the frame (the whole frame, talker, code predictor, sampling; `q3tts bench decode
+--breakdown` prints the same) for A/B comparisons on one machine: run it once per setting from the tree under
+test, alternating the settings and repeating the rounds, so that machine-to-machine spread (perf-notes 39, 46)
+does not enter the comparison:
+
+    for r in 1 2; do for tree in /tmp/base $PWD; do
+        PYTHONPATH=$tree python bench/frame_parts.py --label $tree --sizes 0.6B-Base --batches 1,64
+    done; done
+
+`--tiles`: a bench/fused_linear.py --out table laid over the committed tile tables (the sweep's tiles in the
+frame without a commit); `--fused-decode`: EngineConfig.fused_decode. Random weights at the real configs with
+EOS off. GPU machine only.
+
+usage: python bench/frame_parts.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,2] [--fused-decode all]
+                                   [--tiles tiles.json] [--label NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+import q3tts
+from q3tts.benchmarks.common import clone_prompt, load_model
+from q3tts.benchmarks.decode import breakdown
+from q3tts.engine import EngineConfig, kernels
+from q3tts.engine.runner import ModelRunner
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="0.6B-Base,1.7B-Base")
+    parser.add_argument("--batches", default="1,2")
+    parser.add_argument("--fused-decode", default=EngineConfig.fused_decode)
+    parser.add_argument("--tiles", type=Path, help="bench/fused_linear.py --out JSON laid over the tile tables")
+    parser.add_argument("--label", default=None, help="first word of each line (default: the tree's q3tts path)")
+    args = parser.parse_args()
+    label = args.label or str(Path(q3tts.__file__).parents[1])
+    if args.tiles:
+        for table, key, tiles in json.loads(args.tiles.read_text()):
+            getattr(kernels, table)[tuple(key)] = tuple(tiles)
+    batches = [int(b) for b in args.batches.split(",")]
+    for name in args.sizes.split(","):
+        model = load_model(name, None, torch.device("cuda"))
+        prompt = clone_prompt(model)
+        config = EngineConfig(max_rows=max(batches), max_context=512, block_size=64, max_trailing=64,
+                              buckets=tuple(batches), prefix_cache_gb=0, fused_decode=args.fused_decode)
+        runner = ModelRunner(model, config, kv_blocks=max(batches) * ((prompt.num_positions + 260) // 64 + 2))
+        runner.capture_graphs()
+        for batch in batches:
+            parts = {k: round(v, 3) for k, v in breakdown(runner, prompt, batch).items()}
+            print(label, name, batch, parts, flush=True)
+        del runner, model
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
