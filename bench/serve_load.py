@@ -302,7 +302,7 @@ def main() -> None:
             engine.codec.overlap_max_rows = args.overlap_max_rows
         asyncio.run(run_rate(tts, 4.0, 2.0, seed=0))  # warm-up
         # As `q3tts serve` does after its start-up (server/service.py): the process's long-lived objects out of the
-        # garbage collector's sight, so that a full collection (~300,000 objects with a model loaded) does not
+        # garbage collector's sight, so that a full collection (~340,000 objects with a model loaded) does not
         # stall the engine's loop; undone before the next model is loaded.
         gc.collect()
         gc.freeze()

@@ -66,7 +66,7 @@ def from_validation(exc: Exception) -> APIError:
         return bad_request(str(exc))
     first = errors[0]
     if first.get("type") == "json_invalid":  # (its loc is the body and a character offset, not a field)
-        where = first.get("loc", ())[-1]
+        where = (first.get("loc") or ("?",))[-1]
         reason = (first.get("ctx") or {}).get("error", "JSON decode error")
         return bad_request(f"the request body is not valid JSON: {reason} at character {where}", code="invalid_json")
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
