@@ -25,9 +25,8 @@ import torch
 
 import q3tts
 from q3tts.benchmarks.common import clone_prompt, load_model
-from q3tts.benchmarks.decode import breakdown
+from q3tts.benchmarks.decode import breakdown, decode_runner
 from q3tts.engine import EngineConfig, kernels
-from q3tts.engine.runner import ModelRunner
 
 
 def main() -> None:
@@ -46,9 +45,7 @@ def main() -> None:
     for name in args.sizes.split(","):
         model = load_model(name, None, torch.device("cuda"))
         prompt = clone_prompt(model)
-        config = EngineConfig(max_rows=max(batches), max_context=512, block_size=64, max_trailing=64,
-                              buckets=tuple(batches), prefix_cache_gb=0, fused_decode=args.fused_decode)
-        runner = ModelRunner(model, config, kv_blocks=max(batches) * ((prompt.num_positions + 260) // 64 + 2))
+        runner = decode_runner(model, prompt, batches, args.fused_decode)  # (as `q3tts bench decode` builds it)
         runner.capture_graphs()
         for batch in batches:
             parts = {k: round(v, 3) for k, v in breakdown(runner, prompt, batch).items()}

@@ -108,21 +108,18 @@ def main() -> None:
                 res_out = torch.randn(M, out_n, device="cuda")
                 norm_w = torch.ones(K if kind != "residual" else out_n, device="cuda", dtype=torch.bfloat16)
                 copies = [w] + [w.clone() for _ in range(-(-COLD_BYTES // w.nbytes) - 1)]
-                if kind == "residual":
-                    fused = rotating([functools.partial(kernels.fused_linear, x, c, residual=res_out) for c in copies])
-                    base = rotating([unfused(x, c, norm_w, res_out, kind) for c in copies])
-                elif kind == "head":
-                    fused = rotating([functools.partial(kernels.fused_linear, x, c, fp32_out=True) for c in copies])
-                    base = rotating([unfused(x, c, norm_w, None, kind) for c in copies])
-                elif kind == "head_norm":
-                    fused = rotating([functools.partial(kernels.fused_linear, res_in, c, norm=norm_w, eps=1e-6,
-                                                        fp32_out=True) for c in copies])
-                    base = rotating([unfused(x, c, norm_w, res_in, kind) for c in copies])
-                else:
-                    fused = rotating([functools.partial(kernels.fused_linear, res_in, c, norm=norm_w, eps=1e-6,
-                                                        swiglu=kind == "swiglu") for c in copies])
-                    base = rotating([unfused(x, c, norm_w, res_in, kind) for c in copies])
-                ref = _twin(x if kind in ("residual", "head") else res_in, w, norm_w, res_out, kind)
+                # what each kind's product takes beside its weights (the residual and plain heads the bf16 x, the
+                # others the fp32 residual stream they norm)
+                inputs = x if kind in ("residual", "head") else res_in
+                fused_kwargs = {"residual": dict(residual=res_out), "head": dict(fp32_out=True),
+                                "head_norm": dict(norm=norm_w, eps=1e-6, fp32_out=True),
+                                "norm": dict(norm=norm_w, eps=1e-6),
+                                "swiglu": dict(norm=norm_w, eps=1e-6, swiglu=True)}[kind]
+                fused = rotating([functools.partial(kernels.fused_linear, inputs, c, **fused_kwargs) for c in copies])
+                base = rotating([unfused(x, c, norm_w, res_in, kind) for c in copies])
+                ref = kernels._fused_linear_ref(inputs, w, fused_kwargs.get("norm"), 1e-6,
+                                                fused_kwargs.get("swiglu", False), fused_kwargs.get("residual"),
+                                                fused_kwargs.get("fp32_out", False))
                 t_base, t_default = time_ms(base), time_ms(fused)
                 gemv = M <= kernels.GEMV_MAX_ROWS
                 if gemv:  # the tensor-core kernel this replaces, with its committed tiles
@@ -162,14 +159,6 @@ def main() -> None:
         print("}")
     if args.out:
         args.out.write_text(json.dumps([[key[0], list(key[1:]), list(tiles)] for key, tiles in sorted(table.items())]))
-
-
-def _twin(x, w, norm_w, residual, kind):
-    if kind == "residual":
-        return kernels._fused_linear_ref(x, w, None, 1e-6, False, residual)
-    if kind.startswith("head"):
-        return kernels._fused_linear_ref(x, w, norm_w if kind == "head_norm" else None, 1e-6, False, None, True)
-    return kernels._fused_linear_ref(x, w, norm_w, 1e-6, kind == "swiglu", None)
 
 
 if __name__ == "__main__":

@@ -129,15 +129,21 @@ def bench_decode(names: list[str], batches: list[int], n_short: int = 50, n_long
     return rows
 
 
-def _decode_rows(model, name: str, prompt, batches: list[int], n_short: int, n_long: int, reps: int,
-                 breakdown_batches: tuple[int, ...], fused: str, log) -> list[DecodeRow]:
+def decode_runner(model, prompt, batches: list[int], fused: str = EngineConfig.fused_decode,
+                  frames: int = 257) -> ModelRunner:
+    """The decode benchmark's runner (graphs not yet captured): a bucket per batch size, the prefix cache off, and
+    every row of the largest batch holding its prompt and `frames` frames at once (the breakdown's rows: 257)."""
     config = EngineConfig(max_rows=max(batches), max_context=512, block_size=64, max_trailing=64,
                           buckets=tuple(batches), prefix_cache_gb=0, fused_decode=fused)
+    per_row = -(-(prompt.num_positions + frames) // config.block_size)
+    return ModelRunner(model, config, kv_blocks=max(batches) * per_row + 1)
+
+
+def _decode_rows(model, name: str, prompt, batches: list[int], n_short: int, n_long: int, reps: int,
+                 breakdown_batches: tuple[int, ...], fused: str, log) -> list[DecodeRow]:
     engine = "q3tts" if fused == EngineConfig.fused_decode else f"q3tts, fused_decode={fused}"
     start = time.perf_counter()
-    # Every row of the largest batch holds its prompt and its frames at once (the breakdown's rows: 257).
-    per_row = -(-(prompt.num_positions + max(n_long + 1, 257)) // config.block_size)
-    runner = ModelRunner(model, config, kv_blocks=max(batches) * per_row + 1)
+    runner = decode_runner(model, prompt, batches, fused, max(n_long + 1, 257))
     runner.capture_graphs()
     log(f"{name} ({engine}): {len(runner.graphs)} graphs captured in {time.perf_counter() - start:.1f} s")
     rows = []
