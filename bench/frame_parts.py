@@ -8,16 +8,18 @@ does not enter the comparison:
     done; done
 
 `--tiles`: a bench/fused_linear.py --out table laid over the committed tile tables (the sweep's tiles in the
-frame without a commit); `--fused-decode`: EngineConfig.fused_decode. Random weights at the real configs with
-EOS off. GPU machine only.
+frame without a commit); `--fused-decode`: EngineConfig.fused_decode; `--set decoder.FUSED_MAX_ROWS=2`: a
+constant of a q3tts.engine module, for the run. Random weights at the real configs with EOS off. GPU machine only.
 
 usage: python bench/frame_parts.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,2] [--fused-decode all]
-                                   [--tiles tiles.json] [--label NAME]
+                                   [--tiles tiles.json] [--set MODULE.NAME=VALUE ...] [--label NAME]
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import json
 from pathlib import Path
 
@@ -35,8 +37,14 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2")
     parser.add_argument("--fused-decode", default=EngineConfig.fused_decode)
     parser.add_argument("--tiles", type=Path, help="bench/fused_linear.py --out JSON laid over the tile tables")
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                        help="a q3tts.engine module's constant for this run (a Python literal)")
     parser.add_argument("--label", default=None, help="first word of each line (default: the tree's q3tts path)")
     args = parser.parse_args()
+    for setting in args.set:
+        name, value = setting.split("=", 1)
+        module, attr = name.rsplit(".", 1)
+        setattr(importlib.import_module(f"q3tts.engine.{module}"), attr, ast.literal_eval(value))
     label = args.label or str(Path(q3tts.__file__).parents[1])
     if args.tiles:
         for table, key, tiles in json.loads(args.tiles.read_text()):

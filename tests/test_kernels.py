@@ -173,6 +173,34 @@ def test_fused_linear(monkeypatch, dtype, M, kind):
     _close(out, ref, dtype)
 
 
+@pytest.mark.parametrize("M", [5, 40])
+def test_fused_linear_hands_on_sums_of_squares(monkeypatch, M):
+    """Beyond the matrix-vector kernel's rows: a residual add's partial sums of squares (squares_out) add up to its
+    output rows' sums of squares, and a norm that takes them (squares), or row_squares' of its input, or every
+    other row's of either, equals the unfused twin; 40 rows span several row blocks (FUSED_BLOCK_M 16 here)."""
+    monkeypatch.setattr(kernels, "FUSED_BLOCK_M", 16)
+    dtype = DTYPES[-1]
+    g = torch.Generator(DEVICE).manual_seed(M)
+    K, N = 200, 72
+    x = torch.randn(M, K, device=DEVICE, generator=g).to(dtype)
+    w_o = (0.1 * torch.randn(N, K, device=DEVICE, generator=g)).to(dtype)
+    stream = torch.randn(M, N, device=DEVICE, generator=g) * torch.linspace(0.1, 10, M, device=DEVICE)[:, None]
+    residual, squares = kernels.fused_linear(x, w_o, residual=stream, squares_out=True)
+    assert squares.shape == (-(-N // kernels._fused_linear_tiles(16, N, K, False)[0]), M)
+    torch.testing.assert_close(squares.sum(0), residual.pow(2).sum(-1), rtol=1e-5, atol=0)
+    _close(residual, _twin(monkeypatch, kernels.fused_linear, x, w_o, residual=stream), dtype)
+    w = (0.1 * torch.randn(2 * 40, N, device=DEVICE, generator=g)).to(dtype)
+    norm = (1 + 0.1 * torch.randn(N, device=DEVICE, generator=g)).to(dtype)
+    first = torch.randn(M, N, device=DEVICE, generator=g)
+    for inputs, sums in ((residual, squares), (first, kernels.row_squares(first)),
+                         (residual[1::2], squares[:, 1::2]), (first[1::2], kernels.row_squares(first)[:, 1::2])):
+        for kwargs in (dict(norm=norm, eps=1e-6, swiglu=True), dict(norm=norm, eps=1e-6, fp32_out=True)):
+            out = kernels.fused_linear(inputs, w, squares=sums, **kwargs)
+            _close(out, _twin(monkeypatch, kernels.fused_linear, inputs, w, **kwargs), dtype)
+    with pytest.raises(ValueError, match="squares_out"):
+        kernels.fused_linear(x, w_o, squares_out=True)
+
+
 @pytest.mark.parametrize("tiles", sorted(set(kernels.FUSED_LINEAR_TILES.values())))
 def test_fused_linear_with_each_measured_tile(monkeypatch, tiles):
     """Every tile shape of the measured table computes the same product (K a multiple of the K tile, as in the
@@ -439,12 +467,14 @@ def test_a_decoder_step_with_the_fused_attention(monkeypatch, tmp_path, fused):
     _close(caches[1].v, caches[0].v, torch.float32)
 
 
-@pytest.mark.parametrize("case", ["decode_1", "decode_2", "first_pass"])
+@pytest.mark.parametrize("case", ["decode_1", "decode_2", "decode_5", "first_pass", "first_pass_3"])
 def test_the_fused_products_equal_the_unfused_decoder(monkeypatch, tmp_path, case):
-    """A call of one or two tokens on the fused products (the matrix-vector kernel with the norms, SwiGLU and
-    residual adds inside) equals the unfused decoder: one stream's or two streams' decode step, and a code
-    predictor's first pass (two new tokens of one row, attention through the prefill kernels); hidden states and
-    caches. With final_norm=False the residual stream comes back, and the final norm of it is the output."""
+    """A call on the fused products (the matrix-vector kernel for a token or two, the tensor-core kernel with the
+    sums of squares handed on for more, the norms, SwiGLU and residual adds inside) equals the unfused decoder:
+    one, two or five streams' decode step (one crossing a block), and a code predictor's first pass (two new tokens
+    of each row, attention through the prefill kernels) for one stream and three; hidden states and caches. With
+    final_norm=False the residual stream and its sums of squares come back, and the final norm of it is the
+    output."""
     from q3tts import TTS
     from q3tts.engine.decoder import FlatDecoder, PagedCache
     from q3tts.tiny import tiny_checkpoint
@@ -454,7 +484,9 @@ def test_the_fused_products_equal_the_unfused_decoder(monkeypatch, tmp_path, cas
     decoder = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
                           cc.head_dim, cp.model.inv_freq)
     history, rows, positions = {"decode_1": ([4], [0], [4]), "decode_2": ([4, 9], [0, 1], [4, 9]),
-                                "first_pass": ([0], [0, 0], [0, 1])}[case]
+                                "decode_5": ([4, 9, 0, 16, 2], [0, 1, 2, 3, 4], [4, 9, 0, 16, 2]),
+                                "first_pass": ([0], [0, 0], [0, 1]),
+                                "first_pass_3": ([0] * 3, [0, 0, 1, 1, 2, 2], [0, 1] * 3)}[case]
     g = torch.Generator(DEVICE).manual_seed(1)
     past_rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
     past_positions = torch.tensor([i for n in history for i in range(n)], dtype=torch.int32, device=DEVICE)
@@ -467,15 +499,20 @@ def test_the_fused_products_equal_the_unfused_decoder(monkeypatch, tmp_path, cas
     outs, caches = [], []
     with torch.no_grad():
         for fused in (False, True):
-            cache = PagedCache.allocate(cc.num_hidden_layers, 4, 16, cc.num_key_value_heads, cc.head_dim, 2, 1,
-                                        torch.float32, torch.device(DEVICE))
-            cache.block_table.copy_(torch.tensor([[1], [2]], dtype=torch.int32))
+            n = len(history)  # (row r: blocks r + 1 and n + r + 1)
+            cache = PagedCache.allocate(cc.num_hidden_layers, 2 * n + 1, 16, cc.num_key_value_heads, cc.head_dim, n,
+                                        2, torch.float32, torch.device(DEVICE))
+            cache.block_table.copy_(torch.arange(1, 2 * n + 1, dtype=torch.int32).view(2, n).t())
             if len(past_rows):
                 _twin(monkeypatch, decoder, past, past_rows, past_positions, cache)  # the same history in both
             outs.append(decoder(x, rows, positions, cache, decode=decode, fused=fused))
             caches.append(cache)
-        residual = decoder(x, rows, positions, caches[1], decode=decode, fused=True, final_norm=False)
+        residual, squares = decoder(x, rows, positions, caches[1], decode=decode, fused=True, final_norm=False)
     assert residual.dtype == torch.float32
+    if len(rows) <= kernels.GEMV_MAX_ROWS:  # (the matrix-vector kernel norms its rows itself)
+        assert squares is None
+    else:
+        torch.testing.assert_close(squares.sum(0), residual.pow(2).sum(-1), rtol=1e-5, atol=0)
     _close(outs[1], outs[0], torch.float32)
     _close(kernels.add_rmsnorm(residual, None, decoder.final_norm, decoder.eps, torch.float32)[0], outs[0],
            torch.float32)

@@ -51,8 +51,8 @@ class EngineConfig:
     stream_hold_s: float = 1.0
     # Decode steps with fewer kernels per layer (docs/perf-notes.md, entries 36 and 38): "attention": q/k norm,
     # RoPE, KV store and attention as one kernel (kernels.decode_attention) instead of two; "all": also the norms,
-    # SwiGLU and residual adds inside the matrix products (kernels.fused_linear; bf16/fp16 weights, batches of up
-    # to decoder.FUSED_MAX_ROWS rows: 5 kernels per layer instead of 9); "off": neither.
+    # SwiGLU and residual adds inside the matrix products (kernels.fused_linear; bf16/fp16 weights, calls of up
+    # to decoder.FUSED_MAX_ROWS tokens: 5 kernels per layer instead of 9); "off": neither.
     fused_decode: str = "all"
     # Voice prefixes kept for reuse across requests (engine/prefix_cache.py): the talker's keys and values of each
     # voice's first positions, and the codec's state after each in-context voice's reference; each of the two

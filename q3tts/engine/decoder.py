@@ -2,9 +2,9 @@
 
 Serves the talker (prefill and decode) and the code predictor alike. Per layer: add+RMSNorm, one qkv matrix
 product, q/k norm + RoPE + KV store, paged attention, o projection, add+RMSNorm, one gate/up product, SwiGLU,
-down projection: 9 kernels. Calls of a token or two in bf16/fp16 (`fused`: a stream's decode step, its code
-predictor's first pass) take 5 (6 beside the prefill's attention): the norms, SwiGLU and the residual adds move into
-the matrix products (kernels.fused_linear), q/k norm, RoPE and the store into attention.
+down projection: 9 kernels. Decode calls in bf16/fp16 (`fused`: the streams' decode steps, their code predictor's
+first pass) take 5 (6 beside the prefill's attention): the norms, SwiGLU and the residual adds move into the matrix
+products (kernels.fused_linear), q/k norm, RoPE and the store into attention.
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ from .kernels import (
     fused_linear,
     paged_attention,
     qk_norm_rope_store,
+    row_squares,
     silu_mul,
 )
 
-# Calls of up to this many tokens take the fused products (`fused`; a decoder may take fewer, `max_fused`): the
-# matrix-vector kernel's rows (kernels.GEMV_MAX_ROWS). Measured on an H100 (docs/perf-notes.md, entries 38, 41,
-# 49 and 51): with the tensor-core kernel the 1.7B frame at 1 row took 4.79 ms fused against 5.05 unfused, at
-# 2-16 rows 0.03-0.06 ms more fused (from two rows on cuBLAS runs GEMM kernels), at 64 1.8x more per product
-# (every program norms all the rows it reads); the matrix-vector kernel took one row to 4.00 ms, and two rows
-# from 5.06 / 4.31 ms (1.7B / 0.6B) to 4.88 / 3.88.
-FUSED_MAX_ROWS = GEMV_MAX_ROWS
+# Calls of up to GEMV_MAX_ROWS tokens take the matrix-vector kernel (a decoder may keep it to fewer, `gemv_rows`),
+# calls of more, up to FUSED_MAX_ROWS, the tensor-core kernel, each product handing the next norm its rows' sums
+# of squares. Measured on an H100 (docs/perf-notes.md, entries 38, 41, 49, 51 and 58): with the tensor-core kernel
+# the 1.7B frame at 1 row took 4.79 ms fused against 5.05 unfused, at 2-16 rows 0.03-0.06 ms more fused (from two
+# rows on cuBLAS runs GEMM kernels), at 64 1.8x more per product while every program normed all the rows it read;
+# the matrix-vector kernel took one row to 4.00 ms, and two rows from 5.06 / 4.31 ms (1.7B / 0.6B) to 4.88 / 3.88.
+FUSED_MAX_ROWS = 512
 
 
 @dataclass
@@ -54,25 +55,26 @@ class FlatDecoder:
     """Runs `layers` (modules of the reference model, fused in place) over tokens at (rows, positions)."""
 
     def __init__(self, layers, final_norm: torch.Tensor, eps: float, num_heads: int, head_dim: int,
-                 inv_freq: torch.Tensor, max_fused: int = FUSED_MAX_ROWS):
+                 inv_freq: torch.Tensor, gemv_rows: int = GEMV_MAX_ROWS):
         self.layers: list[FusedLayerWeights] = [fuse_layer(layer) for layer in layers]
         self.final_norm, self.eps = final_norm, eps
         self.num_heads, self.head_dim = num_heads, head_dim
         self.inv_freq = inv_freq.float()
-        self.max_fused = min(max_fused, FUSED_MAX_ROWS)
+        self.gemv_rows = min(gemv_rows, GEMV_MAX_ROWS)
 
     def fuses(self, num_tokens: int, fused: bool = False) -> bool:
         """Whether a call over `num_tokens` tokens with `fused` takes the fused products."""
-        return fused and num_tokens <= self.max_fused
+        return fused and (num_tokens <= self.gemv_rows or GEMV_MAX_ROWS < num_tokens <= FUSED_MAX_ROWS)
 
     def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-                 decode: bool = False, fused: bool = False, final_norm: bool = True) -> torch.Tensor:
+                 decode: bool = False, fused: bool = False,
+                 final_norm: bool = True) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         """x: [N, hidden] (any float dtype; the residual stream is fp32) -> normed hidden [N, hidden] in the
         weights' dtype. Writes each token's keys and values at its (row, position). `decode`: every token is the
-        only new one of its row, so q/k norm, RoPE, the KV store and attention run as one kernel; `fused` (up to
-        `max_fused` tokens, `fuses`): the matrix products take their neighbours in too, and `final_norm`
-        False returns the residual stream (fp32) before the final norm, for a product that norms its input
-        itself (fused_linear(norm=self.final_norm)): one kernel fewer."""
+        only new one of its row, so q/k norm, RoPE, the KV store and attention run as one kernel; `fused` (see
+        `fuses`): the matrix products take their neighbours in too, and `final_norm` False returns (the residual
+        stream (fp32) before the final norm, its rows' sums of squares or None) for a product that norms its input
+        itself (fused_linear(norm=self.final_norm, squares=...)): one kernel fewer."""
         if self.fuses(x.shape[0], fused):
             return self._fused(x, rows, positions, cache, decode, final_norm)
         if not final_norm:
@@ -99,15 +101,17 @@ class FlatDecoder:
         return paged_attention(q, cache.k[i], cache.v[i], cache.block_table, rows, positions, dtype)
 
     def _fused(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-               decode: bool, final_norm: bool) -> torch.Tensor:
+               decode: bool, final_norm: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         residual = x  # (read as fp32 by the first norm and residual add: no cast kernel for a bf16 input)
         pdl = x.shape[0] == 1  # (PDL pays at one token and costs at two: docs/perf-notes.md, entries 51-52)
+        squares = row_squares(x) if x.shape[0] > GEMV_MAX_ROWS else None  # (see fused_linear)
         for i, w in enumerate(self.layers):
-            qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps, pdl=pdl)
+            qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps, squares=squares, pdl=pdl)
             attended = self._attend(i, qkv, rows, positions, cache, decode, pdl=pdl)
-            residual = fused_linear(attended, w.o, residual=residual, pdl=pdl)
-            act = fused_linear(residual, w.gate_up, norm=w.post_norm, eps=self.eps, swiglu=True, pdl=pdl)
-            residual = fused_linear(act, w.down, residual=residual, pdl=pdl)
+            residual, squares = fused_linear(attended, w.o, residual=residual, squares_out=True, pdl=pdl)
+            act = fused_linear(residual, w.gate_up, norm=w.post_norm, eps=self.eps, swiglu=True, squares=squares,
+                               pdl=pdl)
+            residual, squares = fused_linear(act, w.down, residual=residual, squares_out=True, pdl=pdl)
         if not final_norm:
-            return residual
+            return residual, squares
         return add_rmsnorm(residual, None, self.final_norm, self.eps, self.final_norm.dtype)[0]

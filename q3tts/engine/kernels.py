@@ -352,6 +352,8 @@ if triton is not None:
 
 # ---- small-batch matrix products with their neighbours fused in -------------------------------------------
 
+# Rows per program of the tensor-core kernel: more rows take more programs per column block.
+FUSED_BLOCK_M = 64
 # (BLOCK_M, N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of bench/fused_linear.py's
 # candidates per shape of the 0.6B and 1.7B layers on an H100 (docs/perf-notes.md, entry 38); other shapes take
 # the heuristic in _fused_linear_tiles.
@@ -399,10 +401,11 @@ GEMV_TWO_ROW_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
                  swiglu: bool = False, residual: torch.Tensor | None = None, fp32_out: bool = False,
-                 pdl: bool = False) -> torch.Tensor:
+                 squares: torch.Tensor | None = None, squares_out: bool = False,
+                 pdl: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
     """x @ weight.T for a few tokens (weight: [N, K], nn.Linear's layout) with what surrounds it in a decoder
-    layer done in the same kernel, in the weights' dtype with fp32 accumulation (one program reads all the rows:
-    meant for decode steps of a few rows, see decoder.FUSED_MAX_ROWS):
+    layer done in the same kernel, in the weights' dtype with fp32 accumulation (each program reads all the rows
+    or FUSED_BLOCK_M of them: meant for decode steps, see decoder.FUSED_MAX_ROWS):
       * norm: x is the residual stream (fp32; a first layer's input in any float dtype, read as fp32); it is
         RMS-normalised (eps, then times `norm`) and cast to the weights' dtype first, as add_rmsnorm does;
       * swiglu: weight is gate/up stacked ([2 I, K]); returns silu(gate) * up [M, I], as silu_mul does on the
@@ -412,16 +415,25 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     Otherwise returns the product [M, N] in the weights' dtype, or with `fp32_out` in fp32 without that rounding
     (as torch.mm(..., out_dtype=torch.float32): the heads' logits). Same operations and roundings as the unfused
     kernels; only the order of the fp32 sums inside the product differs from cuBLAS's. `pdl`: launched with PDL
-    (see PDL above)."""
+    (see PDL above).
+
+    More than GEMV_MAX_ROWS rows take the tensor-core kernel, whose programs each read every row: there the norm
+    takes its rows' sums of squares from `squares` ([P, M] fp32 partial sums, added in order; from `row_squares`
+    or from the product that made x, with `squares_out`) instead of reading the rows twice, and `squares_out`
+    (with `residual`) returns (the new residual stream, its partial sums of squares); on the matrix-vector kernel
+    the norm reads its row or two itself, `squares` is not needed and `squares_out` gives None."""
     if fp32_out and (swiglu or residual is not None):
         raise ValueError("fp32_out is for the plain product")
+    if squares_out and residual is None:
+        raise ValueError("squares_out is for a product with a residual add")
     x = x.contiguous()
     residual = residual.contiguous() if residual is not None else None
     M, K = x.shape
     N = weight.shape[0] // 2 if swiglu else weight.shape[0]
     dtype = weight.dtype
     if not use_triton(x):
-        return _fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out)
+        out = _fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out)
+        return (out, _row_squares_ref(out)) if squares_out else out
     out = torch.empty(M, N, dtype=torch.float32 if residual is not None or fp32_out else dtype, device=x.device)
     args = (x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,
             M, N, K, eps)
@@ -432,13 +444,32 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
         _gemv_kernel[(triton.cdiv(N, BLOCK_N),)](
             *args, TWO=M == 2, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
             K_ALL=triton.next_power_of_2(K) if norm is not None else 1, num_warps=warps, num_stages=stages, **flags)
-        return out
-    BLOCK_M = max(16, triton.next_power_of_2(M))
+        return (out, None) if squares_out else out
+    BLOCK_M = min(FUSED_BLOCK_M, max(16, triton.next_power_of_2(M)))
     BLOCK_N, BLOCK_K, warps, stages = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
-    _fused_linear_kernel[(triton.cdiv(N, BLOCK_N),)](
-        *args, IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps,
-        num_stages=stages, **flags)
+    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))  # (a column block's row blocks run side by side)
+    sq_in = squares if norm is not None and squares is not None else out
+    sq_out = torch.empty(grid[1], M, dtype=torch.float32, device=x.device) if squares_out else out
+    _fused_linear_kernel[grid](
+        *args, sq_in, sq_in.stride(0), sq_in.stride(1), sq_out, sq_in.shape[0] if sq_in is squares else 0,
+        SQ_IN=sq_in is squares,
+        SQ_OUT=squares_out, IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        num_warps=warps, num_stages=stages, **flags)
+    return (out, sq_out) if squares_out else out
+
+
+def row_squares(x: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of squares (read as fp32): [1, M] fp32, fused_linear's `squares` for a first layer."""
+    if not use_triton(x):
+        return _row_squares_ref(x)
+    M, K = x.shape
+    out = torch.empty(1, M, dtype=torch.float32, device=x.device)
+    _row_squares_kernel[(M,)](x.contiguous(), out, K, BLOCK=triton.next_power_of_2(K), num_warps=4)
     return out
+
+
+def _row_squares_ref(x: torch.Tensor) -> torch.Tensor:
+    return x.float().pow(2).sum(-1)[None]
 
 
 def _fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int, int, int, int]:
@@ -478,40 +509,54 @@ if triton is not None:
     def _linear_epilogue(acc, acc_up, out_ptr, res_ptr, offs, mask, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
                          ROUND: tl.constexpr, dtype: tl.constexpr):
         """The fused products' last step, from the fp32 sums (`acc_up`: SwiGLU's up half): the product rounded to
-        the weights' dtype (unless not ROUND), then SwiGLU, the residual add or nothing, and the store."""
+        the weights' dtype (unless not ROUND), then SwiGLU, the residual add or nothing, and the store. Returns
+        what it stored, in fp32."""
         y = acc
         if ROUND:
             y = y.to(dtype).to(tl.float32)
         if SWIGLU:
             up = acc_up.to(dtype).to(tl.float32)
-            tl.store(out_ptr + offs, (y / (1.0 + tl.exp(-y)) * up).to(dtype), mask=mask)
+            y = y / (1.0 + tl.exp(-y)) * up
         elif RESIDUAL:
-            tl.store(out_ptr + offs, tl.load(res_ptr + offs, mask=mask, other=0.0) + y, mask=mask)
-        else:
-            tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+            y = tl.load(res_ptr + offs, mask=mask, other=0.0) + y
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        return y
 
     @triton.jit
-    def _fused_linear_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, NORM: tl.constexpr,
-                             SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr,
-                             IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             PDL: tl.constexpr):
-        # One program per BLOCK_N output columns, all M tokens (padded to BLOCK_M rows for the tensor cores):
-        # the weights are read once, which is what bounds a product of a few tokens.
-        n0 = tl.program_id(0) * BLOCK_N
+    def _fused_linear_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, sq_in_ptr, sq_stride_p,
+                             sq_stride_m, sq_out_ptr, P,
+                             NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr,
+                             SQ_IN: tl.constexpr, SQ_OUT: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        # One program per BLOCK_N output columns and BLOCK_M tokens (padded for the tensor cores): the weights are
+        # read from memory once (a column block's row blocks run side by side), which is what bounds a product of
+        # a few dozen tokens. SQ_IN: the norm's sums of squares are the P partial sums at sq_in [P, M], added in
+        # order (strides sq_stride_p, sq_stride_m); SQ_OUT: this program's partial sums of squares of the residual
+        # stream it wrote, at sq_out
+        # [column block, M].
+        pid_n = tl.program_id(1)
         if PDL:  # (see PDL above)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        m = tl.arange(0, BLOCK_M)
-        n = n0 + tl.arange(0, BLOCK_N)
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         k = tl.arange(0, BLOCK_K)
         m_in, n_in = m < M, n < N
         dtype = w_ptr.dtype.element_ty
         if NORM:
-            squares = tl.zeros([BLOCK_M], tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                xs = tl.load(x_ptr + m[:, None] * K + (k0 + k)[None, :], mask=m_in[:, None] & (k0 + k < K)[None, :],
-                             other=0.0).to(tl.float32)
-                squares += tl.sum(xs * xs, axis=1)
+            if SQ_IN:
+                p = tl.arange(0, 16)
+                squares = tl.zeros([BLOCK_M], tl.float32)
+                for p0 in range(0, P, 16):
+                    part = tl.load(sq_in_ptr + (p0 + p)[:, None] * sq_stride_p + m[None, :] * sq_stride_m,
+                                   mask=(p0 + p < P)[:, None] & m_in[None, :], other=0.0)
+                    squares += tl.sum(part, axis=0)
+            else:
+                squares = tl.zeros([BLOCK_M], tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    xs = tl.load(x_ptr + m[:, None] * K + (k0 + k)[None, :],
+                                 mask=m_in[:, None] & (k0 + k < K)[None, :], other=0.0).to(tl.float32)
+                    squares += tl.sum(xs * xs, axis=1)
             inv = tl.rsqrt(squares / K + eps)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if SWIGLU:
@@ -538,8 +583,18 @@ if triton is not None:
                     acc_up += tl.dot(a, tl.trans(w))
         if not SWIGLU:
             acc_up = acc  # (unused)
-        _linear_epilogue(acc, acc_up, out_ptr, res_ptr, m[:, None] * N + n[None, :], m_in[:, None] & n_in[None, :],
-                         SWIGLU, RESIDUAL, ROUND, dtype)
+        mask = m_in[:, None] & n_in[None, :]
+        y = _linear_epilogue(acc, acc_up, out_ptr, res_ptr, m[:, None] * N + n[None, :], mask, SWIGLU, RESIDUAL,
+                             ROUND, dtype)
+        if SQ_OUT:
+            tl.store(sq_out_ptr + pid_n * M + m, tl.sum(tl.where(mask, y * y, 0.0), axis=1), mask=m_in)
+
+    @triton.jit
+    def _row_squares_kernel(x_ptr, out_ptr, K, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row, tl.sum(x * x, axis=0))
 
     @triton.jit
     def _gemv_input(x_ptr, kk, k_in, inv, norm_ptr, NORM: tl.constexpr, dtype: tl.constexpr):

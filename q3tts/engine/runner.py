@@ -24,7 +24,7 @@ from ..sampling import MIN_NEW_TOKENS, SamplerTensors, SamplingParams, suppresse
 from ..transfer import copy_row, row_slice, set_row, to_device, write_rows, zero_rows
 from . import kernels
 from .config import EngineConfig
-from .decoder import FUSED_MAX_ROWS, FlatDecoder, PagedCache
+from .decoder import FlatDecoder, PagedCache
 from .graphs import capture_buckets, replay_or_run, side_stream
 from .kv_blocks import KVBlocks, OutOfBlocks
 from .prefix_cache import PrefixCache
@@ -81,11 +81,11 @@ class ModelRunner:
         self.device = talker.codec_head.weight.device
         self.dtype = talker.codec_head.weight.dtype
         self.max_context = cfg.context_for(tc.max_position_embeddings)
-        # Two streams' talker steps on the fused products took 0.6B's talker from 1.12 to 1.01 ms but 1.7B's
-        # from 1.77 to 1.89 (docs/perf-notes.md, entry 51): the wider talker keeps them to one stream.
+        # Two streams' talker steps on the matrix-vector kernel took 0.6B's talker from 1.12 to 1.01 ms but 1.7B's
+        # from 1.77 to 1.89 (docs/perf-notes.md, entry 51): the wider talker keeps it to one stream.
         self.talker = FlatDecoder(talker.model.layers, talker.model.norm.weight, tc.rms_norm_eps,
                                   tc.num_attention_heads, tc.head_dim, talker.model.inv_freq,
-                                  max_fused=1 if tc.hidden_size > 1024 else FUSED_MAX_ROWS)
+                                  gemv_rows=1 if tc.hidden_size > 1024 else kernels.GEMV_MAX_ROWS)
         cp = talker.code_predictor
         self.cp = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
                               cc.head_dim, cp.model.inv_freq)
@@ -328,14 +328,16 @@ class ModelRunner:
         self.state = _copy_into(self.state, RowState(cfg.max_rows, tc.hidden_size, tc.vocab_size, cfg.max_trailing,
                                                      self.dtype, self.device))
 
-    def _head(self, hidden: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 logits of `hidden` (normed) through `weight`; with `norm`, `hidden` is the code predictor's residual
-        stream before its final norm, which the product applies (`_code_predictor`)."""
+    def _head(self, hidden: torch.Tensor, weight: torch.Tensor,
+              norm: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+        """fp32 logits of `hidden` (normed) through `weight`; with `norm` (weight, sums of squares or None), `hidden`
+        is the code predictor's residual stream before its final norm, which the product applies
+        (`_code_predictor`)."""
         if norm is not None:
-            return kernels.fused_linear(hidden, weight, norm=norm, eps=self.cp.eps, fp32_out=True,
+            return kernels.fused_linear(hidden, weight, norm=norm[0], squares=norm[1], eps=self.cp.eps, fp32_out=True,
                                         pdl=hidden.shape[0] == 1)
         if self._head_out_dtype:
-            if self.talker.fuses(hidden.shape[0], self._decode["fused"]):  # a row or two: a GEMV kernel
+            if self.talker.fuses(hidden.shape[0], self._decode["fused"]):
                 return kernels.fused_linear(hidden, weight, fp32_out=True)
             return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
         return F.linear(hidden, weight).float()
@@ -363,8 +365,8 @@ class ModelRunner:
         embeds = [c0_embed]
         # Positions 0 and 1 (talker hidden, Ec(c0)) in one pass, then one position per code.
         x = torch.stack([s.hidden[:B], c0_embed], dim=1).view(2 * B, -1)
-        h, norm = self._code_predictor(x, self.cp_first[0][: 2 * B], self.cp_first[1][: 2 * B], decode=False)
-        h = h[1::2]
+        h, norm = self._code_predictor(x, self.cp_first[0][: 2 * B], self.cp_first[1][: 2 * B], decode=False,
+                                       keep=slice(1, None, 2))
         codes = [c0]
         for g in range(cp.config.num_code_groups - 1):
             code = sample_tokens(self._head(h, cp.lm_head[g].weight, norm), sampler, seeds, counters + g + 1)
@@ -375,16 +377,18 @@ class ModelRunner:
                 h, norm = self._code_predictor(embed, self.row_ids[:B], self.cp_positions[g + 2, :B])
         return codes, _frame_sum(embeds)
 
-    def _code_predictor(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-                        decode: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The code predictor over x (talker width) -> (h, None) with h its normed output, or on the fused
-        products (a token or two) (residual stream, final norm): the heads' products apply the norm."""
+    def _code_predictor(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, decode: bool = True,
+                        keep: slice = slice(None)) -> tuple[torch.Tensor, tuple | None]:
+        """The code predictor over x (talker width), the tokens `keep` of its output -> (h, None) with h normed,
+        or on the fused products (residual stream, (final norm, its sums of squares or None)): the heads'
+        products apply the norm."""
         x = self.model.talker.code_predictor.small_to_mtp_projection(x)
         fused = self._decode["fused"]
         decode = decode and self._decode["decode"]
         if self.cp.fuses(x.shape[0], fused):
-            return self.cp(x, rows, positions, self.cp_cache, decode, fused, final_norm=False), self.cp.final_norm
-        return self.cp(x, rows, positions, self.cp_cache, decode, fused), None
+            h, squares = self.cp(x, rows, positions, self.cp_cache, decode, fused, final_norm=False)
+            return h[keep], (self.cp.final_norm, None if squares is None else squares[:, keep])
+        return self.cp(x, rows, positions, self.cp_cache, decode, fused)[keep], None
 
     def _talker_step(self, B: int, c0: torch.Tensor, codes: list[torch.Tensor], frame: torch.Tensor) -> None:
         """Feeds the frame plus this step's trailing text (TTS_PAD once used up) and updates the row state."""
@@ -436,8 +440,8 @@ class ModelRunner:
         cp_logits = []
         for t in range(T):  # one frame at a time, as a single stream's code predictor runs
             x = torch.stack([hidden[t:t + 1], embeds[0][t:t + 1]], dim=1).view(2, -1)
-            h, norm = self._code_predictor(x, self.cp_first[0][:2], self.cp_first[1][:2], decode=False)
-            h = h[1::2]
+            h, norm = self._code_predictor(x, self.cp_first[0][:2], self.cp_first[1][:2], decode=False,
+                                           keep=slice(1, None, 2))
             logits = []
             for g in range(cp.config.num_code_groups - 1):
                 logits.append(self._head(h, cp.lm_head[g].weight, norm))
