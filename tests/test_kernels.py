@@ -248,13 +248,17 @@ def _params() -> list[SamplingParams]:
 
 @pytest.mark.parametrize("with_processors", [False, True])
 def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
+    """The kernel draws the twin's tokens: greedy, temperature, top-k (with and without ties at the boundary),
+    top-p, and the talker's processors."""
     V = 3072 if with_processors else 2048
     params = _params()
     B = len(params)
     p = SamplerTensors.build(params, False, DEVICE)
     seeds = torch.tensor([x.seed for x in params], device=DEVICE)
-    for trial in range(3):
+    for trial in range(4):
         logits = torch.randn(B, V, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(trial)) * 3
+        if trial == 3:  # ties across the top-k boundary (its passes cannot stop early there)
+            logits = logits.round()
         counters = torch.full((B,), trial * 16, device=DEVICE)
         procs = twin_procs = None
         if with_processors:
@@ -268,9 +272,10 @@ def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
             twin_procs = TalkerProcessors(seen.clone(), penalty, steps, suppress, 2150, 2)
         ids = sample_tokens(logits, p, seeds, counters, procs)
         ref = _twin(monkeypatch, sample_tokens, logits, p, seeds, counters, twin_procs)
-        assert torch.equal(ids, ref), (ids, ref)
+        rows = p.top_p >= 1 if trial == 3 else slice(None)  # (with ties, top-p keeps them together: sampler.py)
+        assert torch.equal(ids[rows], ref[rows]), (trial, (ids != ref).nonzero().flatten().tolist())
         if with_processors:
-            assert torch.equal(procs.seen, twin_procs.seen)
+            assert torch.equal(procs.seen[rows], twin_procs.seen[rows])
 
 
 def test_sampling_distribution(monkeypatch):

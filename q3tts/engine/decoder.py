@@ -28,11 +28,11 @@ from .kernels import (
 
 # Calls of up to GEMV_MAX_ROWS tokens take the matrix-vector kernel (a decoder may keep it to fewer, `gemv_rows`),
 # calls of more, up to FUSED_MAX_ROWS, the tensor-core kernel, each product handing the next norm its rows' sums
-# of squares. Measured on an H100 (docs/perf-notes.md, entries 38, 41, 49, 51 and 58): with the tensor-core kernel
-# the 1.7B frame at 1 row took 4.79 ms fused against 5.05 unfused, at 2-16 rows 0.03-0.06 ms more fused (from two
-# rows on cuBLAS runs GEMM kernels), at 64 1.8x more per product while every program normed all the rows it read;
-# the matrix-vector kernel took one row to 4.00 ms, and two rows from 5.06 / 4.31 ms (1.7B / 0.6B) to 4.88 / 3.88.
-FUSED_MAX_ROWS = 512
+# of squares. Measured on an H100 (docs/perf-notes.md, entries 41, 49, 51 and 58): the matrix-vector kernel took
+# one row from 4.79 ms (1.7B frame, tensor-core kernel) to 4.00 and two rows from 5.06 / 4.31 ms (1.7B / 0.6B,
+# cuBLAS) to 4.88 / 3.88; the tensor-core kernel with the sums handed on beat cuBLAS and the separate norm and
+# SwiGLU kernels at 16 rows (1.7B 5.30 -> 5.24 ms, 0.6B 4.53 -> 4.45) and lost at 64 (5.58 -> 6.01, 4.79 -> 5.15).
+FUSED_MAX_ROWS = 16
 
 
 @dataclass

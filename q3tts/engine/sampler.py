@@ -86,17 +86,22 @@ if triton is not None:
             if (k > 0) & (k < V):
                 # The largest threshold that keeps >= k keys, two bits per pass: the keys at or above each of the
                 # next digit's three values are counted in one reduction, 16 bits a count (V < 2^16), and the
-                # counts fall as the digit grows.
+                # counts fall as the digit grows. Once exactly k keys are at or above the threshold (its low bits
+                # still zero), they are the k largest: the passes stop there (~7 of 16 for 2048 spread logits).
                 key = _ordered(x)
                 threshold = tl.zeros([], tl.int64)
-                for shift in tl.static_range(30, -1, -2):
+                kept = V.to(tl.int64)  # keys at or above the threshold
+                shift = tl.full([], 30, tl.int64)  # (int64: 3 << 30 overflows 32 bits)
+                while (shift >= 0) & (kept != k):
                     packed = (((key >= (threshold | (1 << shift))) & valid).to(tl.int64)
                               + (((key >= (threshold | (2 << shift))) & valid).to(tl.int64) << 16)
                               + (((key >= (threshold | (3 << shift))) & valid).to(tl.int64) << 32))
                     counts = tl.sum(packed, axis=0)
-                    digit = (((counts & 0xFFFF) >= k).to(tl.int64) + (((counts >> 16) & 0xFFFF) >= k).to(tl.int64)
-                             + ((counts >> 32) >= k).to(tl.int64))
+                    c1, c2, c3 = counts & 0xFFFF, (counts >> 16) & 0xFFFF, counts >> 32
+                    digit = (c1 >= k).to(tl.int64) + (c2 >= k).to(tl.int64) + (c3 >= k).to(tl.int64)
+                    kept = tl.where(digit == 3, c3, tl.where(digit == 2, c2, tl.where(digit == 1, c1, kept)))
                     threshold = threshold | (digit << shift)
+                    shift -= 2
                 x = tl.where(key >= threshold, x, float("-inf"))
             probs = tl.exp(x - tl.max(x, axis=0))
             probs = probs / tl.sum(probs, axis=0)
