@@ -81,11 +81,13 @@ class ModelRunner:
         self.device = talker.codec_head.weight.device
         self.dtype = talker.codec_head.weight.dtype
         self.max_context = cfg.context_for(tc.max_position_embeddings)
-        # Two streams' talker steps on the matrix-vector kernel took 0.6B's talker from 1.12 to 1.01 ms but 1.7B's
-        # from 1.77 to 1.89 (docs/perf-notes.md, entry 51): the wider talker keeps it to one stream.
+        # The fused products beyond one stream were faster than cuBLAS for 0.6B's talker but slower for 1.7B's
+        # (docs/perf-notes.md, entries 51 and 58: 1.77 -> 1.89 ms at two rows, 1.57 -> 1.70 at four): the wider
+        # talker keeps them to one stream.
+        wide = tc.hidden_size > 1024
         self.talker = FlatDecoder(talker.model.layers, talker.model.norm.weight, tc.rms_norm_eps,
                                   tc.num_attention_heads, tc.head_dim, talker.model.inv_freq,
-                                  gemv_rows=1 if tc.hidden_size > 1024 else kernels.GEMV_MAX_ROWS)
+                                  gemv_rows=1 if wide else kernels.GEMV_MAX_ROWS, max_fused=1 if wide else None)
         cp = talker.code_predictor
         self.cp = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
                               cc.head_dim, cp.model.inv_freq)
