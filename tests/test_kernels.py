@@ -199,6 +199,8 @@ def test_fused_linear_hands_on_sums_of_squares(monkeypatch, M):
             _close(out, _twin(monkeypatch, kernels.fused_linear, inputs, w, **kwargs), dtype)
     with pytest.raises(ValueError, match="squares_out"):
         kernels.fused_linear(x, w_o, squares_out=True)
+    with pytest.raises(ValueError, match="squares"):
+        kernels.fused_linear(x, w_o, squares=squares)
 
 
 @pytest.mark.parametrize("tiles", sorted(set(kernels.FUSED_LINEAR_TILES.values())))

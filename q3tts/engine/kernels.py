@@ -426,6 +426,8 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
         raise ValueError("fp32_out is for the plain product")
     if squares_out and residual is None:
         raise ValueError("squares_out is for a product with a residual add")
+    if squares is not None and norm is None:
+        raise ValueError("squares are the normed input's (norm)")
     x = x.contiguous()
     residual = residual.contiguous() if residual is not None else None
     M, K = x.shape
@@ -448,13 +450,12 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     BLOCK_M = min(FUSED_BLOCK_M, max(16, triton.next_power_of_2(M)))
     BLOCK_N, BLOCK_K, warps, stages = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
     grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))  # (a column block's row blocks run side by side)
-    sq_in = squares if norm is not None and squares is not None else out
+    sq_in = out if squares is None else squares  # (out: a placeholder, not read)
     sq_out = torch.empty(grid[1], M, dtype=torch.float32, device=x.device) if squares_out else out
     _fused_linear_kernel[grid](
-        *args, sq_in, sq_in.stride(0), sq_in.stride(1), sq_out, sq_in.shape[0] if sq_in is squares else 0,
-        SQ_IN=sq_in is squares,
-        SQ_OUT=squares_out, IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        num_warps=warps, num_stages=stages, **flags)
+        *args, sq_in, sq_in.stride(0), sq_in.stride(1), sq_out, 0 if squares is None else squares.shape[0],
+        SQ_IN=squares is not None, SQ_OUT=squares_out, IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, num_stages=stages, **flags)
     return (out, sq_out) if squares_out else out
 
 
