@@ -271,6 +271,11 @@ if triton is not None:
 
 # ---- decode: q/k RMSNorm + RoPE + KV store + attention in one kernel --------------------------------------------
 
+# decode_attention's warps per program, below 16 tokens and from 16 on (one row: 2 / 4 / 8 warps took 4.1 / 3.6 /
+# 4.8 us, perf-notes 49)
+DECODE_ATTENTION_WARPS = (4, 4)
+
+
 def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                      inv_freq: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
@@ -291,7 +296,7 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
-        IEEE=k_cache.dtype == torch.float32, num_warps=4,  # (2 and 8 are slower: perf-notes 49)
+        IEEE=k_cache.dtype == torch.float32, num_warps=DECODE_ATTENTION_WARPS[N >= 16],
         **pdl_flags(qkv, pdl))
     return out
 
