@@ -271,9 +271,11 @@ if triton is not None:
 
 # ---- decode: q/k RMSNorm + RoPE + KV store + attention in one kernel --------------------------------------------
 
-# decode_attention's warps per program, below 16 tokens and from 16 on (one row: 2 / 4 / 8 warps took 4.1 / 3.6 /
-# 4.8 us, perf-notes 49)
-DECODE_ATTENTION_WARPS = (4, 4)
+# decode_attention's warps per program: 4 (one row: 2 / 4 / 8 warps took 4.1 / 3.6 / 4.8 us, perf-notes 49), but
+# SHORT_CONTEXT_WARPS for more than 64 tokens whose rows hold at most 64 positions (the code predictor's 16 at 192
+# rows: 1 warp took its part of the frame from 3.82 to 3.61 ms; 64 rows unchanged; perf-notes 61)
+DECODE_ATTENTION_WARPS = 4
+SHORT_CONTEXT_WARPS = 1
 
 
 def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
@@ -296,9 +298,13 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
-        IEEE=k_cache.dtype == torch.float32, num_warps=DECODE_ATTENTION_WARPS[N >= 16],
+        IEEE=k_cache.dtype == torch.float32, num_warps=_decode_attention_warps(N, block_table.shape[1] * block_size),
         **pdl_flags(qkv, pdl))
     return out
+
+
+def _decode_attention_warps(num_tokens: int, max_positions: int) -> int:
+    return SHORT_CONTEXT_WARPS if num_tokens > 64 and max_positions <= 64 else DECODE_ATTENTION_WARPS
 
 
 if triton is not None:
