@@ -98,11 +98,16 @@ def test_qk_norm_rope_store_and_attention(monkeypatch, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_attention_equals_store_then_attend(monkeypatch, dtype):
+@pytest.mark.parametrize("case", ["mixed", "many_short"])
+def test_decode_attention_equals_store_then_attend(monkeypatch, dtype, case):
     """The fused decode kernel against the twin of the two kernels it replaces: one new token per row, each
-    row with its earlier positions already in the cache (written first, as the frames before did)."""
-    history = [6, 0, 36, 16]
+    row with its earlier positions already in the cache (written first, as the frames before did); rows of
+    different lengths, and 70 rows of one block each (as the code predictor's; launched with fewer warps)."""
+    history = [6, 0, 36, 16] if case == "mixed" else [(7 * r) % 16 for r in range(70)]
     args = _paged_setup(dtype, [n + 1 for n in history], seed=3)
+    if case == "many_short":
+        args["block_table"] = args["block_table"][:, :1]
+        assert kernels._decode_attention_warps(len(history), 16) == kernels.SHORT_CONTEXT_WARPS
     first = [sum(n + 1 for n in history[:r]) for r in range(len(history))]
     old = torch.tensor([i for r, n in enumerate(history) for i in range(first[r], first[r] + n)], dtype=torch.long,
                        device=DEVICE)

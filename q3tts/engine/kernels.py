@@ -272,8 +272,8 @@ if triton is not None:
 # ---- decode: q/k RMSNorm + RoPE + KV store + attention in one kernel --------------------------------------------
 
 # decode_attention's warps per program: 4 (one row: 2 / 4 / 8 warps took 4.1 / 3.6 / 4.8 us, perf-notes 49), but
-# SHORT_CONTEXT_WARPS for more than 64 tokens whose rows hold at most 64 positions (the code predictor's 16 at 192
-# rows: 1 warp took its part of the frame from 3.82 to 3.61 ms; 64 rows unchanged; perf-notes 61)
+# SHORT_CONTEXT_WARPS for more than 64 tokens whose rows hold at most 64 positions (the code predictor's 16: one
+# warp took the 192-row frame from 5.75 to 5.53 ms (0.6B) and 6.75 to 6.54 (1.7B), 64 rows unchanged; perf-notes 61)
 DECODE_ATTENTION_WARPS = 4
 SHORT_CONTEXT_WARPS = 1
 
