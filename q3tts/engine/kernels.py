@@ -544,8 +544,7 @@ if triton is not None:
         # read from memory once (a column block's row blocks run side by side), which is what bounds a product of
         # a few dozen tokens. SQ_IN: the norm's sums of squares are the P partial sums at sq_in [P, M], added in
         # order (strides sq_stride_p, sq_stride_m); SQ_OUT: this program's partial sums of squares of the residual
-        # stream it wrote, at sq_out
-        # [column block, M].
+        # stream it wrote, at sq_out [column block, M].
         pid_n = tl.program_id(1)
         if PDL:  # (see PDL above)
             tl.extra.cuda.gdc_wait()
@@ -556,15 +555,14 @@ if triton is not None:
         m_in, n_in = m < M, n < N
         dtype = w_ptr.dtype.element_ty
         if NORM:
+            squares = tl.zeros([BLOCK_M], tl.float32)
             if SQ_IN:
                 p = tl.arange(0, 16)
-                squares = tl.zeros([BLOCK_M], tl.float32)
                 for p0 in range(0, P, 16):
                     part = tl.load(sq_in_ptr + (p0 + p)[:, None] * sq_stride_p + m[None, :] * sq_stride_m,
                                    mask=(p0 + p < P)[:, None] & m_in[None, :], other=0.0)
                     squares += tl.sum(part, axis=0)
             else:
-                squares = tl.zeros([BLOCK_M], tl.float32)
                 for k0 in range(0, K, BLOCK_K):
                     xs = tl.load(x_ptr + m[:, None] * K + (k0 + k)[None, :],
                                  mask=m_in[:, None] & (k0 + k < K)[None, :], other=0.0).to(tl.float32)
