@@ -182,7 +182,8 @@ def test_fused_linear(monkeypatch, dtype, M, kind):
 def test_fused_linear_hands_on_sums_of_squares(monkeypatch, M):
     """Beyond the matrix-vector kernel's rows: a residual add's partial sums of squares (squares_out) add up to its
     output rows' sums of squares, and a norm that takes them (squares), or row_squares' of its input, or every
-    other row's of either, equals the unfused twin; 40 rows span several row blocks (FUSED_BLOCK_M 16 here)."""
+    other row's of either, or none (the kernel reads its rows), equals the unfused twin; 40 rows span several row
+    blocks (FUSED_BLOCK_M 16 here)."""
     monkeypatch.setattr(kernels, "FUSED_BLOCK_M", 16)
     dtype = DTYPES[-1]
     g = torch.Generator(DEVICE).manual_seed(M)
@@ -197,7 +198,7 @@ def test_fused_linear_hands_on_sums_of_squares(monkeypatch, M):
     w = (0.1 * torch.randn(2 * 40, N, device=DEVICE, generator=g)).to(dtype)
     norm = (1 + 0.1 * torch.randn(N, device=DEVICE, generator=g)).to(dtype)
     first = torch.randn(M, N, device=DEVICE, generator=g)
-    for inputs, sums in ((residual, squares), (first, kernels.row_squares(first)),
+    for inputs, sums in ((residual, squares), (first, kernels.row_squares(first)), (first, None),
                          (residual[1::2], squares[:, 1::2]), (first[1::2], kernels.row_squares(first)[:, 1::2])):
         for kwargs in (dict(norm=norm, eps=1e-6, swiglu=True), dict(norm=norm, eps=1e-6, fp32_out=True)):
             out = kernels.fused_linear(inputs, w, squares=sums, **kwargs)
