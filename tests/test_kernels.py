@@ -536,13 +536,12 @@ def test_the_fused_products_equal_the_unfused_decoder(monkeypatch, tmp_path, cas
 
 
 def test_which_calls_take_the_fused_products():
-    """Up to GEMV_MAX_ROWS tokens (or a decoder's `gemv_rows`) on the matrix-vector kernel, then up to
-    FUSED_MAX_ROWS (or its `max_fused`) on the tensor-core kernel; a decoder kept to one stream (the 1.7B talker)
+    """Up to FUSED_MAX_ROWS tokens (or a decoder's `max_fused`): a decoder kept to one stream (the 1.7B talker)
     fuses nothing beyond it; nothing without `fused`."""
     from q3tts.engine.decoder import FUSED_MAX_ROWS, FlatDecoder
 
     args = ([], torch.ones(8), 1e-6, 2, 4, torch.ones(2))
-    default, one = FlatDecoder(*args), FlatDecoder(*args, gemv_rows=1, max_fused=1)
+    default, one = FlatDecoder(*args), FlatDecoder(*args, max_fused=1)
     assert [n for n in range(1, 40) if default.fuses(n, True)] == list(range(1, FUSED_MAX_ROWS + 1))
     assert [n for n in range(1, 40) if one.fuses(n, True)] == [1]
     assert not default.fuses(1, False)

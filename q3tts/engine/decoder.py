@@ -26,8 +26,8 @@ from .kernels import (
     silu_mul,
 )
 
-# Calls of up to GEMV_MAX_ROWS tokens take the matrix-vector kernel (a decoder may keep it to fewer, `gemv_rows`),
-# calls of more, up to FUSED_MAX_ROWS, the tensor-core kernel, each product handing the next norm its rows' sums
+# Calls of up to GEMV_MAX_ROWS tokens take the matrix-vector kernel, calls of more, up to FUSED_MAX_ROWS (a decoder
+# may stop sooner, `max_fused`), the tensor-core kernel, each product handing the next norm its rows' sums
 # of squares. Measured (docs/perf-notes.md, entries 41, 49, 51 and 58; H100, 4-16 rows on an H200): the
 # matrix-vector kernel took one row from 4.79 ms (1.7B frame, tensor-core kernel) to 4.00 and two rows from 5.06 /
 # 4.31 ms (1.7B / 0.6B, cuBLAS) to 4.88 / 3.88; the tensor-core kernel with the sums handed on beat cuBLAS and the
@@ -57,18 +57,17 @@ class FlatDecoder:
     """Runs `layers` (modules of the reference model, fused in place) over tokens at (rows, positions)."""
 
     def __init__(self, layers, final_norm: torch.Tensor, eps: float, num_heads: int, head_dim: int,
-                 inv_freq: torch.Tensor, gemv_rows: int = GEMV_MAX_ROWS, max_fused: int | None = None):
+                 inv_freq: torch.Tensor, max_fused: int | None = None):
         self.layers: list[FusedLayerWeights] = [fuse_layer(layer) for layer in layers]
         self.final_norm, self.eps = final_norm, eps
         self.num_heads, self.head_dim = num_heads, head_dim
         self.inv_freq = inv_freq.float()
-        self.gemv_rows = min(gemv_rows, GEMV_MAX_ROWS)
         self.max_fused = FUSED_MAX_ROWS if max_fused is None else min(max_fused, FUSED_MAX_ROWS)
 
     def fuses(self, num_tokens: int, fused: bool = False) -> bool:
-        """Whether a call over `num_tokens` tokens with `fused` takes the fused products: up to `gemv_rows` on the
-        matrix-vector kernel, from GEMV_MAX_ROWS + 1 to `max_fused` on the tensor-core kernel."""
-        return fused and (num_tokens <= self.gemv_rows or GEMV_MAX_ROWS < num_tokens <= self.max_fused)
+        """Whether a call over `num_tokens` tokens with `fused` takes the fused products: up to `max_fused` tokens,
+        GEMV_MAX_ROWS of them on the matrix-vector kernel, more on the tensor-core kernel."""
+        return fused and num_tokens <= self.max_fused
 
     def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
                  decode: bool = False, fused: bool = False,

@@ -84,10 +84,9 @@ class ModelRunner:
         # The fused products beyond one stream were faster than cuBLAS for 0.6B's talker but slower for 1.7B's
         # (docs/perf-notes.md, entries 51 and 58: 1.77 -> 1.89 ms at two rows, 1.57 -> 1.70 at four): the wider
         # talker keeps them to one stream.
-        wide = tc.hidden_size > 1024
         self.talker = FlatDecoder(talker.model.layers, talker.model.norm.weight, tc.rms_norm_eps,
                                   tc.num_attention_heads, tc.head_dim, talker.model.inv_freq,
-                                  gemv_rows=1 if wide else kernels.GEMV_MAX_ROWS, max_fused=1 if wide else None)
+                                  max_fused=1 if tc.hidden_size > 1024 else None)
         cp = talker.code_predictor
         self.cp = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
                               cc.head_dim, cp.model.inv_freq)
