@@ -98,12 +98,15 @@ def test_qk_norm_rope_store_and_attention(monkeypatch, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ["mixed", "many_short"])
+@pytest.mark.parametrize("case", ["mixed", "many_short", "one_0", "one_15", "one_16", "one_36"])
 def test_decode_attention_equals_store_then_attend(monkeypatch, dtype, case):
     """The fused decode kernel against the twin of the two kernels it replaces: one new token per row, each
     row with its earlier positions already in the cache (written first, as the frames before did); rows of
-    different lengths, and 70 rows of one block each (as the code predictor's; launched with fewer warps)."""
-    history = [6, 0, 36, 16] if case == "mixed" else [(7 * r) % 16 for r in range(70)]
+    different lengths, 70 rows of one block each (as the code predictor's; launched with fewer warps), and one
+    token alone (its first block read early, its own position from registers) with 0, 15, 16 (its own position
+    the first of the second block) and 36 positions before it."""
+    history = {"mixed": [6, 0, 36, 16], "many_short": [(7 * r) % 16 for r in range(70)]}.get(case)
+    history = history or [int(case.split("_")[1])]
     args = _paged_setup(dtype, [n + 1 for n in history], seed=3)
     if case == "many_short":
         args["block_table"] = args["block_table"][:, :1]
@@ -257,7 +260,8 @@ def _params() -> list[SamplingParams]:
 @pytest.mark.parametrize("with_processors", [False, True])
 def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
     """The kernel draws the twin's tokens: greedy, temperature, top-k (with and without ties at the boundary),
-    top-p, and the talker's processors."""
+    top-p, and the talker's processors; its noise counters offset, and the drawn ids' rows gathered from two
+    tables in the same launch."""
     V = 3072 if with_processors else 2048
     params = _params()
     B = len(params)
@@ -268,6 +272,9 @@ def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
         if trial == 3:  # ties across the top-k boundary (its passes cannot stop early there)
             logits = logits.round()
         counters = torch.full((B,), trial * 16, device=DEVICE)
+        offset = 3 * trial  # (the twin's counters are counters + offset)
+        tables = [torch.randn(V, 24, device=DEVICE).to(DTYPES[-1]), torch.randn(V, 40, device=DEVICE)]
+        gathered = [torch.zeros(B, t.shape[1], dtype=t.dtype, device=DEVICE) for t in tables]
         procs = twin_procs = None
         if with_processors:
             seen = torch.rand(B, V, device=DEVICE) < 0.01
@@ -278,10 +285,12 @@ def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
             penalty = torch.full((B,), 1.05, device=DEVICE)
             procs = TalkerProcessors(seen.clone(), penalty, steps, suppress, 2150, 2)
             twin_procs = TalkerProcessors(seen.clone(), penalty, steps, suppress, 2150, 2)
-        ids = sample_tokens(logits, p, seeds, counters, procs)
-        ref = _twin(monkeypatch, sample_tokens, logits, p, seeds, counters, twin_procs)
+        ids = sample_tokens(logits, p, seeds, counters, procs, offset=offset, gather=list(zip(tables, gathered)))
+        ref = _twin(monkeypatch, sample_tokens, logits, p, seeds, counters + offset, twin_procs)
         rows = p.top_p >= 1 if trial == 3 else slice(None)  # (with ties, top-p keeps them together: sampler.py)
         assert torch.equal(ids[rows], ref[rows]), (trial, (ids != ref).nonzero().flatten().tolist())
+        for table, rows_out in zip(tables, gathered):
+            assert torch.equal(rows_out, table[ids])
         if with_processors:
             assert torch.equal(procs.seen[rows], twin_procs.seen[rows])
 
@@ -547,11 +556,13 @@ def test_which_calls_take_the_fused_products():
     assert not default.fuses(1, False)
 
 
-def test_the_runner_on_the_fused_products(monkeypatch, tmp_path):
+@pytest.mark.parametrize("kind", ["tiny", "tiny-custom-voice-0.6b"])
+def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind):
     """The frame on the fused products (one or two streams; fp32 here, where the runner keeps them off, so that
     the interpreter can run them and the reference is exact): the code predictor's first pass and steps and the
-    heads with the final norm inside their products give the reference model's teacher-forced logits, and the
-    codes of two streams are the reference loop's."""
+    heads with the final norm inside their products, and ("tiny": a code predictor narrower than the talker)
+    its inputs looked up projected, give the reference model's teacher-forced logits, and the codes of two streams
+    are the reference loop's."""
     from q3tts import TTS
     from q3tts.engine import EngineConfig
     from q3tts.engine.runner import ModelRunner
@@ -561,7 +572,7 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path):
     from q3tts.tiny import tiny_checkpoint
     from tests.test_engine import _run_engine
 
-    tts = TTS.from_pretrained(tiny_checkpoint("tiny", tmp_path), device=DEVICE, dtype=torch.float32)
+    tts = TTS.from_pretrained(tiny_checkpoint(kind, tmp_path), device=DEVICE, dtype=torch.float32)
     talker = tts.model.talker
     specs = [tts.request(text, speaker="ryan", language="english").spec for text in ("Hello there.", "Thank you.")]
     prompts = [build_prompt(talker, tts.config, spec) for spec in specs]
@@ -570,6 +581,8 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path):
     reference = generate_codes(talker, prompts, params)
     runner = ModelRunner(tts.model, EngineConfig(max_rows=2, max_context=128, block_size=16, max_trailing=64))
     runner._decode = {"decode": True, "fused": True}
+    runner.cp_input_tables = runner._project_cp_inputs()
+    assert (runner.cp_input_tables is not None) == (kind == "tiny")
     if DEVICE == "cpu":  # one program per product (the interpreter runs programs one by one)
         monkeypatch.setattr(kernels, "_gemv_tiles", lambda N, K, swiglu, rows: (triton.next_power_of_2(N),
                                                                                 triton.next_power_of_2(K), 4, 1))
@@ -594,7 +607,7 @@ def test_frame_sum_adds_in_order():
     expected = embeds[0].float()
     for e in embeds[1:]:
         expected = expected + e.float()
-    assert torch.equal(_frame_sum(embeds), expected)
+    assert torch.equal(_frame_sum(torch.stack(embeds)), expected)
     backwards = embeds[-1].float()
     for e in embeds[-2::-1]:
         backwards = backwards + e.float()

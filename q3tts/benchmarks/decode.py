@@ -21,7 +21,7 @@ import torch
 
 from ..engine import EngineConfig
 from ..engine.readback import Readback
-from ..engine.runner import ModelRunner
+from ..engine.runner import ModelRunner, _frame_sum
 from ..engine.sampler import sample_tokens
 from ..sampling import SamplingParams
 from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model
@@ -88,20 +88,24 @@ def breakdown(runner: ModelRunner, prompt, batch: int, replays: int = 50) -> dic
     for row in rows:
         runner.grow(row, prompt.num_positions + 257)
     B = runner.bucket(batch)
-    c0, c0_embed = runner._sample_codebook0(B)
-    codes, frame = runner._predict_residual_codes(B, c0, c0_embed)
+    embeds = torch.empty(16, B, runner.model.talker.config.hidden_size, dtype=runner.dtype, device=runner.device)
+    counters = runner.state.steps[:B] * 16
+    c0 = runner._sample_codebook0(B, counters, embeds[0])
+    codes = runner._predict_residual_codes(B, c0, counters, embeds)
+    frame = _frame_sum(embeds)
     vocab = runner.model.talker.config.vocab_size
     logits_c0 = torch.randn(B, vocab, device=runner.device)
     logits_cp = torch.randn(B, runner.model.talker.code_predictor.config.vocab_size, device=runner.device)
 
     def sampling_only():
         s = runner.state
-        sample_tokens(logits_c0, s.talker_sampler.prefix(B), s.seeds[:B], s.steps[:B])
+        sample_tokens(logits_c0, s.talker_sampler.prefix(B), s.seeds[:B], counters)
         for g in range(15):
-            sample_tokens(logits_cp, s.cp_sampler.prefix(B), s.seeds[:B], s.steps[:B] + g)
+            sample_tokens(logits_cp, s.cp_sampler.prefix(B), s.seeds[:B], counters, offset=g + 1)
 
     parts = {"frame": lambda: runner._frame(B), "talker": lambda: runner._talker_step(B, c0, codes, frame),
-             "code_predictor": lambda: runner._predict_residual_codes(B, c0, c0_embed), "sampling": sampling_only}
+             "code_predictor": lambda: runner._predict_residual_codes(B, c0, counters, embeds),
+             "sampling": sampling_only}
     times = {name: graph_ms(fn, replays) for name, fn in parts.items()}
     runner.release_rows(rows)
     sampling_per_call = times["sampling"] / 16

@@ -234,21 +234,28 @@ if triton is not None:
             valid = (start + n) <= pos
             k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)  # [N, D]
             v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [16, N]
-            else:
-                s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            denom = denom * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
+            m, denom, acc = _attend_block(q, k, v, valid, m, denom, acc, scale, IEEE)
         return acc / denom[:, None]
+
+    @triton.jit
+    def _attend_block(q, k, v, valid, m, denom, acc, scale, IEEE: tl.constexpr):
+        """One block of keys and values [N, D] (`valid` [N]: the positions attended) into the online softmax state
+        (m, denom [16]; acc [16, D], fp32) of q [16, D]. A block with no valid position leaves the state as is."""
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [16, N]
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # (nothing valid yet: every exp below is 0)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m - m_safe)
+        denom = denom * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return m_new, denom, acc
 
     @triton.jit
     def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, out_ptr, scale, table_stride,
@@ -276,6 +283,8 @@ if triton is not None:
 # warp took the 192-row frame from 5.75 to 5.53 ms (0.6B) and 6.75 to 6.54 (1.7B), 64 rows unchanged; perf-notes 61)
 DECODE_ATTENTION_WARPS = 4
 SHORT_CONTEXT_WARPS = 1
+# Calls of up to this many tokens read the first block early (see _decode_attention_kernel's EARLY).
+EARLY_MAX_TOKENS = 1
 
 
 def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
@@ -298,8 +307,8 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
-        IEEE=k_cache.dtype == torch.float32, num_warps=_decode_attention_warps(N, block_table.shape[1] * block_size),
-        **pdl_flags(qkv, pdl))
+        IEEE=k_cache.dtype == torch.float32, EARLY=N <= EARLY_MAX_TOKENS,
+        num_warps=_decode_attention_warps(N, block_table.shape[1] * block_size), **pdl_flags(qkv, pdl))
     return out
 
 
@@ -319,31 +328,44 @@ if triton is not None:
                                  out_ptr, eps, scale, table_stride, cache_s0, cache_s1, cache_s2,
                                  NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr,
                                  D: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr,
-                                 PDL: tl.constexpr):
+                                 EARLY: tl.constexpr, PDL: tl.constexpr):
         # One program per (token, kv head): its key and value normed, rotated and stored, then its GROUP query
         # heads (padded to 16 rows for the tensor cores) normed, rotated and attended over the row's positions.
-        if PDL:  # (see PDL above) everything below reads the previous kernel's results
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        # EARLY (one token): the row's first block of keys and values is requested before anything that reads the
+        # previous kernel's results (under PDL, while that kernel finishes: the cache's earlier positions were
+        # written two kernels or more before), and the token's own position is attended from registers (its key
+        # rounded as the cache holds it), so nothing waits on the store. Measured: perf-notes 56 (one token
+        # faster, many tokens slower: registers held across the norms) and 62.
         t = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1)
         width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV) * D
         d = tl.arange(0, D)
+        n = tl.arange(0, BLOCK_SIZE)
+        pos = tl.load(pos_ptr + t)
+        row = tl.load(rows_ptr + t).to(tl.int64)
+        if EARLY:
+            first = tl.load(table_ptr + row * table_stride).to(tl.int64)
+            cached = n < pos
+            first_offs = first * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
+            k_first = tl.load(k_ptr + first_offs, mask=cached[:, None], other=0.0)  # [N, D]
+            v_first = tl.load(v_ptr + first_offs, mask=cached[:, None], other=0.0)
         partner = (d + D // 2) % D
         sign = tl.where(d < D // 2, -1.0, 1.0)
-        pos = tl.load(pos_ptr + t)
         freqs = pos.to(tl.float32) * tl.load(inv_freq_ptr + d % (D // 2))
         cos, sin = tl.cos(freqs), tl.sin(freqs)
-        row = tl.load(rows_ptr + t).to(tl.int64)
+        if PDL:  # (see PDL above) everything below reads the previous kernel's results
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
 
         k_base = qkv_ptr + t * width + (NUM_HEADS + kv_head) * D
         k = _norm_rope(tl.load(k_base + d).to(tl.float32), tl.load(k_base + partner).to(tl.float32),
                        tl.load(kn_ptr + d).to(tl.float32), tl.load(kn_ptr + partner).to(tl.float32), cos, sin, sign,
-                       eps, D)
+                       eps, D).to(k_ptr.dtype.element_ty)
+        v = tl.load(qkv_ptr + t * width + (NUM_HEADS + NUM_KV + kv_head) * D + d)
         block = tl.load(table_ptr + row * table_stride + pos // BLOCK_SIZE).to(tl.int64)
         slot = block * cache_s0 + (pos % BLOCK_SIZE) * cache_s1 + kv_head * cache_s2
-        tl.store(k_ptr + slot + d, k.to(k_ptr.dtype.element_ty))
-        tl.store(v_ptr + slot + d, tl.load(qkv_ptr + t * width + (NUM_HEADS + NUM_KV + kv_head) * D + d))
+        tl.store(k_ptr + slot + d, k)
+        tl.store(v_ptr + slot + d, v)
 
         g = tl.arange(0, 16)
         in_group = g < GROUP
@@ -353,10 +375,31 @@ if triton is not None:
                        tl.load(qn_ptr + d).to(tl.float32)[None, :], tl.load(qn_ptr + partner).to(tl.float32)[None, :],
                        cos[None, :], sin[None, :], sign[None, :], eps, D)
         q = q.to(k_ptr.dtype.element_ty)  # [16, D]
-        tl.debug_barrier()  # the key and value stored above are read below by other threads of this program
-
-        out = _attend(q, k_ptr, v_ptr, table_ptr, row, pos, kv_head, scale, table_stride, cache_s0, cache_s1,
-                      cache_s2, D, BLOCK_SIZE, IEEE)
+        if EARLY:
+            m = tl.full([16], float("-inf"), tl.float32)
+            denom = tl.zeros([16], tl.float32)
+            acc = tl.zeros([16, D], tl.float32)
+            m, denom, acc = _attend_block(q, k_first, v_first, cached, m, denom, acc, scale, IEEE)
+            for start in range(BLOCK_SIZE, pos, BLOCK_SIZE):  # the row's further blocks before its own position
+                later = tl.load(table_ptr + row * table_stride + start // BLOCK_SIZE).to(tl.int64)
+                offs = later * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
+                valid = (start + n) < pos
+                m, denom, acc = _attend_block(q, tl.load(k_ptr + offs, mask=valid[:, None], other=0.0),
+                                              tl.load(v_ptr + offs, mask=valid[:, None], other=0.0), valid, m,
+                                              denom, acc, scale, IEEE)
+            # its own position, as a block of one
+            s = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1) * scale  # [16]
+            m_new = tl.maximum(m, s)
+            p = tl.exp(s - m_new)
+            alpha = tl.exp(m - m_new)
+            denom = denom * alpha + p
+            if not IEEE:
+                p = p.to(v.dtype).to(tl.float32)  # (as the tensor cores take it)
+            out = (acc * alpha[:, None] + p[:, None] * v.to(tl.float32)[None, :]) / denom[:, None]
+        else:
+            tl.debug_barrier()  # the key and value stored above are read below by other threads of this program
+            out = _attend(q, k_ptr, v_ptr, table_ptr, row, pos, kv_head, scale, table_stride, cache_s0, cache_s1,
+                          cache_s2, D, BLOCK_SIZE, IEEE)
         out_offs = (t * NUM_HEADS + kv_head * GROUP + g[:, None]) * D + d[None, :]
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=in_group[:, None])
 

@@ -115,9 +115,22 @@ class ModelRunner:
         # the reference loop shares.
         self._decode = {"decode": cfg.fused_decode != "off",
                         "fused": cfg.fused_decode == "all" and self.dtype != torch.float32}
+        # On the fused path a narrower code predictor's input projection (1.7B: 2,048 -> 1,024 with bias) is looked up
+        # instead of run: the projected embedding rows of its codebooks 1-14, computed once (the sampler gathers
+        # them; the same products, summed in another order). The fp32 and unfused paths run it as the reference.
+        self.cp_input_tables = self._project_cp_inputs() if self._decode["fused"] else None
         self.cache: PagedCache | None = None
         self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
         self.prefix_cache = PrefixCache(int(cfg.prefix_cache_gb * 2**30)) if cfg.prefix_cache_gb else None
+
+    @torch.no_grad()
+    def _project_cp_inputs(self) -> list[torch.Tensor] | None:
+        """cp_input_tables: codebooks 1-14's embedding rows through the code predictor's input projection (None
+        where it has none)."""
+        cp = self.model.talker.code_predictor
+        if not isinstance(cp.small_to_mtp_projection, torch.nn.Linear):
+            return None
+        return [cp.small_to_mtp_projection(e.weight).contiguous() for e in cp.model.codec_embedding[:-1]]
 
     @property
     def kv_bytes_per_block(self) -> int:
@@ -344,46 +357,54 @@ class ModelRunner:
         return F.linear(hidden, weight).float()
 
     def _frame(self, B: int) -> None:
-        c0, c0_embed = self._sample_codebook0(B)
-        codes, frame = self._predict_residual_codes(B, c0, c0_embed)
-        self._talker_step(B, c0, codes, frame)
+        # The 16 codes' embedding rows, each gathered by the sampling kernel that drew its code.
+        embeds = torch.empty(16, B, self.model.talker.config.hidden_size, dtype=self.dtype, device=self.device)
+        counters = self.state.steps[:B] * 16  # (each draw's noise counter: this + its codebook)
+        c0 = self._sample_codebook0(B, counters, embeds[0])
+        codes = self._predict_residual_codes(B, c0, counters, embeds)
+        self._talker_step(B, c0, codes, _frame_sum(embeds))
 
-    def _sample_codebook0(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample_codebook0(self, B: int, counters: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+        """Codebook 0's codes, their embedding rows into `embed`."""
         s, talker = self.state, self.model.talker
         tc = talker.config
         procs = TalkerProcessors(s.seen[:B], s.penalty[:B], s.steps[:B], self.suppress, tc.codec_eos_token_id,
                                  MIN_NEW_TOKENS)
-        c0 = sample_tokens(self._head(s.hidden[:B], talker.codec_head.weight), s.talker_sampler.prefix(B),
-                           s.seeds[:B], s.steps[:B] * 16, procs)
-        return c0, talker.model.codec_embedding(c0)
+        return sample_tokens(self._head(s.hidden[:B], talker.codec_head.weight), s.talker_sampler.prefix(B),
+                             s.seeds[:B], counters, procs, gather=[(talker.model.codec_embedding.weight, embed)])
 
-    def _predict_residual_codes(self, B: int, c0: torch.Tensor,
-                                c0_embed: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The 15 code-predictor steps with their sampling; returns the 16 codes and the frame embedding
-        F(c) = Ec(c0) + sum_j Ecp[j](c_j+1) (fp32), which the talker consumes next."""
+    def _predict_residual_codes(self, B: int, c0: torch.Tensor, counters: torch.Tensor,
+                                embeds: torch.Tensor) -> list[torch.Tensor]:
+        """The 15 code-predictor steps with their sampling; returns the 16 codes, their embedding rows in
+        `embeds` [16, B, H] (embeds[0]: codebook 0's, given)."""
         s, cp = self.state, self.model.talker.code_predictor
-        seeds, counters, sampler = s.seeds[:B], s.steps[:B] * 16, s.cp_sampler.prefix(B)
-        embeds = [c0_embed]
+        seeds, sampler = s.seeds[:B], s.cp_sampler.prefix(B)
         # Positions 0 and 1 (talker hidden, Ec(c0)) in one pass, then one position per code.
-        x = torch.stack([s.hidden[:B], c0_embed], dim=1).view(2 * B, -1)
+        x = torch.stack([s.hidden[:B], embeds[0]], dim=1).view(2 * B, -1)
         h, norm = self._code_predictor(x, self.cp_first[0][: 2 * B], self.cp_first[1][: 2 * B], decode=False,
                                        keep=slice(1, None, 2))
         codes = [c0]
         for g in range(cp.config.num_code_groups - 1):
-            code = sample_tokens(self._head(h, cp.lm_head[g].weight, norm), sampler, seeds, counters + g + 1)
-            codes.append(code)
-            embed = cp.model.codec_embedding[g](code)
-            embeds.append(embed)
-            if g < cp.config.num_code_groups - 2:
-                h, norm = self._code_predictor(embed, self.row_ids[:B], self.cp_positions[g + 2, :B])
-        return codes, _frame_sum(embeds)
+            last = g == cp.config.num_code_groups - 2
+            gather = [(cp.model.codec_embedding[g].weight, embeds[g + 1])]
+            if self.cp_input_tables is not None and not last:
+                projected = torch.empty(B, self.cp_input_tables[g].shape[1], dtype=self.dtype, device=self.device)
+                gather.append((self.cp_input_tables[g], projected))
+            codes.append(sample_tokens(self._head(h, cp.lm_head[g].weight, norm), sampler, seeds, counters,
+                                       offset=g + 1, gather=gather))
+            if not last:
+                x = embeds[g + 1] if len(gather) == 1 else projected
+                h, norm = self._code_predictor(x, self.row_ids[:B], self.cp_positions[g + 2, :B],
+                                               projected=len(gather) == 2)
+        return codes
 
     def _code_predictor(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, decode: bool = True,
-                        keep: slice = slice(None)) -> tuple[torch.Tensor, tuple | None]:
-        """The code predictor over x (talker width), the tokens `keep` of its output -> (h, None) with h normed,
-        or on the fused products (residual stream, (final norm, its sums of squares or None)): the heads'
-        products apply the norm."""
-        x = self.model.talker.code_predictor.small_to_mtp_projection(x)
+                        keep: slice = slice(None), projected: bool = False) -> tuple[torch.Tensor, tuple | None]:
+        """The code predictor over x (talker width, or its own with `projected`: looked up in cp_input_tables),
+        the tokens `keep` of its output -> (h, None) with h normed, or on the fused products (residual stream,
+        (final norm, its sums of squares or None)): the heads' products apply the norm."""
+        if not projected:
+            x = self.model.talker.code_predictor.small_to_mtp_projection(x)
         fused = self._decode["fused"]
         decode = decode and self._decode["decode"]
         if self.cp.fuses(x.shape[0], fused):
@@ -423,7 +444,7 @@ class ModelRunner:
         T, L = codes.shape[0], prompt.embeds.shape[0]
         embeds = [talker.model.codec_embedding(codes[:, 0])]
         embeds += [cp.model.codec_embedding[g](codes[:, g + 1]) for g in range(cp.config.num_code_groups - 1)]
-        frame = _frame_sum(embeds)
+        frame = _frame_sum(torch.stack(embeds))
         trailing = torch.tensor(prompt.trailing_ids + [self.model.config.tts_pad_token_id] * T, device=self.device)
         steps = frame + talker.embed_text(trailing[:T]).float()
         if L + T > self.max_context:
@@ -447,8 +468,10 @@ class ModelRunner:
             for g in range(cp.config.num_code_groups - 1):
                 logits.append(self._head(h, cp.lm_head[g].weight, norm))
                 if g < cp.config.num_code_groups - 2:
-                    h, norm = self._code_predictor(embeds[g + 1][t:t + 1], self.row_ids[:1],
-                                                   self.cp_positions[g + 2, :1])
+                    tables = self.cp_input_tables
+                    x = embeds[g + 1][t:t + 1] if tables is None else tables[g][codes[t:t + 1, g + 1]]
+                    h, norm = self._code_predictor(x, self.row_ids[:1], self.cp_positions[g + 2, :1],
+                                                   projected=tables is not None)
             cp_logits.append(torch.stack(logits, dim=1))
         return talker_logits, torch.cat(cp_logits)
 
@@ -460,12 +483,13 @@ def _copy_into(old: RowState, new: RowState) -> RowState:
     return old
 
 
-def _frame_sum(embeds: list[torch.Tensor]) -> torch.Tensor:
-    """The frame embedding: embeds[0] + embeds[1] + ... in fp32, added in that order (as the reference loop).
-    On CUDA, cumsum over the first axis scans in order in fp32: 3 kernels where adding one by one takes 30; the
-    CPU's cumsum accumulates in double, so there they are added one by one."""
-    if embeds[0].is_cuda:
-        return torch.stack(embeds).float().cumsum(0)[-1]
+def _frame_sum(embeds: torch.Tensor) -> torch.Tensor:
+    """The frame embedding F(c) = Ec(c0) + sum_j Ecp[j](c_j+1) from the codes' rows embeds [16, ..., H]: added in
+    that order in fp32 (as the reference loop). On CUDA, cumsum over the first axis scans in order in fp32: 2
+    kernels where adding one by one takes 30; the CPU's cumsum accumulates in double, so there they are added one
+    by one."""
+    if embeds.is_cuda:
+        return embeds.float().cumsum(0)[-1]
     frame = embeds[0].float()
     for e in embeds[1:]:
         frame = frame + e.float()

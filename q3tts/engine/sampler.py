@@ -7,6 +7,8 @@ by sort order), which can only matter when two probabilities are exactly equal a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..sampling import SamplerTensors, apply_talker_processors, sample
@@ -17,27 +19,40 @@ if triton is not None:
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Tensor, counters: torch.Tensor,
-                  talker: TalkerProcessors | None = None) -> torch.Tensor:
+                  talker: TalkerProcessors | None = None, offset: int = 0,
+                  gather: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
     """logits: [B, V] fp32 raw. With `talker`, the repetition penalty / min-new-tokens / suppression are
-    applied first and the drawn ids are marked in `talker.seen`. Returns ids [B] int64."""
+    applied first and the drawn ids are marked in `talker.seen`. The draws' noise counters are counters + offset.
+    `gather`: up to two (table [V', D], out [B, D]) pairs: out[b] = table[ids[b]] (the ids' embedding rows, in the
+    same launch). Returns ids [B] int64."""
     B, V = logits.shape
+    if len(gather) > 2:
+        raise ValueError("sample_tokens gathers from at most two tables")
     if not use_triton(logits):
         if talker is not None:
             logits = apply_talker_processors(logits, talker.seen[:B], talker.penalty, talker.steps, talker.eos_id,
                                              talker.min_new_tokens, talker.suppress)
-        ids = sample(logits, params, seeds, counters)
+        ids = sample(logits, params, seeds, counters + offset)
         if talker is not None:
             talker.seen[torch.arange(B, device=ids.device), ids] = True
+        for table, out in gather:
+            out.copy_(table[ids])
         return ids
     if V >= 2**16:
         raise ValueError(f"the sampling kernel takes vocabularies below 65536 ids, got {V}")
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     t = talker
+    tables = [(table, rows, table.shape[1]) for table, rows in gather]
+    for table, rows, _ in tables:
+        if not (table.is_contiguous() and rows.is_contiguous() and rows.shape == (B, table.shape[1])):
+            raise ValueError("sample_tokens gathers contiguous table rows into a contiguous [B, D] output")
+    (t1, o1, d1), (t2, o2, d2) = (tables + [(logits, logits, 1)] * 2)[:2]
     _sample_kernel[(B,)](
-        logits, V, params.do_sample, params.temperature, params.top_k, params.top_p, seeds, counters, out,
+        logits, V, params.do_sample, params.temperature, params.top_k, params.top_p, seeds, counters, offset, out,
         t.seen if t else logits, t.penalty if t else logits, t.steps if t else logits,
-        t.suppress if t else logits, t.eos_id if t else 0, t.min_new_tokens if t else 0,
-        HAS_PROCESSORS=t is not None, BLOCK_V=triton.next_power_of_2(V), num_warps=8)
+        t.suppress if t else logits, t.eos_id if t else 0, t.min_new_tokens if t else 0, t1, o1, d1, t2, o2, d2,
+        HAS_PROCESSORS=t is not None, GATHER=len(gather), BLOCK_V=triton.next_power_of_2(V),
+        BLOCK_D1=triton.next_power_of_2(d1), BLOCK_D2=triton.next_power_of_2(d2), num_warps=8)
     return out
 
 
@@ -65,9 +80,10 @@ if triton is not None:
         return tl.where(bits >= 0x80000000, (~bits) & 0xFFFFFFFF, bits | 0x80000000)
 
     @triton.jit
-    def _sample_kernel(logits_ptr, V, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr, out_ptr,
-                       seen_ptr, penalty_ptr, steps_ptr, suppress_ptr, eos_id, min_new,
-                       HAS_PROCESSORS: tl.constexpr, BLOCK_V: tl.constexpr):
+    def _sample_kernel(logits_ptr, V, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr, offset,
+                       out_ptr, seen_ptr, penalty_ptr, steps_ptr, suppress_ptr, eos_id, min_new,
+                       t1_ptr, o1_ptr, D1, t2_ptr, o2_ptr, D2, HAS_PROCESSORS: tl.constexpr, GATHER: tl.constexpr,
+                       BLOCK_V: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_V)
         valid = cols < V
@@ -117,7 +133,7 @@ if triton is not None:
                     cut = tl.where(mass <= limit, candidate, cut)
                 probs = tl.where(key <= cut, 0.0, probs)
             seed = tl.load(seed_ptr + b)
-            h = _mix32((tl.load(counter_ptr + b) & 0xFFFFFFFF) ^ _mix32(cols.to(tl.int64) + 0x3C6EF372))
+            h = _mix32(((tl.load(counter_ptr + b) + offset) & 0xFFFFFFFF) ^ _mix32(cols.to(tl.int64) + 0x3C6EF372))
             h = _mix32(h ^ (seed & 0xFFFFFFFF))
             h = _mix32(h ^ ((seed >> 32) & 0xFFFFFFFF) ^ 0x1B873593)
             u = ((h >> 9).to(tl.float32) + 0.5) / 8388608.0  # strictly inside (0, 1), as the twin
@@ -126,3 +142,9 @@ if triton is not None:
         tl.store(out_ptr + b, token)
         if HAS_PROCESSORS:
             tl.store(seen_ptr + b * V + token, 1)
+        if GATHER >= 1:
+            d = tl.arange(0, BLOCK_D1)
+            tl.store(o1_ptr + b * D1 + d, tl.load(t1_ptr + token * D1 + d, mask=d < D1), mask=d < D1)
+        if GATHER >= 2:
+            d = tl.arange(0, BLOCK_D2)
+            tl.store(o2_ptr + b * D2 + d, tl.load(t2_ptr + token * D2 + d, mask=d < D2), mask=d < D2)
