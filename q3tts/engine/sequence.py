@@ -47,10 +47,11 @@ class Prompt:
         return out
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
     """A request as the scheduler sees it. `num_positions` counts the talker positions it holds or will hold
-    after the next frame (prompt + frames launched); the engine advances it."""
+    after the next frame (prompt + frames launched); the engine advances it. Compared by identity (the engine
+    looks rows up with `in` and `index`: field-by-field equality cost ~1 us per row compared)."""
 
     request_id: str
     num_positions: int  # the prompt's length until the first frame is launched

@@ -72,8 +72,9 @@ def deliver(items: list[tuple[Channel, object]], now: float, hold_s: float,
 
 
 def _hand_out(channel: Channel, out: list, now: float) -> None:
-    if channel.held:
-        out.append((channel, np.stack(channel.held)))
+    if channel.held:  # (a frame is a row of a PCM array no one else writes: one frame goes out as a view)
+        held = channel.held
+        out.append((channel, held[0][None] if len(held) == 1 else np.stack(held)))
         channel.first_post = channel.first_post or now
         channel.posted_frames += len(channel.held)
         channel.held = []
