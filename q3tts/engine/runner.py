@@ -387,15 +387,15 @@ class ModelRunner:
         for g in range(cp.config.num_code_groups - 1):
             last = g == cp.config.num_code_groups - 2
             gather = [(cp.model.codec_embedding[g].weight, embeds[g + 1])]
+            projected = None  # (the next step's input, looked up projected)
             if self.cp_input_tables is not None and not last:
                 projected = torch.empty(B, self.cp_input_tables[g].shape[1], dtype=self.dtype, device=self.device)
                 gather.append((self.cp_input_tables[g], projected))
             codes.append(sample_tokens(self._head(h, cp.lm_head[g].weight, norm), sampler, seeds, counters,
                                        offset=g + 1, gather=gather))
             if not last:
-                x = embeds[g + 1] if len(gather) == 1 else projected
-                h, norm = self._code_predictor(x, self.row_ids[:B], self.cp_positions[g + 2, :B],
-                                               projected=len(gather) == 2)
+                h, norm = self._code_predictor(embeds[g + 1] if projected is None else projected, self.row_ids[:B],
+                                               self.cp_positions[g + 2, :B], projected=projected is not None)
         return codes
 
     def _code_predictor(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, decode: bool = True,
