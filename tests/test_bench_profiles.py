@@ -55,3 +55,22 @@ def test_burst_steps(tmp_path):
         assert steps["add_rows._prefill_tokens"] > 0 and steps["add_rows.other"] >= 0
     assert "_prefill_tokens" not in vars(engine.runner)  # the timers are gone afterwards
     engine.stop()
+
+
+def test_decode_breakdown_runs_the_frame_and_its_parts(tmp_path, monkeypatch):
+    """`q3tts bench decode --breakdown`'s parts (the frame, the talker step, the code predictor, the draws with
+    their gathers) run against the runner as the frame calls it: each part once, eagerly (graph timing is for the
+    GPU), on a tiny bf16 model whose code predictor takes its inputs from the projected tables."""
+    import torch
+
+    from q3tts.benchmarks import decode
+    from q3tts.benchmarks.common import clone_prompt
+
+    calls = []
+    monkeypatch.setattr(decode, "graph_ms", lambda fn, replays: calls.append(fn()) or 1.0)
+    model = TTS.from_pretrained(tiny_checkpoint("tiny-base-1.7b", tmp_path), device="cpu", dtype=torch.bfloat16).model
+    prompt = clone_prompt(model, num_text_tokens=5)
+    runner = decode.decode_runner(model, prompt, [2])
+    assert runner.cp_input_tables is not None
+    parts = decode.breakdown(runner, prompt, 2, replays=1)
+    assert len(calls) == 4 and set(parts) == {"frame", "talker", "code_predictor", "sampling", "overhead"}
