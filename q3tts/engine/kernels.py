@@ -223,19 +223,28 @@ if triton is not None:
                 D: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
         """Softmax attention of q [16, D] (the cache's dtype) over positions 0..pos of `row` for `kv_head`,
         online over the row's blocks; returns [16, D] fp32."""
-        d = tl.arange(0, D)
-        n = tl.arange(0, BLOCK_SIZE)
         m = tl.full([16], float("-inf"), tl.float32)
         denom = tl.zeros([16], tl.float32)
         acc = tl.zeros([16, D], tl.float32)
-        for start in range(0, pos + 1, BLOCK_SIZE):
+        m, denom, acc = _attend_span(q, k_ptr, v_ptr, table_ptr, row, 0, pos, kv_head, m, denom, acc, scale,
+                                     table_stride, cache_s0, cache_s1, cache_s2, D, BLOCK_SIZE, IEEE)
+        return acc / denom[:, None]
+
+    @triton.jit
+    def _attend_span(q, k_ptr, v_ptr, table_ptr, row, first, last, kv_head, m, denom, acc, scale, table_stride,
+                     cache_s0, cache_s1, cache_s2, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
+        """Positions first..last of `row` (`first` a block's first) into the online softmax state, block by
+        block (see _attend_block)."""
+        d = tl.arange(0, D)
+        n = tl.arange(0, BLOCK_SIZE)
+        for start in range(first, last + 1, BLOCK_SIZE):
             block = tl.load(table_ptr + row * table_stride + start // BLOCK_SIZE).to(tl.int64)
             offs = block * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
-            valid = (start + n) <= pos
+            valid = (start + n) <= last
             k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)  # [N, D]
             v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
             m, denom, acc = _attend_block(q, k, v, valid, m, denom, acc, scale, IEEE)
-        return acc / denom[:, None]
+        return m, denom, acc
 
     @triton.jit
     def _attend_block(q, k, v, valid, m, denom, acc, scale, IEEE: tl.constexpr):
@@ -380,13 +389,9 @@ if triton is not None:
             denom = tl.zeros([16], tl.float32)
             acc = tl.zeros([16, D], tl.float32)
             m, denom, acc = _attend_block(q, k_first, v_first, cached, m, denom, acc, scale, IEEE)
-            for start in range(BLOCK_SIZE, pos, BLOCK_SIZE):  # the row's further blocks before its own position
-                later = tl.load(table_ptr + row * table_stride + start // BLOCK_SIZE).to(tl.int64)
-                offs = later * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
-                valid = (start + n) < pos
-                m, denom, acc = _attend_block(q, tl.load(k_ptr + offs, mask=valid[:, None], other=0.0),
-                                              tl.load(v_ptr + offs, mask=valid[:, None], other=0.0), valid, m,
-                                              denom, acc, scale, IEEE)
+            # the row's further blocks before its own position
+            m, denom, acc = _attend_span(q, k_ptr, v_ptr, table_ptr, row, BLOCK_SIZE, pos - 1, kv_head, m, denom,
+                                         acc, scale, table_stride, cache_s0, cache_s1, cache_s2, D, BLOCK_SIZE, IEEE)
             # its own position, as a block of one
             s = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1) * scale  # [16]
             m_new = tl.maximum(m, s)
