@@ -88,8 +88,7 @@ def breakdown(runner: ModelRunner, prompt, batch: int, replays: int = 50) -> dic
     for row in rows:
         runner.grow(row, prompt.num_positions + 257)
     B = runner.bucket(batch)
-    embeds = torch.empty(16, B, runner.model.talker.config.hidden_size, dtype=runner.dtype, device=runner.device)
-    counters = runner.state.steps[:B] * 16
+    embeds, counters = runner._frame_inputs(B)
     c0 = runner._sample_codebook0(B, counters, embeds[0])
     codes = runner._predict_residual_codes(B, c0, counters, embeds)
     frame = _frame_sum(embeds)
@@ -97,20 +96,15 @@ def breakdown(runner: ModelRunner, prompt, batch: int, replays: int = 50) -> dic
     logits_c0 = torch.randn(B, vocab, device=runner.device)
     logits_cp = torch.randn(B, runner.model.talker.code_predictor.config.vocab_size, device=runner.device)
 
-    # The draws as the frame makes them, each with the embedding rows it gathers (into scratch rows).
-    talker, cp = runner.model.talker, runner.model.talker.code_predictor
-    scratch = torch.empty_like(embeds)
-    tables = runner.cp_input_tables or []
-    projected = [torch.empty(B, t.shape[1], dtype=runner.dtype, device=runner.device) for t in tables]
+    scratch = torch.empty_like(embeds)  # (the draws as the frame makes them, gathering into scratch rows)
 
     def sampling_only():
         s = runner.state
         sample_tokens(logits_c0, s.talker_sampler.prefix(B), s.seeds[:B], counters,
-                      gather=[(talker.model.codec_embedding.weight, scratch[0])])
+                      gather=[(runner.model.talker.model.codec_embedding.weight, scratch[0])])
         for g in range(15):
-            gather = [(cp.model.codec_embedding[g].weight, scratch[g + 1])]
-            gather += [(tables[g], projected[g])] if g < len(tables) else []
-            sample_tokens(logits_cp, s.cp_sampler.prefix(B), s.seeds[:B], counters, offset=g + 1, gather=gather)
+            sample_tokens(logits_cp, s.cp_sampler.prefix(B), s.seeds[:B], counters, offset=g + 1,
+                          gather=runner._cp_gather(g, scratch)[0])
 
     parts = {"frame": lambda: runner._frame(B), "talker": lambda: runner._talker_step(B, c0, codes, frame),
              "code_predictor": lambda: runner._predict_residual_codes(B, c0, counters, embeds),

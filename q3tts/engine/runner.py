@@ -357,12 +357,16 @@ class ModelRunner:
         return F.linear(hidden, weight).float()
 
     def _frame(self, B: int) -> None:
-        # The 16 codes' embedding rows, each gathered by the sampling kernel that drew its code.
-        embeds = torch.empty(16, B, self.model.talker.config.hidden_size, dtype=self.dtype, device=self.device)
-        counters = self.state.steps[:B] * 16  # (each draw's noise counter: this + its codebook)
+        embeds, counters = self._frame_inputs(B)
         c0 = self._sample_codebook0(B, counters, embeds[0])
         codes = self._predict_residual_codes(B, c0, counters, embeds)
         self._talker_step(B, c0, codes, _frame_sum(embeds))
+
+    def _frame_inputs(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frame's buffer for its 16 codes' embedding rows [16, B, H] (each gathered by the draw of its code)
+        and its draws' noise counters (these + the codebook)."""
+        embeds = torch.empty(16, B, self.model.talker.config.hidden_size, dtype=self.dtype, device=self.device)
+        return embeds, self.state.steps[:B] * 16
 
     def _sample_codebook0(self, B: int, counters: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
         """Codebook 0's codes, their embedding rows into `embed`."""
@@ -385,18 +389,25 @@ class ModelRunner:
                                        keep=slice(1, None, 2))
         codes = [c0]
         for g in range(cp.config.num_code_groups - 1):
-            last = g == cp.config.num_code_groups - 2
-            gather = [(cp.model.codec_embedding[g].weight, embeds[g + 1])]
-            projected = None  # (the next step's input, looked up projected)
-            if self.cp_input_tables is not None and not last:
-                projected = torch.empty(B, self.cp_input_tables[g].shape[1], dtype=self.dtype, device=self.device)
-                gather.append((self.cp_input_tables[g], projected))
+            gather, projected = self._cp_gather(g, embeds)
             codes.append(sample_tokens(self._head(h, cp.lm_head[g].weight, norm), sampler, seeds, counters,
                                        offset=g + 1, gather=gather))
-            if not last:
+            if g < cp.config.num_code_groups - 2:
                 h, norm = self._code_predictor(embeds[g + 1] if projected is None else projected, self.row_ids[:B],
                                                self.cp_positions[g + 2, :B], projected=projected is not None)
         return codes
+
+    def _cp_gather(self, g: int, embeds: torch.Tensor) -> tuple[list, torch.Tensor | None]:
+        """What the code predictor's draw g gathers (sample_tokens' `gather`): its code's embedding row into
+        embeds[g + 1], and with cp_input_tables (but for the last draw) the next step's input, projected, into a
+        new buffer, returned too (else None)."""
+        cp = self.model.talker.code_predictor
+        gather = [(cp.model.codec_embedding[g].weight, embeds[g + 1])]
+        if self.cp_input_tables is None or g == cp.config.num_code_groups - 2:
+            return gather, None
+        projected = torch.empty(embeds.shape[1], self.cp_input_tables[g].shape[1], dtype=self.dtype,
+                                device=self.device)
+        return [*gather, (self.cp_input_tables[g], projected)], projected
 
     def _code_predictor(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, decode: bool = True,
                         keep: slice = slice(None), projected: bool = False) -> tuple[torch.Tensor, tuple | None]:
