@@ -159,13 +159,15 @@ def summarize(record: list[dict], rate: float, duration: float) -> dict:
             "audio_s_per_s": round(audio / span, 1), "duration_s": duration, **parts}
 
 
-async def http_setup(url: str) -> tuple[str, str, int]:
-    """(model id, a voice uploaded for the run, the number of engines behind `url`)."""
+async def http_setup(url: str) -> tuple[str, str, int | None]:
+    """(model id, a voice uploaded for the run, the number of engine processes behind `url`: None for a server of
+    one process, a number for a `--devices` front)."""
     import httpx
 
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0)) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
-        engines = len((await client.get("/ready")).json().get("engines", [None]))  # a `--devices` front lists them
+        engines = (await client.get("/ready")).json().get("engines")  # a `--devices` front lists them
+        engines = None if engines is None else len(engines)
         t = np.arange(48000) / 24000
         wav = (0.3 * np.sin(2 * np.pi * 140 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
         buffer = io.BytesIO()
@@ -210,8 +212,9 @@ def http_rates(url: str, rates: list[float], duration: float, clients: int = 1, 
             parts = pool.map(http_records, *zip(*[(url, model, voice, rate / clients, duration,
                                                    int(rate) * 1000 + i, client) for i in range(clients)]))
             result = summarize([r for part in parts for r in part], rate, duration)
-            rows.append({"engine": "q3tts-serve (HTTP, pcm)", "benchmark": "serving", "model": model,
-                         "gpus": engines, "batch": None, "ms_per_frame": None, "gpu_mem_gb": None,
+            layout = "one process" if engines is None else f"front + {engines} engine process(es)"
+            rows.append({"engine": f"q3tts-serve (HTTP, pcm, {layout})", "benchmark": "serving", "model": model,
+                         "gpus": engines or 1, "batch": None, "ms_per_frame": None, "gpu_mem_gb": None,
                          "client_processes": clients, "client": client,
                          "request_mix": "x-vector clone, English, 6-14 s uniform", **result})
             print(json.dumps(rows[-1]), flush=True)

@@ -164,6 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--send-timeout", type=float, default=30.0,
                        help="seconds a client may stop reading a stream before it is cut (default: 30)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--core-socket", help=argparse.SUPPRESS)  # an engine process of the --devices front (core.py)
     serve.set_defaults(run=_serve)
 
     batch = sub.add_parser("batch", help="render many requests from a JSON-lines file into a folder (resumable)")
@@ -342,7 +343,7 @@ def _serve(args) -> int:
                           ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
                           send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,
                           body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
-                          **({"runaway_guard": None} if args.no_runaway_guard else {}))
+                          core_socket=args.core_socket, **({"runaway_guard": None} if args.no_runaway_guard else {}))
     devices = _serve_devices(args)
     if devices:
         from .server.router import serve_devices

@@ -69,6 +69,10 @@ class PieceStream:
         return self.channels[0].request_id
 
     @property
+    def finish_reason(self) -> str | None:
+        return self.channel.finish_reason if self.channels else None
+
+    @property
     def finished(self) -> bool:
         return self._next == self.num_pieces and all(s.finished for s in self._streams)
 

@@ -128,6 +128,10 @@ class RequestStream:
     def finished(self) -> bool:
         return self._channel.finished
 
+    @property
+    def finish_reason(self) -> str | None:
+        return self._channel.finish_reason
+
     def cancel(self) -> None:
         if not self._channel.finished:
             self._cancel(self._channel.request_id)

@@ -1,7 +1,8 @@
 """The app factory and its lifespan: load the checkpoint (a failure stops start-up), then build and warm the
 engine in the background while `/health` already answers and `/ready` says 503; `serve` runs it with uvicorn.
 
-One process serves one model on one device; run one per GPU behind a load balancer.
+One process serves one model on one device. With `core_socket` set, it is an engine process behind the
+`--devices` front (router.py), which sends it speech requests over that socket (core.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 
 from . import errors, playground, speech, status, voices, websocket
 from .config import ServerConfig
+from .core import CoreServer
 from .guard import RequestGuard
 from .metrics import ServerMetrics
 from .middleware import RequestContextMiddleware
@@ -38,7 +40,10 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
         model = tts if tts is not None else await asyncio.to_thread(_load, config)
         service = SpeechService(model, config, VoiceStore(config.voices_dir), observer=metrics)
         metrics.engine_source = lambda: service.engine
-        app.state.service = service
+        app.state.service, app.state.speak = service, service.speak
+        core = CoreServer(service.speak, config.core_socket) if config.core_socket else None
+        if core is not None:
+            await core.start()
         starting = asyncio.create_task(service.start())
         if start_ready:
             await starting
@@ -49,6 +54,8 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
             yield
         finally:
             starting.cancel()
+            if core is not None:  # (uvicorn drained its own connections; the front's streams finish here)
+                await core.drain(config.drain_timeout_s)
             await service.stop()
 
     app = FastAPI(title="q3tts", summary="Qwen3-TTS speech server", lifespan=lifespan)

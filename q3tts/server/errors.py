@@ -55,6 +55,11 @@ def not_ready() -> APIError:
                     code="model_not_ready", headers={"Retry-After": "5"})
 
 
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry on another instance", type=SERVER, code="shutting_down",
+                    headers={"Retry-After": "1"})
+
+
 def engine_failed(message: str) -> APIError:
     return APIError(503, message, type=SERVER, code="engine_error")
 

@@ -2,12 +2,14 @@
 
 One `q3tts serve` process per device (its own engine and interpreter: no engine's host loop waits on another's
 lock) on a loopback port, and this front in the main process. The front authenticates and bounds requests
-(guard.py) and sends each speech request, or WebSocket session, to the least-loaded ready engine: the fewest
-requests running and queued there, as its /metrics said at the last poll (every 100 ms), plus those sent to it
-since. A request whose engine cannot be reached goes to the next one. Voices live in one folder that every
-engine reads; uploads and deletions go to engine 0 (its one writer). An engine that exits or says it is
-unhealthy leaves the rotation (streams it was sending end cut off; the rest keep serving), and an engine process
-that exited is started again (up to MAX_RESTARTS times each). /ready is 200 only when every engine is ready,
+(guard.py), runs the speech route itself (parsing, encoding and writing every client's chunks: the HTTP work)
+and hands each speech request to the least-loaded ready engine over that engine's socket (core.py), whose
+process does the model's work alone; WebSocket sessions and the other routes it relays over HTTP. The
+least-loaded engine: the fewest requests running and queued there, as its /metrics said at the last poll (every 100
+ms), plus those sent to it since. A request whose engine cannot be reached goes to the next one. Voices live in one
+folder that every engine reads; uploads and deletions go to engine 0 (its one writer). An engine that exits or says
+it is unhealthy leaves the rotation (streams it was sending end cut off; the rest keep serving), and an engine
+process that exited is started again (up to MAX_RESTARTS times each). /ready is 200 only when every engine is ready,
 /health while any serves; /metrics has each engine's metrics with an `engine` label ("0", "1", ...), their sums
 (`engine="all"`) and the front's own HTTP counters (`q3tts_router_*`).
 """
@@ -34,12 +36,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from . import errors, playground, upstream
+from . import errors, playground, speech, upstream
 from .auth import websocket_authorized
 from .config import ServerConfig
+from .core import CoreClient, CoreUnavailable, Speech
 from .guard import RequestGuard
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .middleware import RequestContextMiddleware, request_id_of
+from .schemas import SpeechRequest
 from .upstream import Pool
 from .websocket import send_error
 
@@ -57,6 +61,7 @@ class Backend:
     index: int
     device: str
     url: str
+    core_path: str | None = None  # its speech socket (core.py)
     process: subprocess.Popen | None = None
     ready: bool = False
     healthy: bool = True
@@ -67,10 +72,16 @@ class Backend:
     env: dict[str, str] | None = None
     restarts: int = 0
     pool: Pool = field(init=False, repr=False)  # keep-alive connections to it
+    core: CoreClient | None = field(default=None, repr=False)  # its speech connection, opened at the first request
 
     def __post_init__(self):
         host, port = self.url.removeprefix("http://").rsplit(":", 1)
         self.pool = Pool(host, int(port))
+
+    async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
+        if self.core is None or self.core.closed:  # (an engine started again listens on the same path)
+            self.core = await CoreClient.connect(self.core_path)
+        return await self.core.speak(body, request_id)
 
     def start(self) -> None:
         self.process = subprocess.Popen(self.command, env=self.env)
@@ -84,6 +95,22 @@ class Backends:
     def __init__(self, backends: list[Backend]):
         self.all = backends
         self.stopping = False  # set on SIGTERM/SIGINT: engines that exit now are not started again
+
+    async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
+        """The request on the least-loaded ready engine; on the next one if that one cannot be reached or goes
+        away before it answers (it dropped the request with the connection)."""
+        if self.stopping:
+            raise errors.shutting_down()
+        tried: tuple[Backend, ...] = ()
+        while True:
+            backend = self.pick(exclude=tried)
+            try:
+                return await backend.speak(body, request_id)
+            except CoreUnavailable as e:
+                backend.ready = False  # until the next poll says otherwise
+                log.error("engine %d (%s) did not take a request (%s): trying another", backend.index,
+                          backend.device, e)
+                tried += (backend,)
 
     def pick(self, exclude: tuple[Backend, ...] = ()) -> Backend:
         """The least-loaded ready engine (not in `exclude`); 503 if there is none."""
@@ -130,6 +157,8 @@ class Backends:
     async def close(self) -> None:
         for backend in self.all:
             backend.pool.close()
+            if backend.core is not None:
+                backend.core.close()
 
 
 def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
@@ -146,27 +175,12 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
 
     app = FastAPI(title="q3tts", summary="Qwen3-TTS speech server (one engine per device)", lifespan=lifespan)
     app.state.config, app.state.metrics, app.state.draining = config, metrics, False
+    app.state.speak = backends.speak
     errors.install_handlers(app, on_error=metrics.count_error)
     app.add_middleware(RequestGuard, config=config)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     app.include_router(playground.router)
-
-    @app.post("/v1/audio/speech")
-    async def speech(request: Request) -> Response:
-        body, tried = await request.body(), ()
-        while True:
-            backend = backends.pick(exclude=tried)
-            try:
-                return await _forward(backend, request, body)
-            except upstream.ConnectError:
-                backend.healthy = backend.ready = False  # nothing was sent: the next engine gets it
-                log.error("engine %d (%s) refused a connection: out of rotation", backend.index, backend.device)
-                tried += (backend,)
-            except upstream.UpstreamError as e:  # no answer began: if the engine has the request, it saw us go
-                backend.ready = False  # until the next poll says otherwise
-                log.error("engine %d (%s) dropped a request unanswered (%s): trying another", backend.index,
-                          backend.device, e)
-                tried += (backend,)
+    app.include_router(speech.router)
 
     @app.api_route("/v1/audio/voices", methods=["GET", "POST"])
     @app.api_route("/v1/audio/voices/{voice_id}", methods=["GET", "DELETE"])
@@ -332,13 +346,15 @@ def engine_args(config: ServerConfig, log_level: str) -> list[str]:
 def start_backends(config: ServerConfig, devices: list[str], log_level: str) -> list[Backend]:
     """One `q3tts serve` per device on a loopback port, all sharing one voices folder."""
     voices_dir = config.voices_dir or tempfile.mkdtemp(prefix="q3tts-voices-")
+    sockets = tempfile.mkdtemp(prefix="q3tts-core-")  # (mode 0700: only this user reaches the engines' sockets)
     env = {**os.environ, "Q3TTS_API_KEY": config.api_key or ""}
     backends = []
     for index, device in enumerate(devices):
-        port = _free_port()
+        port, core_path = _free_port(), os.path.join(sockets, f"engine{index}.sock")
         cmd = [sys.executable, "-m", "q3tts.cli", "serve", config.model, *engine_args(config, log_level),
-               "--device", device, "--host", "127.0.0.1", "--port", str(port), "--voices-dir", str(voices_dir)]
-        backend = Backend(index, device, f"http://127.0.0.1:{port}", command=cmd, env=env)
+               "--device", device, "--host", "127.0.0.1", "--port", str(port), "--voices-dir", str(voices_dir),
+               "--core-socket", core_path]
+        backend = Backend(index, device, f"http://127.0.0.1:{port}", core_path, command=cmd, env=env)
         backend.start()
         backends.append(backend)
     return backends

@@ -32,7 +32,8 @@ from ..request import Request
 from ..voice import Voice
 from . import errors
 from .config import ServerConfig
-from .schemas import TASK_TYPES, SpeechSettings
+from .core import Speech
+from .schemas import TASK_TYPES, SpeechRequest, SpeechSettings
 from .voice_store import VoiceStore
 
 log = logging.getLogger("q3tts.server")
@@ -184,8 +185,7 @@ class SpeechService:
 
     def check_ready(self) -> None:
         if self.draining:
-            raise errors.APIError(503, "the server is shutting down; retry on another instance", type=errors.SERVER,
-                                  code="shutting_down", headers={"Retry-After": "1"})
+            raise errors.shutting_down()
         if not self.ready or self.engine is None:
             raise errors.engine_failed(self.failure) if self.failure else errors.not_ready()
         if not self.engine.healthy:
@@ -303,6 +303,15 @@ class SpeechService:
         return self.tts.pieces(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
                                language=s.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
                                runaway_guard=self.config.runaway_guard, **s.sampling())
+
+    async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
+        """A speech request checked, prepared and submitted: no audio is made before all of it passes."""
+        self.check_limits(body, body.input)
+        self.check_ready()
+        self.check_model(body.model)
+        choice = await self.resolve_voice(body)
+        job = await self.prepare(body.input, body, choice)
+        return Speech(self.submit(job, request_id), job.input_tokens, self.tts.sample_rate)
 
     def submit(self, job: PreparedSpeech, request_id: str) -> RequestStream | PieceStream:
         """Queues a prepared request on the engine (429 when the queue is full); read it with `async for`. A long

@@ -15,18 +15,19 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from ..engine import EngineError, RequestStream
+from ..engine import EngineError
 from ..engine.stream import FRAME_SAMPLES
 from .audio_encoding import MEDIA_TYPES, AudioEncoder, encode_async, flush_async, make_encoder
+from .core import Speech
 from .errors import SERVER, error_body
 from .middleware import request_id_of
 from .schemas import SpeechRequest
-from .service import SpeechService
 
 log = logging.getLogger("q3tts.server")
 router = APIRouter()  # authentication: guard.py
@@ -58,25 +59,21 @@ class CancellingStreamingResponse(StreamingResponse):
 
 @router.post("/v1/audio/speech")
 async def create_speech(body: SpeechRequest, request: Request) -> StreamingResponse:
-    """Validate everything, submit, then stream; no byte is sent before the request is accepted."""
-    service: SpeechService = request.app.state.service
-    service.check_limits(body, body.input)
-    service.check_ready()
-    service.check_model(body.model)
-    choice = await service.resolve_voice(body)
-    job = await service.prepare(body.input, body, choice)
-    encoder = make_encoder(body.response_format, service.tts.sample_rate, body.speed)
-    stream = service.submit(job, request_id_of(request.scope))
-    on_failure = request.app.state.metrics.count_error
+    """Validate everything, submit, then stream; no byte is sent before the request is accepted. `speak` is the
+    speech service's (one process) or the front's, which hands the request to an engine process (core.py)."""
+    speech: Speech = await request.app.state.speak(body, request_id_of(request.scope))
+    stream, state = speech.stream, request.app.state
+    encoder = make_encoder(body.response_format, speech.sample_rate, body.speed)
+    on_failure, send_timeout_s = state.metrics.count_error, state.config.send_timeout_s
     if body.stream_format == "sse":
-        events = sse_events(stream, encoder, job.input_tokens, on_failure)
-        return CancellingStreamingResponse(events, stream.cancel, service.config.send_timeout_s,
-                                           media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return CancellingStreamingResponse(audio_bytes(stream, encoder, on_failure), stream.cancel,
-                                       service.config.send_timeout_s, media_type=MEDIA_TYPES[body.response_format])
+        events = sse_events(stream, encoder, speech.input_tokens, on_failure)
+        return CancellingStreamingResponse(events, stream.cancel, send_timeout_s, media_type="text/event-stream",
+                                           headers={"Cache-Control": "no-cache"})
+    return CancellingStreamingResponse(audio_bytes(stream, encoder, on_failure), stream.cancel, send_timeout_s,
+                                       media_type=MEDIA_TYPES[body.response_format])
 
 
-async def audio_bytes(stream: RequestStream, encoder: AudioEncoder,
+async def audio_bytes(stream: Any, encoder: AudioEncoder,
                       on_failure: Callable[[str], None]) -> AsyncIterator[bytes]:
     try:
         async for pcm in stream.achunks():  # one write per hand-out, not per frame
@@ -90,7 +87,7 @@ async def audio_bytes(stream: RequestStream, encoder: AudioEncoder,
         yield data
 
 
-async def sse_events(stream: RequestStream, encoder: AudioEncoder, input_tokens: int,
+async def sse_events(stream: Any, encoder: AudioEncoder, input_tokens: int,
                      on_failure: Callable[[str], None]) -> AsyncIterator[bytes]:
     frames = 0
     try:
@@ -106,7 +103,7 @@ async def sse_events(stream: RequestStream, encoder: AudioEncoder, input_tokens:
     if data := await flush_async(encoder):
         yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
     usage = {"input_tokens": input_tokens, "output_tokens": frames, "total_tokens": input_tokens + frames}
-    yield _event({"type": "speech.audio.done", "finish_reason": stream.channel.finish_reason, "usage": usage})
+    yield _event({"type": "speech.audio.done", "finish_reason": stream.finish_reason, "usage": usage})
 
 
 def _event(payload: dict) -> bytes:

@@ -179,7 +179,7 @@ class StreamSession:
         self.frames += frames
         await self.websocket.send_json({"type": "segment.done", "segment": index, "text": text, "frames": frames,
                                         "audio_seconds": round(frames * FRAME_SECONDS, 3),
-                                        "finish_reason": stream.channel.finish_reason})
+                                        "finish_reason": stream.finish_reason})
 
 
 async def _receive_json(websocket: WebSocket) -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""The speech path between the `--devices` front and an engine process (server/core.py): an engine process's app
+(uvicorn, tiny CustomVoice model on the CPU) with its core socket, spoken to by the front's client. The audio
+crosses unchanged (float32, equal to the same request run in-process), refusals arrive as the API errors a
+direct request gets, and a cancelled request or a front that goes away frees its row."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+import httpx  # noqa: E402
+
+from q3tts.server import ServerConfig  # noqa: E402
+from q3tts.server.core import AUDIO, FINISHED, SPEAK, CoreClient, CoreUnavailable, Parser, pack  # noqa: E402
+from q3tts.server.errors import APIError  # noqa: E402
+from q3tts.server.schemas import SpeechRequest  # noqa: E402
+from q3tts.tiny import tiny_checkpoint  # noqa: E402
+from tests.server_harness import FRAME, SEED, ServerThread, frames  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine_process(tmp_path_factory):
+    folder = tiny_checkpoint("tiny", tmp_path_factory.mktemp("cache"))
+    config = ServerConfig(model=str(folder), served_model_name="tiny", device="cpu", max_running=2, max_waiting=4,
+                          max_context=1024, core_socket=str(tmp_path_factory.mktemp("core") / "engine.sock"))
+    with ServerThread(config) as running:
+        yield running
+
+
+def _body(**fields) -> SpeechRequest:
+    return SpeechRequest(**{"model": "tiny", "voice": "ryan", "input": "Hello from the engine process.",
+                            "max_new_tokens": 9, "seed": SEED, "response_format": "pcm", **fields})
+
+
+async def _audio(stream) -> np.ndarray:
+    return np.concatenate([chunk async for chunk in stream.achunks()])
+
+
+def test_audio_crosses_unchanged(engine_process):
+    async def both():
+        client = await CoreClient.connect(engine_process.config.core_socket)
+        remote = await client.speak(_body(), "core-test")
+        got = await _audio(remote.stream)
+        local = await engine_process.app.state.service.speak(_body(), "in-process")  # the same request, here
+        want = await _audio(local.stream)
+        client.close()
+        return remote, got, local, want
+
+    remote, got, local, want = asyncio.run(both())
+    assert got.dtype == np.float32 and len(got) == frames(9) * FRAME
+    assert np.array_equal(got, want)
+    assert (remote.input_tokens, remote.sample_rate) == (local.input_tokens, 24000)
+    assert remote.stream.finish_reason == local.stream.finish_reason == "length"
+
+
+def test_refusals_are_the_api_errors_of_a_direct_request(engine_process):
+    async def refused(body: SpeechRequest) -> APIError:
+        client = await CoreClient.connect(engine_process.config.core_socket)
+        try:
+            with pytest.raises(APIError) as e:
+                await client.speak(body, "refused")
+            return e.value
+        finally:
+            client.close()
+
+    for body in (_body(voice="nobody"), _body(model="another-model"), _body(input="x" * 5000)):
+        error = asyncio.run(refused(body))
+        direct = httpx.post(engine_process.url + "/v1/audio/speech", json=body.model_dump(exclude_unset=True))
+        assert error.status == direct.status_code and error.status in (400, 404)
+        assert error.body() == direct.json()
+
+
+def test_cancel_and_a_front_that_goes_away_free_the_row(engine_process):
+    async def run():
+        client = await CoreClient.connect(engine_process.config.core_socket)
+        cancelled = await client.speak(_body(max_new_tokens=900), "cancelled")
+        await anext(cancelled.stream.achunks())
+        cancelled.stream.cancel()
+        abandoned = await client.speak(_body(max_new_tokens=900), "abandoned")
+        await anext(abandoned.stream.achunks())
+        assert engine_process.engine.num_running >= 1
+        client.close()  # the front's connection drops: the engine process cancels what it carried
+        await asyncio.sleep(0.05)
+        with pytest.raises(CoreUnavailable):
+            await client.speak(_body(), "after")
+
+    asyncio.run(run())
+    engine_process.wait_idle()
+    assert engine_process.engine.metrics.requests_cancelled >= 2
+
+
+def test_messages_split_anywhere_are_read_whole():
+    rng = random.Random(0)
+    messages = [(SPEAK, 1, b'{"body": "{}"}'), (AUDIO, 1, np.arange(3840, dtype=np.float32).tobytes()),
+                (AUDIO, 7, b""), (FINISHED, 2**32 - 1, b"eos")]
+    data = b"".join(pack(*m) for m in messages)
+    parser, got, at = Parser(), [], 0
+    while at < len(data):
+        step = rng.randint(1, 40)
+        got += parser.feed(data[at:at + step])
+        at += step
+    assert got == messages and not parser.buffer
