@@ -164,6 +164,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--send-timeout", type=float, default=30.0,
                        help="seconds a client may stop reading a stream before it is cut (default: 30)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--single-process", action="store_true",
+                       help="on a GPU, serve HTTP from the engine's own process (default: a front process does the "
+                            "HTTP work and hands requests to an engine process, which lifts the capacity)")
     serve.add_argument("--core-socket", help=argparse.SUPPRESS)  # an engine process of the --devices front (core.py)
     serve.set_defaults(run=_serve)
 
@@ -355,13 +358,23 @@ def _serve(args) -> int:
 
 
 def _serve_devices(args) -> list[str]:
-    """The devices of `--devices` / `--data-parallel` (ValueError if they make no sense), else []."""
+    """The devices of the engine processes behind a front: those of `--devices` / `--data-parallel` (ValueError if
+    they make no sense), else one GPU's (a front and one engine process: server/core.py), else [] (one process:
+    `--single-process`, the CPU, or an engine process of a front)."""
+    if args.single_process:
+        if args.devices is not None or args.data_parallel is not None:
+            raise ValueError("--single-process serves one device from one process: it does not go with --devices "
+                             "or --data-parallel")
+        return []
+    if args.devices is None and args.data_parallel is None:
+        from .api import resolve_device
+
+        on_gpu = args.core_socket is None and resolve_device(args.device).type == "cuda"
+        return [args.device or "cuda"] if on_gpu else []
     if args.data_parallel is not None:
         if args.data_parallel < 1:
             raise ValueError(f"--data-parallel needs N >= 1, got {args.data_parallel}")
         return [f"cuda:{i}" for i in range(args.data_parallel)]
-    if args.devices is None:
-        return []
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
     if not devices:
         raise ValueError("--devices needs a comma-separated list, e.g. cuda:0,cuda:1")

@@ -5,6 +5,7 @@ engine killed mid-stream."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import signal
@@ -14,6 +15,7 @@ import threading
 import time
 from contextlib import suppress
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from q3tts.cli import _parser, _serve_devices  # noqa: E402
 from q3tts.server import ServerConfig  # noqa: E402
+from q3tts.server.core import CoreUnavailable  # noqa: E402
 from q3tts.server.errors import APIError  # noqa: E402
 from q3tts.server.router import Backend, Backends, engine_args, merged_metrics  # noqa: E402
 from q3tts.server.voice_store import VoiceStore  # noqa: E402
@@ -72,10 +75,14 @@ def test_metrics_per_engine_and_summed():
 
 def test_least_loaded_ready_engine_is_picked():
     engines = [Backend(i, f"cuda:{i}", f"http://127.0.0.1:{9000 + i}", ready=True) for i in range(3)]
-    engines[0].load, engines[1].load, engines[2].load = 4, 1, 1
+    engines[0].core = SimpleNamespace(streams=dict.fromkeys(range(4)))  # 4 speech requests under way there
+    engines[1].sessions = 1  # a WebSocket session
+    engines[2].core = SimpleNamespace(streams={7: None})
     backends = Backends(engines)
-    picks = [backends.pick().index for _ in range(4)]
-    assert picks == [1, 2, 1, 2]  # requests sent since the last poll count as load
+    assert [e.in_flight for e in engines] == [4, 1, 1]
+    assert backends.pick().index == 1  # the least loaded; of equals, the first
+    engines[1].sessions += 1
+    assert backends.pick().index == 2  # counted as they start and end, not at a poll
     engines[1].ready = engines[2].healthy = False
     assert backends.pick().index == 0
     with pytest.raises(APIError, match="loading"):  # engine 1 is alive but not ready yet
@@ -83,6 +90,27 @@ def test_least_loaded_ready_engine_is_picked():
     engines[0].healthy = engines[1].healthy = False
     with pytest.raises(APIError, match="no engine is serving"):
         backends.pick()
+
+
+def test_a_request_an_engine_does_not_take_goes_to_the_next():
+    engines = [Backend(i, f"cuda:{i}", f"http://127.0.0.1:{9000 + i}", ready=True) for i in range(2)]
+    asked = []
+
+    async def unreachable(body, request_id):
+        asked.append(0)
+        raise CoreUnavailable("gone")
+
+    async def takes(body, request_id):
+        asked.append(1)
+        return "speech"
+
+    engines[0].speak, engines[1].speak = unreachable, takes
+    backends = Backends(engines)
+    assert asyncio.run(backends.speak(None, "r")) == "speech" and asked == [0, 1]
+    assert not engines[0].ready and engines[1].ready  # out of rotation until a poll finds it ready
+    backends.stopping = True
+    with pytest.raises(APIError, match="shutting down"):
+        asyncio.run(backends.speak(None, "r"))
 
 
 def test_engines_get_the_fronts_settings():
@@ -102,9 +130,10 @@ def test_engines_get_the_fronts_settings():
 
 @pytest.mark.parametrize("flags, expected", [
     (["--data-parallel", "2"], ["cuda:0", "cuda:1"]), (["--devices", "cuda:1, cuda:3"], ["cuda:1", "cuda:3"]),
-    (["--devices", "cpu,cpu"], ["cpu", "cpu"]), ([], []),
+    (["--devices", "cpu,cpu"], ["cpu", "cpu"]), (["--device", "cpu"], []), (["--single-process"], []),
     (["--data-parallel", "0"], "N >= 1"), (["--devices", ","], "comma-separated"),
-    (["--devices", "gpu0"], "not a device"), (["--devices", "cuda:0,cuda:0"], "GPU twice")])
+    (["--devices", "gpu0"], "not a device"), (["--devices", "cuda:0,cuda:0"], "GPU twice"),
+    (["--single-process", "--devices", "cpu"], "does not go with")])
 def test_device_flags(flags, expected):
     args = _parser().parse_args(["serve", "tiny", *flags])
     if isinstance(expected, list):
@@ -112,6 +141,14 @@ def test_device_flags(flags, expected):
     else:
         with pytest.raises(ValueError, match=expected):
             _serve_devices(args)
+
+
+@pytest.mark.parametrize("flags, expected", [([], ["cuda"]), (["--device", "cuda:1"], ["cuda:1"]),
+                                            (["--single-process"], []), (["--core-socket", "/tmp/e.sock"], [])])
+def test_one_gpu_is_served_by_a_front_and_an_engine_process(monkeypatch, flags, expected):
+    """On a GPU, `q3tts serve` is a front over one engine process unless told otherwise (or it is that engine)."""
+    monkeypatch.setattr("q3tts.api.resolve_device", lambda device: torch.device("cuda"))
+    assert _serve_devices(_parser().parse_args(["serve", "tiny", *flags])) == expected
 
 
 def test_device_and_devices_are_exclusive(capsys):

@@ -5,8 +5,8 @@ lock) on a loopback port, and this front in the main process. The front authenti
 (guard.py), runs the speech route itself (parsing, encoding and writing every client's chunks: the HTTP work)
 and hands each speech request to the least-loaded ready engine over that engine's socket (core.py), whose
 process does the model's work alone; WebSocket sessions and the other routes it relays over HTTP. The
-least-loaded engine: the fewest requests running and queued there, as its /metrics said at the last poll (every 100
-ms), plus those sent to it since. A request whose engine cannot be reached goes to the next one. Voices live in one
+least-loaded engine: the fewest requests and sessions the front has under way there (the front carries them all).
+A request whose engine cannot be reached goes to the next one. Voices live in one
 folder that every engine reads; uploads and deletions go to engine 0 (its one writer). An engine that exits or says
 it is unhealthy leaves the rotation (streams it was sending end cut off; the rest keep serving), and an engine
 process that exited is started again (up to MAX_RESTARTS times each). /ready is 200 only when every engine is ready,
@@ -65,18 +65,23 @@ class Backend:
     process: subprocess.Popen | None = None
     ready: bool = False
     healthy: bool = True
-    load: float = 0.0  # running + queued requests at the last poll
-    sent: int = 0  # requests sent to it since the last poll
-    metrics: str = ""  # its /metrics at the last poll
+    sessions: int = 0  # WebSocket sessions relayed to it now
+    metrics: str = ""  # its /metrics at the last scrape (what the front reports if it does not answer the next)
     command: list[str] = field(default_factory=list)  # how to start its process (again)
     env: dict[str, str] | None = None
     restarts: int = 0
     pool: Pool = field(init=False, repr=False)  # keep-alive connections to it
-    core: CoreClient | None = field(default=None, repr=False)  # its speech connection, opened at the first request
+    core: CoreClient | None = field(default=None, repr=False)  # its speech connection, opened once it is ready
 
     def __post_init__(self):
         host, port = self.url.removeprefix("http://").rsplit(":", 1)
         self.pool = Pool(host, int(port))
+
+    @property
+    def in_flight(self) -> int:
+        """Speech requests the engine holds (submitted, not yet finished) and WebSocket sessions, from the front's
+        own count: exact at every moment, unlike a poll of the engine's gauges."""
+        return (len(self.core.streams) if self.core is not None else 0) + self.sessions
 
     async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
         if self.core is None or self.core.closed:  # (an engine started again listens on the same path)
@@ -119,9 +124,7 @@ class Backends:
             if any(b.alive for b in self.all):
                 raise errors.not_ready()
             raise errors.engine_failed("no engine is serving")
-        best = min(candidates, key=lambda b: (b.load + b.sent, b.index))
-        best.sent += 1
-        return best
+        return min(candidates, key=lambda b: (b.in_flight, b.index))
 
     async def poll_forever(self) -> None:
         while True:
@@ -143,16 +146,28 @@ class Backends:
                 backend.healthy = False
             return
         try:
-            (_, metrics), (ready, _), (health, _) = await asyncio.gather(
-                *(upstream.get(backend.pool, path, timeout=2) for path in ("/metrics", "/ready", "/health")))
+            (ready, _), (health, _) = await asyncio.gather(
+                *(upstream.get(backend.pool, path, timeout=2) for path in ("/ready", "/health")))
         except (OSError, asyncio.TimeoutError):
             backend.ready = False
             return
         if backend.healthy and health != 200:
             log.error("engine %d (%s) is unhealthy: out of rotation", backend.index, backend.device)
         backend.healthy, backend.ready = health == 200, ready == 200
-        backend.metrics = metrics.decode()
-        backend.load, backend.sent = _load(backend.metrics), 0
+        if backend.ready and backend.core_path and (backend.core is None or backend.core.closed):
+            with contextlib.suppress(CoreUnavailable):  # (connected before its first request; else at it)
+                backend.core = await CoreClient.connect(backend.core_path)
+
+    async def scrape(self) -> list[str]:
+        """Every engine's /metrics now (an engine that does not answer: its last)."""
+        async def one(backend: Backend) -> str:
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                status, text = await upstream.get(backend.pool, "/metrics", timeout=2)
+                if status == 200:
+                    backend.metrics = text.decode()
+            return backend.metrics
+
+        return await asyncio.gather(*(one(b) for b in self.all))
 
     async def close(self) -> None:
         for backend in self.all:
@@ -208,7 +223,7 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
 
     @app.get("/metrics")
     async def all_metrics() -> Response:
-        return Response(generate_latest(metrics.registry) + merged_metrics([b.metrics for b in backends.all]),
+        return Response(generate_latest(metrics.registry) + merged_metrics(await backends.scrape()),
                         media_type=CONTENT_TYPE)
 
     @app.websocket("/v1/audio/speech/stream")
@@ -217,7 +232,12 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
             return
         await websocket.accept()
         try:
-            await _relay(backends.pick(), websocket)
+            backend = backends.pick()
+            backend.sessions += 1
+            try:
+                await _relay(backend, websocket)
+            finally:
+                backend.sessions -= 1
         except errors.APIError as e:
             metrics.count_error(e.code)
             await send_error(websocket, e)
@@ -282,15 +302,6 @@ async def _relay(backend: Backend, websocket: WebSocket) -> None:
         raise errors.engine_failed(f"engine {backend.index} ended the session without closing it")
     with contextlib.suppress(Exception):
         await websocket.close(upstream.close_code)
-
-
-def _load(metrics: str) -> float:
-    """Running + queued requests, from an engine's /metrics text (two gauges: read directly, not parsed)."""
-    load = 0.0
-    for line in metrics.splitlines():
-        if line.startswith(("q3tts_running_streams ", "q3tts_queue_depth ")):
-            load += float(line.split()[1])
-    return load
 
 
 def merged_metrics(texts: list[str]) -> bytes:
