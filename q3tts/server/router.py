@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -182,6 +183,10 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         poller = asyncio.create_task(backends.poll_forever())
+        # As the engine process does (service.py): what exists now lives as long as the process, out of the
+        # garbage collector's sight; a full collection over it would hold every stream's next chunk back.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
