@@ -191,7 +191,9 @@ def test_two_engines_behind_one_endpoint(tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "front.log"
-    env = {**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "Q3TTS_API_KEY": KEY}
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1", "Q3TTS_API_KEY": KEY,
+           "TMPDIR": str(tmp_path / "tmp")}
     cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny-base", "--devices", "cpu,cpu", "--port", str(port),
            "--max-context", "4096", "--voices-dir", str(tmp_path / "voices"), "--log-level", "warning",
            "--drain-timeout", "5", "--no-runaway-guard"]
@@ -288,8 +290,10 @@ def test_two_engines_behind_one_endpoint(tmp_path):
         assert results[-2:] == [True] * 2
         engines[:] = _children(front.pid)
 
+        assert len(list((tmp_path / "tmp").glob("q3tts-core-*/engine*.sock"))) == 2  # the engines' sockets
         front.send_signal(signal.SIGTERM)
         assert front.wait(timeout=30) == 0
+        assert not list((tmp_path / "tmp").glob("q3tts-core-*"))  # removed at exit
         assert not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
                        for pid in engines)
         print(f"\n--devices cpu,cpu: ready in {ready_s:.0f} s; 6 requests spread "

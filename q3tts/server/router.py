@@ -21,6 +21,7 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -412,3 +413,4 @@ def serve_devices(config: ServerConfig, devices: list[str], log_level: str = "in
                 b.process.wait(timeout=max(deadline - time.monotonic(), 1))
             if b.process.poll() is None:
                 b.process.kill()
+        shutil.rmtree(os.path.dirname(backends[0].core_path), ignore_errors=True)  # the engines' sockets
