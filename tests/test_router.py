@@ -304,3 +304,17 @@ def test_two_engines_behind_one_endpoint(tmp_path):
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         front.wait()
+
+
+def test_an_engine_that_cannot_start_stops_the_front(tmp_path):
+    """A checkpoint that does not load fails every start of an engine alike: the front does not start it again,
+    and with no engine left it exits 1 with the engine's reason in its log (as one process does)."""
+    cmd = [sys.executable, "-m", "q3tts.cli", "serve", str(tmp_path / "missing"), "--devices", "cpu", "--port",
+           str(_free_port()), "--log-level", "warning"]
+    started = time.monotonic()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "no such checkpoint folder" in done.stderr and "before it was ready" in done.stderr
+    assert done.stderr.count("exited with") == 1  # not started again
+    assert time.monotonic() - started < 60 and not list(tmp_path.glob("q3tts-core-*"))

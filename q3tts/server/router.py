@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -66,6 +66,7 @@ class Backend:
     core_path: str | None = None  # its speech socket (core.py)
     process: subprocess.Popen | None = None
     ready: bool = False
+    was_ready: bool = False  # ever: an engine that exits before is not started again
     healthy: bool = True
     sessions: int = 0  # WebSocket sessions relayed to it now
     metrics: str = ""  # its /metrics at the last scrape (what the front reports if it does not answer the next)
@@ -102,6 +103,7 @@ class Backends:
     def __init__(self, backends: list[Backend]):
         self.all = backends
         self.stopping = False  # set on SIGTERM/SIGINT: engines that exit now are not started again
+        self.on_give_up: Callable[[], None] | None = None  # called once no engine is left (serve_devices: exit 1)
 
     async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
         """The request on the least-loaded ready engine; on the next one if that one cannot be reached or goes
@@ -136,7 +138,12 @@ class Backends:
     async def _poll(self, backend: Backend) -> None:
         if backend.process is not None and backend.process.poll() is not None:
             backend.ready = False
-            if backend.command and backend.restarts < MAX_RESTARTS and not self.stopping:
+            if not backend.was_ready:  # a start-up failure (checkpoint, memory, settings): it would fail again
+                if backend.healthy:
+                    log.error("engine %d (%s) exited with %s before it was ready (its log above says why): left out",
+                              backend.index, backend.device, backend.process.returncode)
+                backend.healthy = False
+            elif backend.command and backend.restarts < MAX_RESTARTS and not self.stopping:
                 backend.restarts += 1
                 log.error("engine %d (%s) exited with %s: out of rotation, started again (%d of %d)", backend.index,
                           backend.device, backend.process.returncode, backend.restarts, MAX_RESTARTS)
@@ -146,6 +153,10 @@ class Backends:
                 log.error("engine %d (%s) exited with %s after %d restarts: left out", backend.index,
                           backend.device, backend.process.returncode, backend.restarts)
                 backend.healthy = False
+            if not any(b.alive for b in self.all) and not self.stopping and self.on_give_up is not None:
+                log.error("no engine is left to serve: exiting")
+                self.stopping = True
+                self.on_give_up()
             return
         try:
             (ready, _), (health, _) = await asyncio.gather(
@@ -156,6 +167,7 @@ class Backends:
         if backend.healthy and health != 200:
             log.error("engine %d (%s) is unhealthy: out of rotation", backend.index, backend.device)
         backend.healthy, backend.ready = health == 200, ready == 200
+        backend.was_ready = backend.was_ready or backend.ready
         if backend.ready and backend.core_path and (backend.core is None or backend.core.closed):
             with contextlib.suppress(CoreUnavailable):  # (connected before its first request; else at it)
                 backend.core = await CoreClient.connect(backend.core_path)
@@ -394,14 +406,20 @@ def serve_devices(config: ServerConfig, devices: list[str], log_level: str = "in
     app = create_router_app(config, front)
 
     class Server(uvicorn.Server):
+        gave_up = False
+
         def handle_exit(self, sig, frame) -> None:
             app.state.draining = front.stopping = True
             super().handle_exit(sig, frame)
 
+        def give_up(self) -> None:  # as serve(): a supervisor may start the whole server afresh
+            self.gave_up = self.should_exit = True
+
+    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                   timeout_graceful_shutdown=config.drain_timeout_s))
     try:
-        server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                                       timeout_graceful_shutdown=config.drain_timeout_s))
         signal.signal(signal.SIGTERM, lambda *_: None)  # as serve(): a clean drain exits 0
+        front.on_give_up = server.give_up
         server.run()
     finally:
         for b in backends:
@@ -414,3 +432,5 @@ def serve_devices(config: ServerConfig, devices: list[str], log_level: str = "in
             if b.process.poll() is None:
                 b.process.kill()
         shutil.rmtree(os.path.dirname(backends[0].core_path), ignore_errors=True)  # the engines' sockets
+    if server.gave_up:
+        raise SystemExit(1)
