@@ -145,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     _memory_args(serve, 0.9)
     serve.add_argument("--api-key", default=os.environ.get("Q3TTS_API_KEY"),
                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $Q3TTS_API_KEY, else none)")
-    serve.add_argument("--voices-dir", type=Path, help="folder where uploaded voices persist (default: memory only)")
+    serve.add_argument("--voices-dir", type=Path,
+                       help="folder where uploaded voices persist (default: none; they last as long as the server)")
     serve.add_argument("--served-model-name", help="model id reported by /v1/models (default: MODEL)")
     serve.add_argument("--allow-ref-audio-urls", action="store_true",
                        help="download ref_audio given as an http(s) URL (public addresses only; default: refused)")

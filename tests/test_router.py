@@ -290,10 +290,10 @@ def test_two_engines_behind_one_endpoint(tmp_path):
         assert results[-2:] == [True] * 2
         engines[:] = _children(front.pid)
 
-        assert len(list((tmp_path / "tmp").glob("q3tts-core-*/engine*.sock"))) == 2  # the engines' sockets
+        assert len(list((tmp_path / "tmp").glob("q3tts-*/engine*.sock"))) == 2  # the engines' sockets
         front.send_signal(signal.SIGTERM)
         assert front.wait(timeout=30) == 0
-        assert not list((tmp_path / "tmp").glob("q3tts-core-*"))  # removed at exit
+        assert not list((tmp_path / "tmp").glob("q3tts-*"))  # removed at exit
         assert not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
                        for pid in engines)
         print(f"\n--devices cpu,cpu: ready in {ready_s:.0f} s; 6 requests spread "
@@ -317,4 +317,4 @@ def test_an_engine_that_cannot_start_stops_the_front(tmp_path):
     assert done.returncode == 1, done.stderr[-2000:]
     assert "no such checkpoint folder" in done.stderr and "before it was ready" in done.stderr
     assert done.stderr.count("exited with") == 1  # not started again
-    assert time.monotonic() - started < 60 and not list(tmp_path.glob("q3tts-core-*"))
+    assert time.monotonic() - started < 60 and not list(tmp_path.glob("q3tts-*"))

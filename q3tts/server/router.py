@@ -372,14 +372,14 @@ def engine_args(config: ServerConfig, log_level: str) -> list[str]:
     return [str(a) for a in args]
 
 
-def start_backends(config: ServerConfig, devices: list[str], log_level: str) -> list[Backend]:
-    """One `q3tts serve` per device on a loopback port, all sharing one voices folder."""
-    voices_dir = config.voices_dir or tempfile.mkdtemp(prefix="q3tts-voices-")
-    sockets = tempfile.mkdtemp(prefix="q3tts-core-")  # (mode 0700: only this user reaches the engines' sockets)
+def start_backends(config: ServerConfig, devices: list[str], log_level: str, scratch: str) -> list[Backend]:
+    """One `q3tts serve` per device on a loopback port, all sharing one voices folder (without `voices_dir`, one
+    in `scratch`, a folder only this user may enter, which also holds the engines' sockets)."""
+    voices_dir = config.voices_dir or os.path.join(scratch, "voices")
     env = {**os.environ, "Q3TTS_API_KEY": config.api_key or ""}
     backends = []
     for index, device in enumerate(devices):
-        port, core_path = _free_port(), os.path.join(sockets, f"engine{index}.sock")
+        port, core_path = _free_port(), os.path.join(scratch, f"engine{index}.sock")
         cmd = [sys.executable, "-m", "q3tts.cli", "serve", config.model, *engine_args(config, log_level),
                "--device", device, "--host", "127.0.0.1", "--port", str(port), "--voices-dir", str(voices_dir),
                "--core-socket", core_path]
@@ -401,7 +401,8 @@ def serve_devices(config: ServerConfig, devices: list[str], log_level: str = "in
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    backends = start_backends(config, devices, log_level)
+    scratch = tempfile.mkdtemp(prefix="q3tts-")  # (mode 0700) removed at exit, with uploaded voices if kept here
+    backends = start_backends(config, devices, log_level, scratch)
     front = Backends(backends)
     app = create_router_app(config, front)
 
@@ -431,6 +432,6 @@ def serve_devices(config: ServerConfig, devices: list[str], log_level: str = "in
                 b.process.wait(timeout=max(deadline - time.monotonic(), 1))
             if b.process.poll() is None:
                 b.process.kill()
-        shutil.rmtree(os.path.dirname(backends[0].core_path), ignore_errors=True)  # the engines' sockets
+        shutil.rmtree(scratch, ignore_errors=True)
     if server.gave_up:
         raise SystemExit(1)
