@@ -168,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--single-process", action="store_true",
                        help="on a GPU, serve HTTP from the engine's own process (default: a front process does the "
                             "HTTP work and hands requests to an engine process, which lifts the capacity)")
-    serve.add_argument("--core-socket", help=argparse.SUPPRESS)  # an engine process of the --devices front (core.py)
+    serve.add_argument("--core-socket", help=argparse.SUPPRESS)  # an engine process behind a front (server/core.py)
     serve.set_defaults(run=_serve)
 
     batch = sub.add_parser("batch", help="render many requests from a JSON-lines file into a folder (resumable)")

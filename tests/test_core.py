@@ -15,8 +15,9 @@ pytest.importorskip("fastapi")
 
 import httpx  # noqa: E402
 
+from q3tts.engine import EngineError  # noqa: E402
 from q3tts.server import ServerConfig  # noqa: E402
-from q3tts.server.core import AUDIO, FINISHED, SPEAK, CoreClient, CoreUnavailable, Parser, pack  # noqa: E402
+from q3tts.server.core import AUDIO, FINISHED, SPEAK, CoreClient, CoreServer, CoreUnavailable, Parser, Speech, pack  # noqa: E402
 from q3tts.server.errors import APIError  # noqa: E402
 from q3tts.server.schemas import SpeechRequest  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
@@ -92,6 +93,42 @@ def test_cancel_and_a_front_that_goes_away_free_the_row(engine_process):
     asyncio.run(run())
     engine_process.wait_idle()
     assert engine_process.engine.metrics.requests_cancelled >= 2
+
+
+def test_a_failure_of_ours_is_an_error_not_a_hang(tmp_path):
+    """An unexpected exception in the engine process, before the audio or during it, reaches the front as a 500
+    or a failed stream (as from one process), not as silence."""
+    class Breaking:
+        finish_reason = None
+
+        async def achunks(self):
+            yield np.zeros(1920, dtype=np.float32)
+            raise RuntimeError("broken mid-stream")
+
+        def cancel(self):
+            pass
+
+    async def speak(body, request_id):
+        if body.input == "before":
+            raise RuntimeError("broken before")
+        return Speech(Breaking(), 3, 24000)
+
+    async def run():
+        server = CoreServer(speak, str(tmp_path / "engine.sock"))
+        await server.start()
+        client = await CoreClient.connect(server.path)
+        with pytest.raises(APIError) as e:
+            await asyncio.wait_for(client.speak(_body(input="before"), "r1"), 5)
+        assert (e.value.status, e.value.code) == (500, "internal_error")
+        speech = await asyncio.wait_for(client.speak(_body(input="during"), "r2"), 5)
+        chunks = speech.stream.achunks()
+        assert len(await anext(chunks)) == 1920
+        with pytest.raises(EngineError, match="broken mid-stream"):
+            await asyncio.wait_for(anext(chunks), 5)
+        client.close()
+        await server.drain(1)
+
+    asyncio.run(run())
 
 
 def test_messages_split_anywhere_are_read_whole():

@@ -1,8 +1,8 @@
 """The app factory and its lifespan: load the checkpoint (a failure stops start-up), then build and warm the
 engine in the background while `/health` already answers and `/ready` says 503; `serve` runs it with uvicorn.
 
-One process serves one model on one device. With `core_socket` set, it is an engine process behind the
-`--devices` front (router.py), which sends it speech requests over that socket (core.py).
+One process serves one model on one device. With `core_socket` set, it is an engine process behind a front
+(router.py: `q3tts serve` on a GPU, or `--devices`), which sends it speech requests over that socket (core.py).
 """
 
 from __future__ import annotations

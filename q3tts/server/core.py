@@ -173,6 +173,11 @@ class _EngineSide(asyncio.Protocol):
         except ValidationError as e:  # (the front validated the body already)
             self.out.send(pack(ERROR, number, _error_json(errors.from_validation(e))))
             return
+        except Exception:  # a failure of ours: the client gets a 500 (as from one process), not a hang
+            log.exception("request %d from the front failed before its audio", number)
+            error = errors.APIError(500, "internal server error", type=errors.SERVER, code="internal_error")
+            self.out.send(pack(ERROR, number, _error_json(error)))
+            return
         stream = self.streams[number] = speech.stream
         info = {"input_tokens": speech.input_tokens, "sample_rate": speech.sample_rate}
         self.out.send(pack(ACCEPTED, number, json.dumps(info).encode()))
@@ -182,6 +187,9 @@ class _EngineSide(asyncio.Protocol):
             self.out.send(pack(FINISHED, number, (stream.finish_reason or "").encode()))
         except EngineError as e:
             self.out.send(pack(FAILED, number, str(e).encode()))
+        except Exception as e:
+            log.exception("request %d from the front failed mid-stream", number)
+            self.out.send(pack(FAILED, number, f"internal error: {e}".encode()))
         finally:
             del self.streams[number]
             stream.cancel()  # (nothing if it ended; a task cancelled with the connection frees its row)
