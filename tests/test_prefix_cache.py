@@ -178,3 +178,29 @@ def test_prompts_built_together(cache, ref_wav, dtype):
                     torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
             for start in (0, got.prefix_len, got.num_positions - 1):  # the pieces the engine joins for a prefill
                 assert torch.equal(torch.cat(got.embeds_from(start)), got.embeds[start:])
+
+
+def test_a_bursts_new_voices_are_computed_once_and_kept_together(cache, ref_wav):
+    """A burst of new voices: each voice's parts (its head; an in-context voice's reference frames) are computed
+    once for all its requests in the batch and kept per talker after the batch, where the next batch finds them;
+    the prompts are those built one by one."""
+    from q3tts import prompt as prompt_module
+    from q3tts.prompt import build_prompt, build_prompts
+    from q3tts.voice import Voice
+
+    tts = TTS.from_pretrained(tiny_checkpoint("tiny-base", cache), device="cpu")
+    hidden = tts.config.talker_config.hidden_size
+    voices = [Voice(ref_code=None, ref_spk_embedding=torch.randn(hidden), x_vector_only_mode=True, icl_mode=False,
+                    model_size=tts.config.tts_model_size) for _ in range(2)]
+    voices.append(tts.create_voice(ref_wav, "A reference.", False))
+    specs = [tts.request(text, voice=v, language="english").spec for v in voices for text in TEXTS]
+    prompt_module._HEADS.clear()
+    together = build_prompts(tts.model.talker, tts.config, specs)
+    heads = {id(p.parts[0]) for p in together}
+    assert len(heads) == len(voices)  # one head per voice, shared by its requests
+    kept = prompt_module._HEADS[tts.model.talker].kept
+    assert len(kept.entries) == len(voices) + 1  # the heads and the in-context voice's reference frames
+    again = build_prompts(tts.model.talker, tts.config, specs)
+    assert [id(p.parts[0]) for p in again] == [id(p.parts[0]) for p in together]  # found, not computed again
+    for spec, got in zip(specs, together):
+        assert torch.equal(got.embeds, build_prompt(tts.model.talker, tts.config, spec).embeds)
