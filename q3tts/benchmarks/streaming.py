@@ -5,6 +5,7 @@ and 10 s references) with the voice's prompt prefix cached and not, at 1 and 64 
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -129,8 +130,9 @@ def peer_streaming_rows(paths: list[Path]) -> list[dict]:
 
 
 def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = None, ref_seconds: float = 0.0,
-                   cached: bool = False) -> list[float]:
-    """`batch` requests in one voice with different texts, submitted together: ms from submission (text ids in
+                   cached: bool = False, new_voices: bool = False) -> list[float]:
+    """`batch` requests in one voice with different texts (`new_voices`: each in an x-vector voice never seen
+    before), submitted together: ms from submission (text ids in
     hand) to each stream's first PCM on the host (prompt building, prefill, first frame, its decode and the copy
     included). The voice: an x-vector, or with `ref_seconds` an in-context voice with a reference that long.
     `cached`: the voice's prompt prefix (and an in-context voice's codec state) is in the engine's caches
@@ -160,7 +162,9 @@ def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = 
                 marks.append(time.perf_counter())
                 phases[name] = (marks[-1] - marks[-2]) * 1e3
 
-        specs = [voice_spec(model, seed=0, ref_seconds=ref_seconds, text_seed=i + 1) for i in range(batch)]
+        seeds = [next(_new_voice_seeds) for _ in range(batch)] if new_voices else [0] * batch
+        specs = [voice_spec(model, seed=seed, ref_seconds=ref_seconds, text_seed=i + 1)
+                 for i, seed in enumerate(seeds)]
         prompts = build_prompts(model.talker, model.config, specs)  # together, as the server builds a burst's
         phase("prompt")
         rows = list(range(batch))
@@ -182,11 +186,23 @@ def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = 
     return [arrived] * batch
 
 
+_new_voice_seeds = itertools.count(1_000_000)  # speaker embeddings never drawn before in this process
+
+
 def voice_rows(engine, model, name: str, batches: tuple[int, ...], reps: int,
                references: tuple[float, ...] = (0.0, 3.0, 10.0)) -> list[dict]:
     """First audio per voice kind (x-vector; in-context with 3 s and 10 s references), its prompt prefix cached
-    or not, at each batch: `batch` requests in one voice submitted together."""
+    or not, at each batch: `batch` requests in one voice submitted together; and `batch` requests each in an
+    x-vector voice never seen before."""
     rows = []
+    for batch in batches:
+        first_audio_ms(engine, model, batch, new_voices=True)  # warm-up
+        flat = sorted(t for _ in range(reps) for t in first_audio_ms(engine, model, batch, new_voices=True))
+        rows.append({"engine": "q3tts", "benchmark": "first_audio_by_voice", "model": name, "batch": batch,
+                     "voice": "x-vector, a new voice per stream", "prefix_cached": False,
+                     "ttfa_ms_p50": round(statistics.median(flat), 2),
+                     "ttfa_ms_p95": round(flat[min(len(flat) - 1, int(0.95 * len(flat)))], 2),
+                     "ms_per_frame": None, "audio_s_per_s": None, "rps": None, "gpu_mem_gb": None})
     for ref_seconds in references:
         prompt, _ = voice_prompt(model, seed=0, ref_seconds=ref_seconds, text_seed=1)
         for batch in batches:
