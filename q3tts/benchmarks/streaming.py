@@ -44,9 +44,10 @@ def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple
                 f"with the codec overlapped, {row['step_ms_codec_sequential']} ms sequential")
         for row in voice_rows(engine, model, name, tuple(b for b in (1, 64) if b in concurrency), reps):
             rows.append(row)
+            where = f" ({row['prefix_positions']} of {row['prompt_positions']} positions)" \
+                if "prefix_positions" in row else ""
             log(f"{name} B={row['batch']} {row['voice']}, prefix {'cached' if row['prefix_cached'] else 'not cached'}"
-                f" ({row['prefix_positions']} of {row['prompt_positions']} positions): first audio p50 "
-                f"{row['ttfa_ms_p50']} ms p95 {row['ttfa_ms_p95']} ms")
+                f"{where}: first audio p50 {row['ttfa_ms_p50']} ms p95 {row['ttfa_ms_p95']} ms")
         del engine, model, decoder
         torch.cuda.empty_cache()
     return rows
