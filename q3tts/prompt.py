@@ -54,12 +54,10 @@ def prompt_length(config: ModelConfig, spec: PromptSpec) -> int:
 
 @torch.no_grad()
 def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_rows: torch.Tensor | None = None,
-                 weights: tuple | None = None, first: torch.Tensor | None = None,
-                 fresh: dict[bytes, torch.Tensor] | None = None) -> Prompt:
+                 weights: tuple | None = None, first: torch.Tensor | None = None) -> Prompt:
     """`text_rows`: the text projection of `_projected_ids(spec)` if already computed (`build_prompts`);
     `weights`: `_weights(talker)` if already known; `first`: in streaming mode without a reference, the first
-    text position (text_rows[:1] + codec_bos) if already computed; `fresh`: where `build_prompts` collects the
-    voice parts computed for its batch, kept after one synchronization for all of them (`_keep`)."""
+    text position (text_rows[:1] + codec_bos) if already computed."""
     tc = config.talker_config
     device = talker.codec_head.weight.device
     ids = lambda values: to_device(values, device, torch.long)  # no device sync per request
@@ -72,14 +70,14 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_row
     ctrl = ([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id] if lid is None
             else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
     voice = _voice_digest(spec, ctrl)
-    head = _voice_head(talker, config, spec, ctrl, voice, bos, pad, weights, fresh)
+    head = _voice_head(talker, config, spec, ctrl, voice, bos, pad, weights)
     parts = [head]
     text = spec.input_ids[3:-5]
     if spec.ref_codes is not None:
         if text_rows is None:
             text_rows = tp(ids(_projected_ids(spec)))
-        frames = _reference_frames(talker, spec.ref_codes, weights, fresh)
-        icl, trailing, tail = _icl_part(talker, tc, text_rows, frames, eos, pad, spec.non_streaming_mode)
+        icl, trailing, tail = _icl_part(talker, tc, text_rows, _reference_frames(talker, spec.ref_codes, weights),
+                                        eos, pad, spec.non_streaming_mode)
         parts.append(icl)
         trailing_parts = (trailing,)
         # Streaming ICL trails whatever text did not fit beside the reference frames.
@@ -110,11 +108,9 @@ def build_prompts(talker: Talker, config: ModelConfig, specs: list[PromptSpec]) 
     differ from per-request calls in the last bits, as any two batch sizes of the same matrix product may. In
     fp32 every prompt is built exactly as `build_prompt` alone builds it (the official implementation's
     per-request calls, bit for bit)."""
-    weights, fresh = _weights(talker), {}
+    weights = _weights(talker)
     if len(specs) < 2 or talker.codec_head.weight.dtype == torch.float32:
-        prompts = [build_prompt(talker, config, spec, weights=weights, fresh=fresh) for spec in specs]
-        _keep(talker, fresh, weights)
-        return prompts
+        return [build_prompt(talker, config, spec, weights=weights) for spec in specs]
     device = talker.codec_head.weight.device
     lists = [_projected_ids(spec) for spec in specs]
     flat = [i for ids in lists for i in ids]
@@ -127,10 +123,8 @@ def build_prompts(talker: Talker, config: ModelConfig, specs: list[PromptSpec]) 
         codec_bos = _fixed(talker, weights, "codec", (config.talker_config.codec_bos_id,))
         at = to_device([ends[i] - len(lists[i]) for i in streaming], device, torch.long)
         firsts = dict(zip(streaming, (rows[at] + codec_bos).split(1)))
-    prompts = [build_prompt(talker, config, spec, rows[end - len(ids):end], weights, firsts.get(i), fresh)
-               for i, (spec, ids, end) in enumerate(zip(specs, lists, ends))]
-    _keep(talker, fresh, weights)
-    return prompts
+    return [build_prompt(talker, config, spec, rows[end - len(ids):end], weights, firsts.get(i))
+            for i, (spec, ids, end) in enumerate(zip(specs, lists, ends))]
 
 
 def _projected_ids(spec: PromptSpec) -> list[int]:
@@ -140,55 +134,33 @@ def _projected_ids(spec: PromptSpec) -> list[int]:
 
 
 def _voice_head(talker: Talker, config: ModelConfig, spec: PromptSpec, ctrl: list[int], voice: bytes,
-                bos: torch.Tensor, pad: torch.Tensor, weights: tuple, fresh: dict | None) -> torch.Tensor:
+                bos: torch.Tensor, pad: torch.Tensor, weights: tuple) -> torch.Tensor:
     """The prompt's positions before the text (instruction, assistant header, the codec prefix but its last row),
     which depend on the voice alone: computed once per voice (`voice`: their inputs' digest) and kept per talker,
-    the most recently used within HEAD_CACHE_BYTES. The codec rows of the fixed ids (control tags, preset
-    speaker, codec_pad) are embedding rows looked up once per talker (`_fixed`): a new voice's head costs a few
-    small launches, not one lookup per part."""
-    hit = _kept(talker, voice, weights, fresh)
+    the most recently used within HEAD_CACHE_BYTES."""
+    with _HEADS_LOCK:
+        heads = _HEADS.setdefault(talker, _HeadCache())
+        hit = heads.get(voice, weights)
     if hit is not None:
         return hit
     tc, device = config.talker_config, talker.codec_head.weight.device
-    codec = [_fixed(talker, weights, "codec", tuple(ctrl))]
+    ids = lambda values: to_device(values, device, torch.long)
+    codec = [talker.embed_codec(ids(ctrl))]
     if spec.speaker:
-        codec.append(_fixed(talker, weights, "codec", (tc.spk_id[spec.speaker],)))
+        codec.append(talker.embed_codec(ids([tc.spk_id[spec.speaker]])))
     if spec.speaker_embedding is not None:
         codec.append(to_device(spec.speaker_embedding.to(pad.dtype), device)[None])
-    codec.append(_fixed(talker, weights, "codec", (tc.codec_pad_id,)))
+    codec.append(talker.embed_codec(ids([tc.codec_pad_id])))
     codec = torch.cat(codec)  # the codec prefix without its last row (codec_bos)
-    parts = [talker.embed_text(to_device(spec.instruct_ids, device, torch.long))] if spec.instruct_ids else []
+    parts = [talker.embed_text(ids(spec.instruct_ids))] if spec.instruct_ids else []
     parts.append(_fixed(talker, weights, "text", tuple(spec.input_ids[:3])))  # <|im_start|>assistant\n
     parts.append(torch.cat([pad.expand(codec.shape[0] - 1, -1), bos[None]]) + codec)
     head = torch.cat(parts)
-    _keep(talker, {voice: head}, weights, fresh)
-    return head
-
-
-def _kept(talker: Talker, key: bytes, weights: tuple, fresh: dict | None) -> torch.Tensor | None:
-    """A voice part computed before: in this batch (`fresh`) or kept per talker."""
-    if fresh is not None and key in fresh:
-        return fresh[key]
-    with _HEADS_LOCK:
-        return _HEADS.setdefault(talker, _HeadCache()).get(key, weights)
-
-
-def _keep(talker: Talker, parts: dict[bytes, torch.Tensor], weights: tuple, fresh: dict | None = None) -> None:
-    """Keeps new voice parts per talker, once the device has computed them (a prompt built later on another stream
-    or thread may read them); with `fresh`, only collects them there: `build_prompts` keeps a batch's parts
-    together, after one synchronization instead of one per voice."""
-    if fresh is not None:
-        fresh.update(parts)
-        return
-    if not parts:
-        return
-    device = next(iter(parts.values())).device
-    if device.type == "cuda":
+    if device.type == "cuda":  # complete before a prompt built on another stream or thread reads it
         torch.cuda.current_stream(device).synchronize()
     with _HEADS_LOCK:
-        heads = _HEADS.setdefault(talker, _HeadCache())
-        for key, value in parts.items():
-            heads.put(key, value, weights)
+        heads.put(voice, head, weights)
+    return head
 
 
 HEAD_CACHE_BYTES = 64 * 2**20
@@ -255,18 +227,23 @@ def prefix_of(spec: PromptSpec, voice: bytes, head_len: int, num_positions: int)
 _FIXED: weakref.WeakKeyDictionary[Talker, dict] = weakref.WeakKeyDictionary()
 
 
-def _reference_frames(talker: Talker, ref_codes: torch.Tensor, weights: tuple, fresh: dict | None) -> torch.Tensor:
+def _reference_frames(talker: Talker, ref_codes: torch.Tensor, weights: tuple) -> torch.Tensor:
     """codec_bos + the reference frames' embeddings [1 + T_ref, H] of an in-context voice: they depend on the
     voice alone, so they are kept with the voice heads (same budget, same invalidation), keyed by the codes'
     digest."""
     key = b"frames" + tensor_digest(ref_codes)
-    hit = _kept(talker, key, weights, fresh)
+    with _HEADS_LOCK:
+        heads = _HEADS.setdefault(talker, _HeadCache())
+        hit = heads.get(key, weights)
     if hit is not None:
         return hit
     device = talker.codec_head.weight.device
-    bos = _fixed(talker, weights, "codec", (talker.config.codec_bos_id,))
+    bos = talker.embed_codec(to_device([talker.config.codec_bos_id], device, torch.long))
     frames = torch.cat([bos, talker.embed_frame(to_device(ref_codes, device, torch.long))])
-    _keep(talker, {key: frames}, weights, fresh)
+    if device.type == "cuda":  # complete before a prompt built on another stream or thread reads it
+        torch.cuda.current_stream(device).synchronize()
+    with _HEADS_LOCK:
+        heads.put(key, frames, weights)
     return frames
 
 

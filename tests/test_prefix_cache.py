@@ -182,8 +182,8 @@ def test_prompts_built_together(cache, ref_wav, dtype):
 
 def test_a_bursts_new_voices_are_computed_once_and_kept_together(cache, ref_wav):
     """A burst of new voices: each voice's parts (its head; an in-context voice's reference frames) are computed
-    once for all its requests in the batch and kept per talker after the batch, where the next batch finds them;
-    the prompts are those built one by one."""
+    once for all its requests in the batch and kept per talker, where the next batch finds them; the prompts are
+    those built one by one."""
     from q3tts import prompt as prompt_module
     from q3tts.prompt import build_prompt, build_prompts
     from q3tts.voice import Voice
