@@ -111,10 +111,6 @@ class CoreServer:
             os.unlink(self.path)  # left by an engine process that was killed: the front starts it again
         self.server = await asyncio.get_running_loop().create_unix_server(lambda: _EngineSide(self), self.path)
 
-    @property
-    def num_streams(self) -> int:
-        return sum(len(c.tasks) for c in self.connections)
-
     async def drain(self, timeout_s: float) -> None:
         """Stops listening and lets the streams in flight finish for up to `timeout_s`."""
         if self.server is not None:
