@@ -318,3 +318,27 @@ def test_an_engine_that_cannot_start_stops_the_front(tmp_path):
     assert "no such checkpoint folder" in done.stderr and "before it was ready" in done.stderr
     assert done.stderr.count("exited with") == 1  # not started again
     assert time.monotonic() - started < 60 and not list(tmp_path.glob("q3tts-*"))
+
+
+def test_the_front_logs_for_its_user(tmp_path):
+    """At the default log level a front says when its engine starts and is ready, and its engine does not log the
+    front's polls (20 a second) nor an internal address to connect to."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny", "--devices", "cpu", "--port", str(port)]
+    env = {**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "front.log"
+    with log.open("w") as out:
+        front = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        started = time.monotonic()
+        while "engine 0 (cpu) ready" not in log.read_text():
+            assert front.poll() is None and time.monotonic() - started < 120, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)  # ~20 polls
+    finally:
+        front.send_signal(signal.SIGTERM)
+        front.wait(timeout=30)
+    text = log.read_text()
+    assert "engine 0 (cpu): starting" in text and f"Uvicorn running on http://127.0.0.1:{port}" in text
+    assert "GET /ready" not in text and "GET /health" not in text
+    assert text.count("Uvicorn running on") == 1

@@ -102,7 +102,11 @@ def serve(config: ServerConfig, log_level: str = "info") -> None:
         def give_up(self) -> None:
             self.gave_up = self.should_exit = True
 
-    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+    # An engine process behind a front: the front logs the clients' requests; the engine's own HTTP answers the
+    # front's polls (20 a second), and its address is not one to connect to.
+    behind_front = config.core_socket is not None
+    server = Server(uvicorn.Config(app, host=config.host, port=config.port, access_log=not behind_front,
+                                   log_level="warning" if behind_front and log_level == "info" else log_level,
                                    timeout_graceful_shutdown=config.drain_timeout_s))
     # uvicorn drains on SIGTERM, then raises the signal again under the handler it found: a no-op one, so that a
     # clean drain exits 0 (supervisors read a signal death as a crash).

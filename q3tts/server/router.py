@@ -167,6 +167,8 @@ class Backends:
         if backend.healthy and health != 200:
             log.error("engine %d (%s) is unhealthy: out of rotation", backend.index, backend.device)
         backend.healthy, backend.ready = health == 200, ready == 200
+        if backend.ready and not backend.was_ready:
+            log.info("engine %d (%s) ready", backend.index, backend.device)
         backend.was_ready = backend.was_ready or backend.ready
         if backend.ready and backend.core_path and (backend.core is None or backend.core.closed):
             with contextlib.suppress(CoreUnavailable):  # (connected before its first request; else at it)
@@ -384,6 +386,7 @@ def start_backends(config: ServerConfig, devices: list[str], log_level: str, scr
                "--device", device, "--host", "127.0.0.1", "--port", str(port), "--voices-dir", str(voices_dir),
                "--core-socket", core_path]
         backend = Backend(index, device, f"http://127.0.0.1:{port}", core_path, command=cmd, env=env)
+        log.info("engine %d (%s): starting its process (requests reach it through this front)", index, device)
         backend.start()
         backends.append(backend)
     return backends
