@@ -1,17 +1,18 @@
-"""Every GPU of a host behind one endpoint: `q3tts serve MODEL --devices cuda:0,cuda:1` (or `--data-parallel 2`).
+"""The front of `q3tts serve` on GPUs: one GPU (the default there), or every GPU of a host behind one endpoint
+(`q3tts serve MODEL --devices cuda:0,cuda:1`, or `--data-parallel 2`).
 
-One `q3tts serve` process per device (its own engine and interpreter: no engine's host loop waits on another's
-lock) on a loopback port, and this front in the main process. The front authenticates and bounds requests
-(guard.py), runs the speech route itself (parsing, encoding and writing every client's chunks: the HTTP work)
-and hands each speech request to the least-loaded ready engine over that engine's socket (core.py), whose
-process does the model's work alone; WebSocket sessions and the other routes it relays over HTTP. The
-least-loaded engine: the fewest requests and sessions the front has under way there (the front carries them all).
-A request whose engine cannot be reached goes to the next one. Voices live in one
-folder that every engine reads; uploads and deletions go to engine 0 (its one writer). An engine that exits or says
-it is unhealthy leaves the rotation (streams it was sending end cut off; the rest keep serving), and an engine
-process that exited is started again (up to MAX_RESTARTS times each). /ready is 200 only when every engine is ready,
-/health while any serves; /metrics has each engine's metrics with an `engine` label ("0", "1", ...), their sums
-(`engine="all"`) and the front's own HTTP counters (`q3tts_router_*`).
+One `q3tts serve` process per device (its own engine and interpreter: no engine's host loop waits on another's lock)
+on a loopback port, and this front in the main process. The front authenticates and bounds requests (guard.py), runs
+the speech route itself (parsing, encoding and writing every client's chunks: the HTTP work) and hands each speech
+request to the least-loaded ready engine over that engine's socket (core.py), whose process does the model's work
+alone; WebSocket sessions and the other routes it relays over HTTP. The least-loaded engine: the fewest requests and
+sessions the front has under way there (the front carries them all). A request whose engine cannot be reached goes
+to the next one. Voices live in one folder that every engine reads; uploads and deletions go to engine 0 (its one
+writer). An engine that exits or says it is unhealthy leaves the rotation (streams it was sending end cut off; the
+rest keep serving), and an engine process that exited is started again (up to MAX_RESTARTS times each), unless it
+never was ready (a start-up failure); with no engine left the front exits 1. /ready is 200 only when every engine is
+ready, /health while any serves; /metrics has each engine's metrics with an `engine` label ("0", "1", ...), their
+sums (`engine="all"`) and the front's own HTTP counters (`q3tts_router_*`).
 """
 
 from __future__ import annotations
