@@ -342,3 +342,30 @@ def test_the_front_logs_for_its_user(tmp_path):
     assert "engine 0 (cpu): starting" in text and f"Uvicorn running on http://127.0.0.1:{port}" in text
     assert "GET /ready" not in text and "GET /health" not in text
     assert text.count("Uvicorn running on") == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the engine process through /proc")
+def test_an_engine_does_not_outlive_its_front(tmp_path):
+    """A front killed outright (no chance to stop its engines): its engine process notices and exits, instead of
+    holding its device for good."""
+    cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny", "--devices", "cpu", "--port", str(_free_port()),
+           "--log-level", "warning"]
+    env = {**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "front.log"
+    with log.open("w") as out:
+        front = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    started = time.monotonic()
+    while not (engines := _children(front.pid)):
+        assert front.poll() is None and time.monotonic() - started < 60, log.read_text()[-3000:]
+        time.sleep(0.1)
+    time.sleep(3)  # loading
+    front.kill()
+    front.wait()
+    killed = time.monotonic()
+    alive = lambda pid: Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    while alive(engines[0]):
+        if time.monotonic() - killed > 30:
+            os.kill(engines[0], signal.SIGKILL)
+            raise AssertionError("the engine process outlived its front by 30 s\n" + log.read_text()[-3000:])
+        time.sleep(0.2)
+    assert "the front" in log.read_text() and "is gone" in log.read_text()

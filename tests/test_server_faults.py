@@ -1,6 +1,7 @@
 """The server under abuse, overload and faults: real `q3tts serve` processes (tiny model, CPU), driven by the
-openai client, httpx and raw sockets. What each test found is printed (pytest -s) for the README's reliability
-section."""
+openai client, httpx and raw sockets; the tests marked with `layout` run twice: one process, and a front over an
+engine process (what `q3tts serve` is on a GPU). What each test found is printed (pytest -s) for the README's
+reliability section."""
 
 from __future__ import annotations
 
@@ -28,12 +29,19 @@ REPO = Path(__file__).resolve().parent.parent
 SPEECH = "/v1/audio/speech"
 
 
+@pytest.fixture(params=["one process", "front"])
+def front(request) -> bool:
+    """Whether `serve` runs a front over an engine process (`--devices cpu`) or one process."""
+    return request.param == "front"
+
+
 @contextmanager
-def serve(tmp_path: Path, *flags: str):
-    """`q3tts serve tiny` in its own process until the block ends; yields (base URL, process)."""
+def serve(tmp_path: Path, *flags: str, front: bool = False):
+    """`q3tts serve tiny` in its own process (with `front`, a front and its engine process) until the block ends;
+    yields (base URL, process)."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny", "--device", "cpu", "--port", str(port),
-           "--log-level", "warning", *flags]
+    cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny", "--devices" if front else "--device", "cpu", "--port",
+           str(port), "--log-level", "warning", *flags]
     log = tmp_path / f"serve-{port}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
@@ -51,8 +59,12 @@ def serve(tmp_path: Path, *flags: str):
         yield url, proc
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            proc.terminate()  # (a front stops its engine process)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def speech(**overrides) -> dict:
@@ -61,11 +73,13 @@ def speech(**overrides) -> dict:
 
 
 def gauges(url: str) -> dict[str, float]:
+    """Running and queued requests (a front's: summed over its engines)."""
     values = {}
     for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(("q3tts_running_streams", "q3tts_queue_depth")):
+        if line.startswith(("q3tts_running_streams", "q3tts_queue_depth")) and \
+                ("engine=" not in line or 'engine="all"' in line):
             name, value = line.split()
-            values[name] = float(value)
+            values[name.split("{")[0]] = float(value)
     return values
 
 
@@ -130,11 +144,11 @@ OTHER_ROUTES = [("GET", SPEECH), ("PUT", SPEECH), ("DELETE", SPEECH), ("GET", "/
                 ("POST", "/v1/models"), ("GET", "/../../etc/passwd")]
 
 
-def test_fuzz_malformed_and_extreme_requests(tmp_path):
+def test_fuzz_malformed_and_extreme_requests(tmp_path, front):
     """Every malformed or extreme request is refused with a 4xx in the one error shape, quoting at most a short
     part of what was sent; none gets a 5xx or hangs, and the server serves normally afterwards."""
     tried = 0
-    with serve(tmp_path, "--max-running", "2", "--max-body-bytes", "2000000") as (url, proc), \
+    with serve(tmp_path, "--max-running", "2", "--max-body-bytes", "2000000", front=front) as (url, proc), \
             httpx.Client(base_url=url, timeout=30) as http:
         cases = [(name, lambda body=body: http.post(SPEECH, json=body)) for name, body in BAD_BODIES]
         cases += [(name, lambda kw=kw: http.post(SPEECH, **kw)) for name, kw in RAW_REQUESTS]
@@ -187,10 +201,10 @@ def test_websocket_abuse(tmp_path):
 
 # ---- overload, disconnects, slow clients ------------------------------------------------------------------
 
-def test_overload_burst_and_disconnect_storm(tmp_path):
+def test_overload_burst_and_disconnect_storm(tmp_path, front):
     """A burst beyond rows + queue gets 429 with Retry-After and the admitted streams complete with all their
     audio; then a storm of clients that leave mid-stream frees every row within a second."""
-    with serve(tmp_path, "--max-running", "2", "--max-waiting", "3") as (url, _):
+    with serve(tmp_path, "--max-running", "2", "--max-waiting", "3", front=front) as (url, _):
         results: list[tuple[int, int, str | None]] = []
 
         def one() -> None:
@@ -227,10 +241,10 @@ def test_overload_burst_and_disconnect_storm(tmp_path):
           f"disconnect storm: 5 streams freed in {freed * 1000:.0f} ms")
 
 
-def test_slow_clients_are_cut(tmp_path):
+def test_slow_clients_are_cut(tmp_path, front):
     """A body trickled in gets 408 after --body-timeout; a client that stops reading its stream loses it (and its
     row) after --send-timeout."""
-    with serve(tmp_path, "--body-timeout", "1", "--send-timeout", "1") as (url, _):
+    with serve(tmp_path, "--body-timeout", "1", "--send-timeout", "1", front=front) as (url, _):
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as s:
             s.sendall(f"POST {SPEECH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -257,10 +271,10 @@ def test_slow_clients_are_cut(tmp_path):
 
 # ---- shutdown and a soak ------------------------------------------------------------------------------------
 
-def test_sigterm_drains_streams_in_flight(tmp_path):
+def test_sigterm_drains_streams_in_flight(tmp_path, front):
     """SIGTERM during traffic: streams in flight finish with all their audio, new requests are refused, and the
     process exits 0."""
-    with serve(tmp_path, "--drain-timeout", "60") as (url, proc):
+    with serve(tmp_path, "--drain-timeout", "60", front=front) as (url, proc):
         results = []
 
         def one() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        front = asyncio.create_task(_exit_with_front(os.getppid())) if config.core_socket else None
         model = tts if tts is not None else await asyncio.to_thread(_load, config)
         service = SpeechService(model, config, VoiceStore(config.voices_dir), observer=metrics)
         metrics.engine_source = lambda: service.engine
@@ -54,6 +56,8 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
             yield
         finally:
             starting.cancel()
+            if front is not None:
+                front.cancel()
             if core is not None:  # (uvicorn drained its own connections; the front's streams finish here)
                 await core.drain(config.drain_timeout_s)
             await service.stop()
@@ -66,6 +70,15 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
     for module in (speech, voices, websocket, status, playground):
         app.include_router(module.router)
     return app
+
+
+async def _exit_with_front(front: int) -> None:
+    """An engine process ends when its front does: a front killed before it could stop its engines would otherwise
+    leave them holding their GPUs. (It becomes another process's child then.)"""
+    while os.getppid() == front:
+        await asyncio.sleep(1.0)
+    log.error("the front (process %d) is gone: this engine process stops", front)
+    os.kill(os.getpid(), signal.SIGTERM)  # (uvicorn's own shutdown: streams drain, the engine stops)
 
 
 def _load(config: ServerConfig) -> Any:
