@@ -1,12 +1,12 @@
-"""The speech path between a front and its engine processes (`q3tts serve --devices ...`): one Unix socket per
-engine, every stream of that engine multiplexed over it.
+"""The speech path between a front and its engine processes (`q3tts serve` on a GPU, or with `--devices`): one
+Unix socket per engine, every stream of that engine multiplexed over it.
 
 The front does the HTTP work (requests, body checks, encoding, chunked writes to every client) and the engine
 process does the model's (voices, prompts, the engine thread), so that the engine thread's per-frame Python
 never waits for the interpreter lock behind thousands of chunk writes a second. Over the socket the front sends
 a request's body as JSON (SPEAK) and may cancel it (CANCEL); the engine answers ACCEPTED (the audio will follow)
 or ERROR (the API error a direct request would get), then sends the stream's float32 PCM as the engine hands it
-out (AUDIO, unchanged) and its end (END with the finish reason, or FAILED with the engine's error). Every
+out (AUDIO, unchanged) and its end (FINISHED with the finish reason, or FAILED with the engine's error). Every
 message is a 9-byte header (kind, stream number, payload length) and its payload. The socket lives in a folder
 only its user can enter: whoever reaches it may speak without the API key, as the front itself does.
 """
@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import struct
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +62,9 @@ class Parser:
     def __init__(self):
         self.buffer = bytearray()
 
-    def feed(self, data: bytes) -> Iterator[tuple[int, int, bytes]]:
-        buffer = self.buffer
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        """The messages `data` completes (a partial one waits for the rest)."""
+        buffer, messages = self.buffer, []
         buffer += data
         offset, end = 0, len(buffer)
         while end - offset >= HEADER.size:
@@ -72,8 +73,9 @@ class Parser:
                 break
             start = offset + HEADER.size
             offset = start + size
-            yield kind, number, bytes(buffer[start:offset])
+            messages.append((kind, number, bytes(buffer[start:offset])))
         del buffer[:offset]
+        return messages
 
 
 class _Writer:
