@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Serving over HTTP, one process against a front and an engine process, on one machine in one run (perf-notes 65).
+# On a GPU machine: the front is what `q3tts serve` runs there (on the CPU both layouts are one process).
 #   bash bench/serve_http_ab.sh CHECKPOINT RATES [OUTDIR]      e.g. /tmp/peer_ckpt/1.7B-Base 90,115,130
 # The checkpoint: random weights at the real config with EOS off, e.g. the peer harness's
 #   python3 shared/bench/peers/peer_bench.py build --config 1.7B-Base --out /tmp/peer_ckpt/1.7B-Base
