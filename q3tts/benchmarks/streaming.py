@@ -132,16 +132,15 @@ def peer_streaming_rows(paths: list[Path]) -> list[dict]:
 
 def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = None, ref_seconds: float = 0.0,
                    cached: bool = False, new_voices: bool = False) -> list[float]:
-    """`batch` requests in one voice with different texts (`new_voices`: each in an x-vector voice never seen
-    before), submitted together: ms from submission (text ids in
-    hand) to each stream's first PCM on the host (prompt building, prefill, first frame, its decode and the copy
-    included). The voice: an x-vector, or with `ref_seconds` an in-context voice with a reference that long.
-    `cached`: the voice's prompt prefix (and an in-context voice's codec state) is in the engine's caches
-    beforehand (one earlier request); otherwise the caches are off for the run (the burst still decodes its one
-    reference once). With `phases` (a dict to fill) the device is synchronised after
-    each phase and its ms recorded: prompt building, prefill (row setup included), the first frame, its decode
-    + copy (the syncs keep the GPU from running ahead, so the phases add up to a little more than an
-    unsynchronised run)."""
+    """`batch` requests in one voice with different texts (`new_voices`: each in an x-vector voice never seen before),
+    submitted together: ms from submission (text ids in hand) to each stream's first PCM on the host (prompt
+    building, prefill, first frame, its decode and the copy included). The voice: an x-vector, or with `ref_seconds`
+    an in-context voice with a reference that long. `cached`: the voice's prompt prefix (and an in-context voice's
+    codec state) is in the engine's caches beforehand (one earlier request); otherwise the caches are off for the
+    run (the burst still decodes its one reference once). With `phases` (a dict to fill) the device is synchronised
+    after each phase and its ms recorded: prompt building, prefill (row setup included), the first frame, its decode
+    + copy (the syncs keep the GPU from running ahead, so the phases add up to a little more than an unsynchronised
+    run)."""
     runner, codec = engine.runner, engine.codec
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else lambda: None
     saved = runner.prefix_cache, codec.references
@@ -195,29 +194,21 @@ def voice_rows(engine, model, name: str, batches: tuple[int, ...], reps: int,
     """First audio per voice kind (x-vector; in-context with 3 s and 10 s references), its prompt prefix cached
     or not, at each batch: `batch` requests in one voice submitted together; and `batch` requests each in an
     x-vector voice never seen before."""
-    rows = []
-    for batch in batches:
-        first_audio_ms(engine, model, batch, new_voices=True)  # warm-up
-        flat = sorted(t for _ in range(reps) for t in first_audio_ms(engine, model, batch, new_voices=True))
-        rows.append({"engine": "q3tts", "benchmark": "first_audio_by_voice", "model": name, "batch": batch,
-                     "voice": "x-vector, a new voice per stream", "prefix_cached": False,
-                     "ttfa_ms_p50": round(statistics.median(flat), 2),
-                     "ttfa_ms_p95": round(flat[min(len(flat) - 1, int(0.95 * len(flat)))], 2),
-                     "ms_per_frame": None, "audio_s_per_s": None, "rps": None, "gpu_mem_gb": None})
+    def row(batch: int, voice: str, cached: bool, about: dict, **kind) -> dict:
+        first_audio_ms(engine, model, batch, cached=cached, **kind)  # warm-up
+        flat = sorted(t for _ in range(reps) for t in first_audio_ms(engine, model, batch, cached=cached, **kind))
+        return {"engine": "q3tts", "benchmark": "first_audio_by_voice", "model": name, "batch": batch,
+                "voice": voice, "prefix_cached": cached, **about, "ttfa_ms_p50": round(statistics.median(flat), 2),
+                "ttfa_ms_p95": round(flat[min(len(flat) - 1, int(0.95 * len(flat)))], 2),
+                "ms_per_frame": None, "audio_s_per_s": None, "rps": None, "gpu_mem_gb": None}
+
+    rows = [row(batch, "x-vector, a new voice per stream", False, {}, new_voices=True) for batch in batches]
     for ref_seconds in references:
         prompt, _ = voice_prompt(model, seed=0, ref_seconds=ref_seconds, text_seed=1)
-        for batch in batches:
-            for cached in (False, True):
-                first_audio_ms(engine, model, batch, ref_seconds=ref_seconds, cached=cached)  # warm-up
-                flat = sorted(t for _ in range(reps)
-                              for t in first_audio_ms(engine, model, batch, ref_seconds=ref_seconds, cached=cached))
-                rows.append({"engine": "q3tts", "benchmark": "first_audio_by_voice", "model": name, "batch": batch,
-                             "voice": f"in-context {ref_seconds:g} s" if ref_seconds else "x-vector",
-                             "prefix_cached": cached, "prompt_positions": prompt.num_positions,
-                             "prefix_positions": prompt.prefix_len,
-                             "ttfa_ms_p50": round(statistics.median(flat), 2),
-                             "ttfa_ms_p95": round(flat[min(len(flat) - 1, int(0.95 * len(flat)))], 2),
-                             "ms_per_frame": None, "audio_s_per_s": None, "rps": None, "gpu_mem_gb": None})
+        about = {"prompt_positions": prompt.num_positions, "prefix_positions": prompt.prefix_len}
+        voice = f"in-context {ref_seconds:g} s" if ref_seconds else "x-vector"
+        rows += [row(batch, voice, cached, about, ref_seconds=ref_seconds) for batch in batches
+                 for cached in (False, True)]
     return rows
 
 

@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -43,6 +43,7 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
         service = SpeechService(model, config, VoiceStore(config.voices_dir), observer=metrics)
         metrics.engine_source = lambda: service.engine
         app.state.service, app.state.speak = service, service.speak
+        service.on_give_up = getattr(app.state, "give_up", None)  # (serve(): the process exits)
         core = CoreServer(service.speak, config.core_socket) if config.core_socket else None
         if core is not None:
             await core.start()
@@ -92,38 +93,44 @@ def _load(config: ServerConfig) -> Any:
 def serve(config: ServerConfig, log_level: str = "info") -> None:
     """Runs the server until SIGINT/SIGTERM: then new requests are refused (503, /ready 503), streams in flight
     finish for up to `drain_timeout_s`, and the process exits 0. If the engine fails for good, it exits 1."""
-    import uvicorn
-
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(config)
 
-    class Server(uvicorn.Server):
-        """uvicorn's server, told about the service: draining on a signal, exiting if the engine is given up."""
-
-        gave_up = False
-
-        def handle_exit(self, sig, frame) -> None:
-            service = getattr(app.state, "service", None)
-            if service is not None:
-                service.draining = True
-            super().handle_exit(sig, frame)
-
-        async def startup(self, sockets=None) -> None:
-            await super().startup(sockets)
-            app.state.service.on_give_up = self.give_up
-
-        def give_up(self) -> None:
-            self.gave_up = self.should_exit = True
+    def draining() -> None:
+        service = getattr(app.state, "service", None)
+        if service is not None:
+            service.draining = True
 
     # An engine process behind a front: the front logs the clients' requests; the engine's own HTTP answers the
     # front's polls (20 a second), and its address is not one to connect to.
     behind_front = config.core_socket is not None
-    server = Server(uvicorn.Config(app, host=config.host, port=config.port, access_log=not behind_front,
-                                   log_level="warning" if behind_front and log_level == "info" else log_level,
-                                   timeout_graceful_shutdown=config.drain_timeout_s))
-    # uvicorn drains on SIGTERM, then raises the signal again under the handler it found: a no-op one, so that a
-    # clean drain exits 0 (supervisors read a signal death as a crash).
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    level = "warning" if behind_front and log_level == "info" else log_level
+    server = uvicorn_server(app, config, level, draining, access_log=not behind_front)
+    app.state.give_up = server.give_up  # (the service calls it when its engine cannot be rebuilt)
     server.run()
     if server.gave_up:
         raise SystemExit(1)
+
+
+def uvicorn_server(app: Any, config: ServerConfig, log_level: str, on_signal: Callable[[], None],
+                   **options: Any) -> Any:
+    """uvicorn's server for `app` on config.host:port, draining for up to config.drain_timeout_s on SIGINT/SIGTERM
+    (after `on_signal()`); `give_up()` stops it, `gave_up` then says so (the caller exits 1 for its supervisor).
+    uvicorn drains on SIGTERM, then raises the signal again under the handler it found: a no-op one is installed,
+    so that a clean drain exits 0 (supervisors read a signal death as a crash)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        gave_up = False
+
+        def handle_exit(self, sig, frame) -> None:
+            on_signal()
+            super().handle_exit(sig, frame)
+
+        def give_up(self) -> None:
+            self.gave_up = self.should_exit = True
+
+    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                   timeout_graceful_shutdown=config.drain_timeout_s, **options))
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    return server

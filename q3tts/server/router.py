@@ -40,6 +40,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from . import errors, playground, speech, upstream
+from .app import uvicorn_server
 from .auth import websocket_authorized
 from .config import ServerConfig
 from .core import CoreClient, CoreUnavailable, Speech
@@ -87,10 +88,14 @@ class Backend:
         own count: exact at every moment, unlike a poll of the engine's gauges."""
         return (len(self.core.streams) if self.core is not None else 0) + self.sessions
 
-    async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
-        if self.core is None or self.core.closed:  # (an engine started again listens on the same path)
+    async def connect(self) -> CoreClient:
+        """Its speech connection, opened if there is none (an engine started again listens on the same path)."""
+        if self.core is None or self.core.closed:
             self.core = await CoreClient.connect(self.core_path)
-        return await self.core.speak(body, request_id)
+        return self.core
+
+    async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
+        return await (await self.connect()).speak(body, request_id)
 
     def start(self) -> None:
         self.process = subprocess.Popen(self.command, env=self.env)
@@ -171,9 +176,9 @@ class Backends:
         if backend.ready and not backend.was_ready:
             log.info("engine %d (%s) ready", backend.index, backend.device)
         backend.was_ready = backend.was_ready or backend.ready
-        if backend.ready and backend.core_path and (backend.core is None or backend.core.closed):
+        if backend.ready and backend.core_path:
             with contextlib.suppress(CoreUnavailable):  # (connected before its first request; else at it)
-                backend.core = await CoreClient.connect(backend.core_path)
+                await backend.connect()
 
     async def scrape(self) -> list[str]:
         """Every engine's /metrics now (an engine that does not answer: its last)."""
@@ -402,29 +407,18 @@ def _free_port() -> int:
 def serve_devices(config: ServerConfig, devices: list[str], log_level: str = "info") -> None:
     """The front on config.host:config.port over one engine process per device, until SIGINT/SIGTERM: then the
     front and every engine drain (streams in flight finish for up to drain_timeout_s) and the process exits 0."""
-    import uvicorn
-
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     scratch = tempfile.mkdtemp(prefix="q3tts-")  # (mode 0700) removed at exit, with uploaded voices if kept here
     backends = start_backends(config, devices, log_level, scratch)
     front = Backends(backends)
     app = create_router_app(config, front)
 
-    class Server(uvicorn.Server):
-        gave_up = False
+    def draining() -> None:
+        app.state.draining = front.stopping = True
 
-        def handle_exit(self, sig, frame) -> None:
-            app.state.draining = front.stopping = True
-            super().handle_exit(sig, frame)
-
-        def give_up(self) -> None:  # as serve(): a supervisor may start the whole server afresh
-            self.gave_up = self.should_exit = True
-
-    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                                   timeout_graceful_shutdown=config.drain_timeout_s))
+    server = uvicorn_server(app, config, log_level, draining)
+    front.on_give_up = server.give_up  # (no engine is left)
     try:
-        signal.signal(signal.SIGTERM, lambda *_: None)  # as serve(): a clean drain exits 0
-        front.on_give_up = server.give_up
         server.run()
     finally:
         for b in backends:
