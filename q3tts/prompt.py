@@ -54,10 +54,12 @@ def prompt_length(config: ModelConfig, spec: PromptSpec) -> int:
 
 @torch.no_grad()
 def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_rows: torch.Tensor | None = None,
-                 weights: tuple | None = None, first: torch.Tensor | None = None) -> Prompt:
+                 weights: tuple | None = None, first: torch.Tensor | None = None,
+                 voice: tuple[bytes, torch.Tensor] | None = None) -> Prompt:
     """`text_rows`: the text projection of `_projected_ids(spec)` if already computed (`build_prompts`);
     `weights`: `_weights(talker)` if already known; `first`: in streaming mode without a reference, the first
-    text position (text_rows[:1] + codec_bos) if already computed."""
+    text position (text_rows[:1] + codec_bos) if already computed; `voice`: the voice's digest and head
+    (`_voice_heads`) if already known."""
     tc = config.talker_config
     device = talker.codec_head.weight.device
     ids = lambda values: to_device(values, device, torch.long)  # no device sync per request
@@ -66,11 +68,7 @@ def build_prompt(talker: Talker, config: ModelConfig, spec: PromptSpec, text_row
     bos, eos, pad = _fixed(talker, weights, "text", (config.tts_bos_token_id, config.tts_eos_token_id,
                                                      config.tts_pad_token_id))
 
-    lid = language_id(config, spec.language, spec.speaker)
-    ctrl = ([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id] if lid is None
-            else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
-    voice = _voice_digest(spec, ctrl)
-    head = _voice_head(talker, config, spec, ctrl, voice, bos, pad, weights)
+    voice, head = voice or _voice_heads(talker, config, [spec], weights)[0]
     parts = [head]
     text = spec.input_ids[3:-5]
     if spec.ref_codes is not None:
@@ -109,8 +107,10 @@ def build_prompts(talker: Talker, config: ModelConfig, specs: list[PromptSpec]) 
     fp32 every prompt is built exactly as `build_prompt` alone builds it (the official implementation's
     per-request calls, bit for bit)."""
     weights = _weights(talker)
+    voices = _voice_heads(talker, config, specs, weights)
     if len(specs) < 2 or talker.codec_head.weight.dtype == torch.float32:
-        return [build_prompt(talker, config, spec, weights=weights) for spec in specs]
+        return [build_prompt(talker, config, spec, weights=weights, voice=voice)
+                for spec, voice in zip(specs, voices)]
     device = talker.codec_head.weight.device
     lists = [_projected_ids(spec) for spec in specs]
     flat = [i for ids in lists for i in ids]
@@ -123,7 +123,7 @@ def build_prompts(talker: Talker, config: ModelConfig, specs: list[PromptSpec]) 
         codec_bos = _fixed(talker, weights, "codec", (config.talker_config.codec_bos_id,))
         at = to_device([ends[i] - len(lists[i]) for i in streaming], device, torch.long)
         firsts = dict(zip(streaming, (rows[at] + codec_bos).split(1)))
-    return [build_prompt(talker, config, spec, rows[end - len(ids):end], weights, firsts.get(i))
+    return [build_prompt(talker, config, spec, rows[end - len(ids):end], weights, firsts.get(i), voices[i])
             for i, (spec, ids, end) in enumerate(zip(specs, lists, ends))]
 
 
@@ -133,34 +133,76 @@ def _projected_ids(spec: PromptSpec) -> list[int]:
     return spec.ref_ids[3:-2] + text if spec.ref_codes is not None else text
 
 
-def _voice_head(talker: Talker, config: ModelConfig, spec: PromptSpec, ctrl: list[int], voice: bytes,
-                bos: torch.Tensor, pad: torch.Tensor, weights: tuple) -> torch.Tensor:
-    """The prompt's positions before the text (instruction, assistant header, the codec prefix but its last row),
-    which depend on the voice alone: computed once per voice (`voice`: their inputs' digest) and kept per talker,
-    the most recently used within HEAD_CACHE_BYTES."""
+def _voice_heads(talker: Talker, config: ModelConfig, specs: list[PromptSpec],
+                 weights: tuple) -> list[tuple[bytes, torch.Tensor]]:
+    """Each prompt's positions before the text (instruction, assistant header, the codec prefix but its last row)
+    and their inputs' digest. They depend on the voice alone: computed once per voice and kept per talker, the
+    most recently used within HEAD_CACHE_BYTES. The voices not kept yet are computed together (a burst of new
+    voices): their codec rows in one embedding lookup, their speaker embeddings in one copy, every head written by
+    one multi-tensor copy and kept after one synchronization, instead of a dozen small launches, three copies and
+    a synchronization per voice. Lookups, additions and copies give the same bits in any batch."""
+    keys = [_voice_digest(config, spec) for spec in specs]
     with _HEADS_LOCK:
-        heads = _HEADS.setdefault(talker, _HeadCache())
-        hit = heads.get(voice, weights)
-    if hit is not None:
-        return hit
+        cache = _HEADS.setdefault(talker, _HeadCache())
+        heads = {key: cache.get(key, weights) for key in dict.fromkeys(keys)}
+    new = {key: spec for key, spec in zip(keys, specs) if heads[key] is None}  # one request per new voice
+    if new:
+        heads.update(zip(new, _compute_heads(talker, config, list(new.values()), weights)))
+        _keep(talker, {key: heads[key] for key in new}, weights)
+    return [(key, heads[key]) for key in keys]
+
+
+def _compute_heads(talker: Talker, config: ModelConfig, specs: list[PromptSpec], weights: tuple) -> list[torch.Tensor]:
+    """The heads of `specs` (one per voice), as `_voice_heads` describes them (spec section 4.1: the codec
+    prefix without codec_bos, TTS_PAD over all but its last row and TTS_BOS over that)."""
     tc, device = config.talker_config, talker.codec_head.weight.device
-    ids = lambda values: to_device(values, device, torch.long)
-    codec = [talker.embed_codec(ids(ctrl))]
-    if spec.speaker:
-        codec.append(talker.embed_codec(ids([tc.spk_id[spec.speaker]])))
-    if spec.speaker_embedding is not None:
-        codec.append(to_device(spec.speaker_embedding.to(pad.dtype), device)[None])
-    codec.append(talker.embed_codec(ids([tc.codec_pad_id])))
-    codec = torch.cat(codec)  # the codec prefix without its last row (codec_bos)
-    parts = [talker.embed_text(ids(spec.instruct_ids))] if spec.instruct_ids else []
-    parts.append(_fixed(talker, weights, "text", tuple(spec.input_ids[:3])))  # <|im_start|>assistant\n
-    parts.append(torch.cat([pad.expand(codec.shape[0] - 1, -1), bos[None]]) + codec)
-    head = torch.cat(parts)
-    if device.type == "cuda":  # complete before a prompt built on another stream or thread reads it
+    bos, _, pad = specials = _fixed(talker, weights, "text", (config.tts_bos_token_id, config.tts_eos_token_id,
+                                                              config.tts_pad_token_id))
+    codec_ids, over, spoken, embeddings, sizes = [], [], [], [], []
+    for spec in specs:
+        ids = _control_ids(config, spec) + ([tc.spk_id[spec.speaker]] if spec.speaker else [])
+        if spec.speaker_embedding is not None:  # its row: the embedding itself, written over this one below
+            spoken.append(len(codec_ids) + len(ids))
+            embeddings.append(spec.speaker_embedding)
+            ids.append(tc.codec_pad_id)
+        ids.append(tc.codec_pad_id)
+        codec_ids += ids
+        over += [2] * (len(ids) - 1) + [0]  # rows of `specials`: TTS_PAD, then TTS_BOS
+        sizes.append(len(ids))
+    n = len(codec_ids)
+    index = to_device(codec_ids + over + spoken, device, torch.long)
+    codec = talker.embed_codec(index[:n])
+    if embeddings:
+        on_host = all(e.device.type == "cpu" for e in embeddings)  # (one copy for all of them)
+        rows = torch.stack([e.to(pad.dtype) if on_host else e.to(device, pad.dtype) for e in embeddings])
+        codec.index_copy_(0, index[2 * n:], to_device(rows, device))
+    codec = specials[index[n:2 * n]] + codec
+    instructions = [spec.instruct_ids for spec in specs if spec.instruct_ids]
+    if instructions:  # each projected alone (a projection's bits depend on its batch)
+        flat = to_device([i for ids in instructions for i in ids], device, torch.long)
+        instructions = iter(talker.embed_text(part) for part in flat.split([len(ids) for ids in instructions]))
+    heads, targets, sources = [], [], []
+    for spec, block in zip(specs, codec.split(sizes)):
+        parts = [next(instructions)] if spec.instruct_ids else []
+        parts += [_fixed(talker, weights, "text", tuple(spec.input_ids[:3])), block]  # <|im_start|>assistant\n
+        head = block.new_empty(sum(part.shape[0] for part in parts), block.shape[1])
+        heads.append(head)
+        targets += head.split([part.shape[0] for part in parts])
+        sources += parts
+    torch._foreach_copy_(targets, sources)
+    return heads
+
+
+def _keep(talker: Talker, parts: dict[bytes, torch.Tensor], weights: tuple) -> None:
+    """Keeps a batch's new voice parts per talker once the device has computed them (a prompt built later on
+    another stream or thread may read them): one synchronization for all of them."""
+    device = next(iter(parts.values())).device
+    if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
     with _HEADS_LOCK:
-        heads.put(voice, head, weights)
-    return head
+        cache = _HEADS.setdefault(talker, _HeadCache())
+        for key, value in parts.items():
+            cache.put(key, value, weights)
 
 
 HEAD_CACHE_BYTES = 64 * 2**20
@@ -195,10 +237,17 @@ def _weights(talker: Talker) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in params)
 
 
-def _voice_digest(spec: PromptSpec, ctrl: list[int]) -> bytes:
+def _control_ids(config: ModelConfig, spec: PromptSpec) -> list[int]:
+    """The codec prefix's control tags: think or nothink, and the language tag if any."""
+    tc, lid = config.talker_config, language_id(config, spec.language, spec.speaker)
+    return ([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id] if lid is None
+            else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
+
+
+def _voice_digest(config: ModelConfig, spec: PromptSpec) -> bytes:
     """A digest of everything the positions before the text depend on."""
-    digest = hashlib.blake2b(repr((spec.instruct_ids, spec.input_ids[:3], ctrl, spec.speaker)).encode(),
-                             digest_size=16)
+    digest = hashlib.blake2b(repr((spec.instruct_ids, spec.input_ids[:3], _control_ids(config, spec),
+                                   spec.speaker)).encode(), digest_size=16)
     if spec.speaker_embedding is not None:
         digest.update(tensor_digest(spec.speaker_embedding))
     return digest.digest()
@@ -240,10 +289,7 @@ def _reference_frames(talker: Talker, ref_codes: torch.Tensor, weights: tuple) -
     device = talker.codec_head.weight.device
     bos = talker.embed_codec(to_device([talker.config.codec_bos_id], device, torch.long))
     frames = torch.cat([bos, talker.embed_frame(to_device(ref_codes, device, torch.long))])
-    if device.type == "cuda":  # complete before a prompt built on another stream or thread reads it
-        torch.cuda.current_stream(device).synchronize()
-    with _HEADS_LOCK:
-        heads.put(key, frames, weights)
+    _keep(talker, {key: frames}, weights)
     return frames
 
 

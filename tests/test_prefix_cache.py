@@ -204,3 +204,55 @@ def test_a_bursts_new_voices_are_computed_once_and_kept_together(cache, ref_wav)
     assert [id(p.parts[0]) for p in again] == [id(p.parts[0]) for p in together]  # found, not computed again
     for spec, got in zip(specs, together):
         assert torch.equal(got.embeds, build_prompt(tts.model.talker, tts.config, spec).embeds)
+
+
+def spec_head(tts: TTS, spec) -> torch.Tensor:
+    """A prompt's positions before the text, piece by piece as spec section 4.1 writes them (an instruction, the
+    assistant header, then TTS_PAD ... TTS_BOS over the codec prefix without its codec_bos)."""
+    from q3tts.prompt import language_id
+
+    talker, c, tc = tts.model.talker, tts.config, tts.config.talker_config
+    ids = lambda values: torch.tensor(values)
+    lid = language_id(c, spec.language, spec.speaker)
+    ctrl = ([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id] if lid is None
+            else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
+    codec = [talker.embed_codec(ids(ctrl))]
+    codec += [talker.embed_codec(ids([tc.spk_id[spec.speaker]]))] if spec.speaker else []
+    codec += [spec.speaker_embedding.to(talker.codec_head.weight.dtype)[None]] if spec.speaker_embedding is not None \
+        else []
+    codec = torch.cat(codec + [talker.embed_codec(ids([tc.codec_pad_id]))])
+    bos, _, pad = talker.embed_text(ids([c.tts_bos_token_id, c.tts_eos_token_id, c.tts_pad_token_id]))
+    parts = [talker.embed_text(ids(spec.instruct_ids))] if spec.instruct_ids else []
+    over = torch.cat([pad.expand(len(codec) - 1, -1), bos[None]])
+    parts += [talker.embed_text(ids(spec.input_ids[:3])), over + codec]
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_new_voices_heads_computed_together(cache, ref_wav, dtype):
+    """A burst of voices never seen before gets its heads computed together (`_voice_heads`: one lookup, one copy
+    of the speaker embeddings, one synchronization): each bit for bit the spec's head for its request alone, in
+    every mode (preset speakers with and without an instruction, designed voices, x-vectors, in-context voices,
+    with and without a language tag), and one head per voice however many requests share it."""
+    from q3tts import prompt as prompt_module
+    from q3tts.prompt import build_prompts
+    from q3tts.voice import Voice
+
+    for name in NAMES:
+        tts = TTS.from_pretrained(tiny_checkpoint(name, cache), device="cpu", dtype=dtype)
+        kinds = list(modes(tts, name, ref_wav).values())
+        if name == "tiny-base":  # a few x-vector voices besides the checkpoint's modes
+            hidden = tts.config.talker_config.hidden_size
+            kinds += [{"voice": Voice(ref_code=None, ref_spk_embedding=torch.randn(hidden), x_vector_only_mode=True,
+                                      icl_mode=False, model_size=tts.config.tts_model_size)} for _ in range(3)]
+        elif name == "tiny-voice-design":
+            kinds.append({"instruct": "A bright, fast voice."})
+        specs = [tts.request(text, language=language, **kw).spec
+                 for kw in kinds for language in ("english", "auto") for text in TEXTS]
+        prompt_module._HEADS.clear()
+        together = build_prompts(tts.model.talker, tts.config, specs)
+        voices = {prompt_module._voice_digest(tts.config, spec) for spec in specs}  # (modes may share a head)
+        assert len({id(p.parts[0]) for p in together}) == len(voices)
+        with torch.no_grad():
+            for spec, got in zip(specs, together):
+                assert torch.equal(got.parts[0], spec_head(tts, spec)), (name, spec.language, spec.speaker)

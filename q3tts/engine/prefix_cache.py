@@ -67,8 +67,9 @@ def tensor_digest(t: torch.Tensor) -> bytes:
     if hit is not None and hit[0]() is t and hit[1] == version:
         return hit[2]
     data = t.detach().to("cpu").contiguous()
-    digest = hashlib.blake2b(repr((data.dtype, tuple(data.shape))).encode() + data.view(torch.uint8).numpy().tobytes(),
-                             digest_size=16).digest()
+    digest = hashlib.blake2b(repr((data.dtype, tuple(data.shape))).encode(), digest_size=16)
+    digest.update(data.view(torch.uint8).numpy())  # (the values' bytes, read in place)
+    digest = digest.digest()
     key = id(t)
     _DIGESTS[key] = (weakref.ref(t, lambda _: _DIGESTS.pop(key, None)), version, digest)
     return digest
