@@ -32,21 +32,49 @@ def row_slice(rows: list[int]) -> slice | None:
     return slice(rows[0], rows[0] + len(rows)) if rows == list(range(rows[0], rows[0] + len(rows))) else None
 
 
+def foreach_copy(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """target.copy_(source) for each pair, in one multi-tensor launch per dtype: `torch._foreach_copy_` fuses only
+    lists of a single dtype, and copies a mixed list one tensor at a time (a memcpy and ~6 us of host time each)."""
+    for group in _by_dtype(targets, sources):
+        torch._foreach_copy_(*group)
+
+
+def _by_dtype(*lists: list[torch.Tensor]) -> list[tuple[list[torch.Tensor], ...]]:
+    """The lists' items (pairs, for two lists) grouped by their dtypes, in order."""
+    groups: dict[tuple, tuple[list[torch.Tensor], ...]] = {}
+    for items in zip(*lists):
+        group = groups.setdefault(tuple(t.dtype for t in items), tuple([] for _ in lists))
+        for members, t in zip(group, items):
+            members.append(t)
+    return list(groups.values())
+
+
 def set_row(tensors: list[torch.Tensor], row: int, values: list[torch.Tensor]) -> None:
-    """t[row] = value for every tensor (rows of per-row state) and its value, in one multi-tensor launch rather
-    than one each."""
-    torch._foreach_copy_([t[row] for t in tensors], values)
+    """t[row] = value for every tensor (rows of per-row state) and its value, in one multi-tensor launch per
+    dtype rather than one each."""
+    foreach_copy([t[row] for t in tensors], values)
+
+
+def set_rows(tensors: list[torch.Tensor], rows: list[int], values: list[torch.Tensor]) -> None:
+    """t[rows] = value for every tensor and its value (one row's, the same for each of `rows`): one broadcast
+    copy per tensor, however many rows."""
+    run = row_slice(rows)
+    index = run if run else to_device(rows, tensors[0].device)
+    for t, value in zip(tensors, values):
+        t[index] = value
 
 
 def copy_row(tensors: list[torch.Tensor], src: int, dst: int) -> None:
-    """t[dst] = t[src] for every tensor, in one multi-tensor launch."""
+    """t[dst] = t[src] for every tensor, in one multi-tensor launch per dtype."""
     set_row(tensors, dst, [t[src] for t in tensors])
 
 
 def zero_rows(tensors: list[torch.Tensor], rows: list[int]) -> None:
-    """t[rows] = 0 for every tensor, in one multi-tensor launch (rows that follow each other as one slice)."""
+    """t[rows] = 0 for every tensor, in one multi-tensor launch per dtype (rows that follow each other as one
+    slice)."""
     run = row_slice(rows)
-    torch._foreach_zero_([t[run] for t in tensors] if run else [t[r] for t in tensors for r in rows])
+    for (group,) in _by_dtype([t[run] for t in tensors] if run else [t[r] for t in tensors for r in rows]):
+        torch._foreach_zero_(group)
 
 
 def write_rows(targets: list[torch.Tensor], rows: list[int], values: list[torch.Tensor]) -> None:

@@ -14,7 +14,7 @@ from q3tts.engine import EngineConfig
 from q3tts.engine.runner import ModelRunner
 from q3tts.sampling import SamplingParams
 from q3tts.tiny import tiny_checkpoint
-from q3tts.transfer import copy_row, row_slice, to_device, write_rows, zero_rows
+from q3tts.transfer import copy_row, row_slice, set_rows, to_device, write_rows, zero_rows
 
 
 def test_to_device_keeps_a_strided_tensor_s_values():
@@ -47,8 +47,30 @@ def test_row_writes(rows):
 
     for w in want:
         w[0] = w[4]
-    copy_row(tensors, 4, 0)
+    with _ForeachCalls() as calls:
+        copy_row(tensors, 4, 0)
     assert all(torch.equal(t, w) for t, w in zip(tensors, want))
+    assert len(calls.dtypes) == 4 and all(len(d) == 1 for d in calls.dtypes)  # one call per dtype, one dtype each
+
+    one = [torch.randn(3), torch.tensor(5), torch.ones(2, 2, dtype=torch.bool), torch.tensor(2.5).double()]
+    for w, v in zip(want, one):
+        w[rows] = v
+    set_rows(tensors, rows, one)  # (one row's value for every row)
+    assert all(torch.equal(t, w) for t, w in zip(tensors, want))
+
+
+class _ForeachCalls(TorchDispatchMode):
+    """The dtypes of each multi-tensor (`_foreach_*`) call: its fused CUDA kernel takes lists of one dtype only,
+    and copies a mixed list one tensor at a time."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.startswith("_foreach"):
+            self.dtypes.append({t.dtype for arg in args if isinstance(arg, (list, tuple)) for t in arg})
+        return func(*args, **(kwargs or {}))
 
 
 class _ScalarIndexWrites(TorchDispatchMode):

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 import torch
 
 from ..models.codec_decoder import CodecDecoder
-from ..transfer import copy_row, set_row
+from ..transfer import copy_row, set_row, set_rows
 from .codec_stream import StreamingDecoder
 from .graphs import capture_buckets, replay_or_run
 from .prefix_cache import PrefixCache, tensor_digest
@@ -48,32 +48,43 @@ class CodecRunner:
         """Fresh decoder state for `rows`; a voice's reference codes are decoded into the state (their audio is
         discarded), so the stream continues exactly as decoding reference + new frames together. A reference
         is decoded once: rows with the same reference codes (in this call, or kept from an earlier one) get a
-        copy of the state it left. Runs on the codec's stream, after any decode still in flight. Returns per
-        row the reference audio's last sample as a host tensor [1] (None without reference codes), valid once
-        the row's first frame is read back (the official in-context cut can keep it: see `q3tts.official`)."""
-        tails: list[torch.Tensor | None] = []
+        copy of the state it left, all of them in one broadcast copy per state tensor. Runs on the codec's stream,
+        after any decode still in flight. Returns per row the reference audio's last sample as a host tensor [1]
+        (None without reference codes), valid once the row's first frame is read back (the official in-context
+        cut can keep it: see `q3tts.official`)."""
         state = self.stream.state.tensors()
-        done: dict[bytes, tuple[torch.Tensor, ...]] = {}  # reference digest -> (state tensors..., last sample)
+        # (tensor_digest keeps a digest per tensor object: a voice's codes are hashed once)
+        keys = [tensor_digest(ref) if ref is not None and ref.shape[0] else None for ref in ref_codes]
+        voices: dict[bytes, list[int]] = {}  # reference digest -> the rows starting from it
+        for row, key in zip(rows, keys):
+            if key is not None:
+                voices.setdefault(key, []).append(row)
+        lasts: dict[bytes, torch.Tensor] = {}
         with self._on_codec_stream():
             self.stream.reset(rows)
-            for row, ref in zip(rows, ref_codes):
-                if ref is None or not ref.shape[0]:
-                    tails.append(None)
-                    continue
-                key = tensor_digest(ref)  # (kept per tensor object: a voice's codes are hashed once)
-                kept = done.get(key) or (self.references.get(key) if self.references is not None else None)
-                if kept is not None:
-                    set_row(state, row, list(kept[:len(state)]))
-                    self.references_reused += 1
-                else:
+            for key, voice_rows in voices.items():
+                kept = self.references.get(key) if self.references is not None else None
+                if kept is None:
+                    first, voice_rows = voice_rows[0], voice_rows[1:]
                     self.references_decoded += 1
-                    last = self.stream.decode_rows([row], ref.T[None])[0, -1:].float()
-                    kept = (*(t[row].clone() for t in state), last)
+                    ref = ref_codes[keys.index(key)]
+                    last = self.stream.decode_rows([first], ref.T[None])[0, -1:].float()
+                    kept = (*(t[first].clone() for t in state), last)
                     if self.references is not None:
                         self.references.put(key, *kept)
-                done[key] = kept
-                tail = torch.empty(1, pin_memory=self.pcm_stream is not None)
-                tails.append(tail.copy_(kept[-1], non_blocking=True))
+                if voice_rows:
+                    set_rows(state, voice_rows, list(kept[:len(state)]))
+                    self.references_reused += len(voice_rows)
+                lasts[key] = kept[-1]
+            if not voices:
+                return [None] * len(rows)
+            with_ref = [key for key in keys if key is not None]  # their last samples to the host in one copy
+            on_host = torch.empty(len(with_ref), pin_memory=self.pcm_stream is not None)
+            on_host.copy_(torch.cat([lasts[key] for key in with_ref]), non_blocking=True)
+        tails, i = [], 0
+        for key in keys:
+            tails.append(on_host[i:i + 1] if key is not None else None)
+            i += key is not None
         return tails
 
     def move_row(self, src: int, dst: int) -> None:
