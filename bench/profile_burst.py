@@ -1,9 +1,10 @@
 """Where a burst's first audio goes, step by step: `batch` requests in one voice (x-vector, or in-context with
-`--ref-seconds`) submitted together, as `q3tts bench streaming` times them, with the device synchronised
-around each step of prompt building, row setup, prefill, codec start, first frame and its decode (each step's
-host and synchronised ms, median of `--reps`). GPU machine only.
+`--ref-seconds`; or each in a new x-vector voice, `--new-voices`) submitted together, as `q3tts bench streaming`
+times them, with the device synchronised around each step of prompt building, row setup, prefill, codec start,
+first frame and its decode (each step's host and synchronised ms, median of `--reps`). GPU machine only.
 
-usage: python bench/profile_burst.py [--model 1.7B-Base] [--batch 64] [--ref-seconds 0] [--cached] [--reps 5]
+usage: python bench/profile_burst.py [--model 1.7B-Base] [--batch 64] [--ref-seconds 0] [--cached] [--new-voices]
+                                    [--reps 5] [--torch-profile]
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import time
 
 import torch
 
-from q3tts.benchmarks.common import load_model, random_decoder, voice_prompt, voice_spec
-from q3tts.benchmarks.streaming import streaming_engine
+from q3tts.benchmarks.common import load_model, random_decoder, voice_prompt
+from q3tts.benchmarks.streaming import burst_specs, streaming_engine
 from q3tts.engine.readback import Readback
 from q3tts.prompt import build_prompts
 from q3tts.sampling import SamplingParams
@@ -37,7 +38,8 @@ def synced(totals: collections.Counter, label: str, fn):
     return timed
 
 
-def burst(engine, model, batch: int, ref_seconds: float, cached: bool) -> collections.Counter:
+def burst(engine, model, batch: int, ref_seconds: float, cached: bool, new_voices: bool = False
+          ) -> collections.Counter:
     runner, codec = engine.runner, engine.codec
     totals: collections.Counter = collections.Counter()
     saved = runner.prefix_cache, codec.references
@@ -52,7 +54,7 @@ def burst(engine, model, batch: int, ref_seconds: float, cached: bool) -> collec
     for name, fn in originals.items():
         setattr(runner, name, synced(totals, f"add_rows.{name}", fn))
     try:
-        specs = [voice_spec(model, seed=0, ref_seconds=ref_seconds, text_seed=i + 1) for i in range(batch)]
+        specs = burst_specs(model, batch, ref_seconds, new_voices)
         rows = list(range(batch))
         params = [SamplingParams(max_new_tokens=20, seed=i) for i in rows]
         prompts = synced(totals, "build_prompts", build_prompts)(model.talker, model.config, specs)
@@ -77,14 +79,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--ref-seconds", type=float, default=0.0)
     parser.add_argument("--cached", action="store_true", help="the voice's prefix is in the caches beforehand")
+    parser.add_argument("--new-voices", action="store_true", help="each request in an x-vector voice never seen before")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--torch-profile", action="store_true", help="also print the GPU kernels of one burst")
     args = parser.parse_args()
     model = load_model(args.model, None, torch.device("cuda"))
     engine = streaming_engine(model, random_decoder(torch.device("cuda"), torch.bfloat16), (args.batch,))
-    burst(engine, model, args.batch, args.ref_seconds, args.cached)  # warm-up
-    runs = [burst(engine, model, args.batch, args.ref_seconds, args.cached) for _ in range(args.reps)]
-    voice = f"in-context {args.ref_seconds:g} s" if args.ref_seconds else "x-vector"
+    kind = (args.batch, args.ref_seconds, args.cached, args.new_voices)
+    burst(engine, model, *kind)  # warm-up
+    runs = [burst(engine, model, *kind) for _ in range(args.reps)]
+    voice = "new x-vector voices" if args.new_voices else f"in-context {args.ref_seconds:g} s" if args.ref_seconds \
+        else "x-vector"
     print(f"{args.model}, {args.batch} requests, {voice}, prefix {'cached' if args.cached else 'not cached'} "
           f"(synchronised ms, median of {args.reps}):")
     for label in sorted(runs[0]):
@@ -95,7 +100,7 @@ def main() -> None:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            burst(engine, model, args.batch, args.ref_seconds, args.cached)
+            burst(engine, model, *kind)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
     engine.stop()
 

@@ -49,8 +49,8 @@ def test_loop_profile(tmp_path, monkeypatch):
 def test_burst_steps(tmp_path):
     tts = TTS.from_pretrained(tiny_checkpoint("tiny-base", tmp_path), device="cpu")
     engine = streaming_engine(tts.model, tts.speech_tokenizer.decoder, (4,))
-    for cached in (False, True):
-        steps = profile_burst.burst(engine, tts.model, 4, 0.0, cached)
+    for cached, new_voices in ((False, False), (True, False), (False, True)):
+        steps = profile_burst.burst(engine, tts.model, 4, 0.0, cached, new_voices)
         assert {"build_prompts", "add_rows", "codec.start", "frame", "codec.step", "readback"} <= set(steps)
         assert steps["add_rows._prefill_tokens"] > 0 and steps["add_rows.other"] >= 0
     assert "_prefill_tokens" not in vars(engine.runner)  # the timers are gone afterwards

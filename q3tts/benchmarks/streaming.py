@@ -151,11 +151,7 @@ def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = 
         runner.add_rows([0], [prompt], [SamplingParams(max_new_tokens=20)])
         codec.start([0], [ref_codes])
         runner.release_rows([0])
-    seeds = [next(_new_voice_seeds) for _ in range(batch)] if new_voices else [0] * batch
-    specs = [voice_spec(model, seed=seed, ref_seconds=ref_seconds, text_seed=i + 1) for i, seed in enumerate(seeds)]
-    if not new_voices:  # one voice is one set of tensors, as a voice the server holds is for all its requests
-        for spec in specs[1:]:
-            spec.speaker_embedding, spec.ref_codes = specs[0].speaker_embedding, specs[0].ref_codes
+    specs = burst_specs(model, batch, ref_seconds, new_voices)
     try:
         sync()
         start = time.perf_counter()
@@ -186,6 +182,18 @@ def first_audio_ms(engine, model, batch: int, phases: dict[str, float] | None = 
     finally:
         runner.prefix_cache, codec.references = saved
     return [arrived] * batch
+
+
+def burst_specs(model, batch: int, ref_seconds: float = 0.0, new_voices: bool = False) -> list:
+    """A burst's requests: `batch` texts in one voice (seed 0; an in-context voice with `ref_seconds`), or each
+    in an x-vector voice never seen before (`new_voices`). One voice is one set of tensors, as a voice the server
+    holds is for all its requests (its digests are computed once)."""
+    seeds = [next(_new_voice_seeds) for _ in range(batch)] if new_voices else [0] * batch
+    specs = [voice_spec(model, seed=seed, ref_seconds=ref_seconds, text_seed=i + 1) for i, seed in enumerate(seeds)]
+    if not new_voices:
+        for spec in specs[1:]:
+            spec.speaker_embedding, spec.ref_codes = specs[0].speaker_embedding, specs[0].ref_codes
+    return specs
 
 
 _new_voice_seeds = itertools.count(1_000_000)  # speaker embeddings never drawn before in this process
