@@ -13,7 +13,7 @@ from .config import ModelConfig
 from .engine.prefix_cache import PrefixCache, tensor_digest
 from .engine.sequence import Prompt
 from .models.talker import Talker
-from .transfer import to_device
+from .transfer import foreach_copy, to_device
 
 
 @dataclass
@@ -156,8 +156,8 @@ def _compute_heads(talker: Talker, config: ModelConfig, specs: list[PromptSpec],
     """The heads of `specs` (one per voice), as `_voice_heads` describes them (spec section 4.1: the codec
     prefix without codec_bos, TTS_PAD over all but its last row and TTS_BOS over that)."""
     tc, device = config.talker_config, talker.codec_head.weight.device
-    bos, _, pad = specials = _fixed(talker, weights, "text", (config.tts_bos_token_id, config.tts_eos_token_id,
-                                                              config.tts_pad_token_id))
+    specials = _fixed(talker, weights, "text", (config.tts_bos_token_id, config.tts_eos_token_id,
+                                                config.tts_pad_token_id))
     codec_ids, over, spoken, embeddings, sizes = [], [], [], [], []
     for spec in specs:
         ids = _control_ids(config, spec) + ([tc.spk_id[spec.speaker]] if spec.speaker else [])
@@ -174,22 +174,22 @@ def _compute_heads(talker: Talker, config: ModelConfig, specs: list[PromptSpec],
     codec = talker.embed_codec(index[:n])
     if embeddings:
         on_host = all(e.device.type == "cpu" for e in embeddings)  # (one copy for all of them)
-        rows = torch.stack([e.to(pad.dtype) if on_host else e.to(device, pad.dtype) for e in embeddings])
+        rows = torch.stack([e.to(specials.dtype) if on_host else e.to(device, specials.dtype) for e in embeddings])
         codec.index_copy_(0, index[2 * n:], to_device(rows, device))
     codec = specials[index[n:2 * n]] + codec
     instructions = [spec.instruct_ids for spec in specs if spec.instruct_ids]
     if instructions:  # each projected alone (a projection's bits depend on its batch)
         flat = to_device([i for ids in instructions for i in ids], device, torch.long)
-        instructions = iter(talker.embed_text(part) for part in flat.split([len(ids) for ids in instructions]))
+        projected = iter(talker.embed_text(part) for part in flat.split([len(ids) for ids in instructions]))
     heads, targets, sources = [], [], []
     for spec, block in zip(specs, codec.split(sizes)):
-        parts = [next(instructions)] if spec.instruct_ids else []
+        parts = [next(projected)] if spec.instruct_ids else []
         parts += [_fixed(talker, weights, "text", tuple(spec.input_ids[:3])), block]  # <|im_start|>assistant\n
         head = block.new_empty(sum(part.shape[0] for part in parts), block.shape[1])
         heads.append(head)
         targets += head.split([part.shape[0] for part in parts])
         sources += parts
-    torch._foreach_copy_(targets, sources)
+    foreach_copy(targets, sources)
     return heads
 
 

@@ -5,7 +5,8 @@ copy from pageable memory, which blocks the host until the device reaches the co
 rest of the frame (docs/perf-notes.md, entry 46). Staging through pinned memory and copying without blocking
 keeps the copy in stream order instead (the caching host allocator keeps the pinned block until the copy is
 done). The engine moves, clears and arms rows of many per-row tensors between frames; `set_row`, `copy_row`,
-`zero_rows` and `write_rows` do that as multi-tensor launches rather than one small launch per tensor and row.
+`zero_rows` and `write_rows` do that as multi-tensor launches (one per dtype: the fused kernels take one dtype)
+rather than one small launch per tensor and row, and `set_rows` gives many rows one row's values.
 """
 
 from __future__ import annotations
