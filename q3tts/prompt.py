@@ -163,7 +163,7 @@ def _compute_heads(talker: Talker, config: ModelConfig, specs: list[PromptSpec],
         ids = _control_ids(config, spec) + ([tc.spk_id[spec.speaker]] if spec.speaker else [])
         if spec.speaker_embedding is not None:  # its row: the embedding itself, written over this one below
             spoken.append(len(codec_ids) + len(ids))
-            embeddings.append(spec.speaker_embedding)
+            embeddings.append(spec.speaker_embedding.reshape(-1))  # (any shape of `hidden` values: request.py)
             ids.append(tc.codec_pad_id)
         ids.append(tc.codec_pad_id)
         codec_ids += ids

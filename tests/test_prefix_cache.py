@@ -218,8 +218,8 @@ def spec_head(tts: TTS, spec) -> torch.Tensor:
             else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
     codec = [talker.embed_codec(ids(ctrl))]
     codec += [talker.embed_codec(ids([tc.spk_id[spec.speaker]]))] if spec.speaker else []
-    codec += [spec.speaker_embedding.to(talker.codec_head.weight.dtype)[None]] if spec.speaker_embedding is not None \
-        else []
+    codec += [spec.speaker_embedding.reshape(1, -1).to(talker.codec_head.weight.dtype)] \
+        if spec.speaker_embedding is not None else []
     codec = torch.cat(codec + [talker.embed_codec(ids([tc.codec_pad_id]))])
     bos, _, pad = talker.embed_text(ids([c.tts_bos_token_id, c.tts_eos_token_id, c.tts_pad_token_id]))
     parts = [talker.embed_text(ids(spec.instruct_ids))] if spec.instruct_ids else []
@@ -243,8 +243,9 @@ def test_new_voices_heads_computed_together(cache, ref_wav, dtype):
         kinds = list(modes(tts, name, ref_wav).values())
         if name == "tiny-base":  # a few x-vector voices besides the checkpoint's modes
             hidden = tts.config.talker_config.hidden_size
-            kinds += [{"voice": Voice(ref_code=None, ref_spk_embedding=torch.randn(hidden), x_vector_only_mode=True,
-                                      icl_mode=False, model_size=tts.config.tts_model_size)} for _ in range(3)]
+            kinds += [{"voice": Voice(ref_code=None, ref_spk_embedding=torch.randn(shape), x_vector_only_mode=True,
+                                      icl_mode=False, model_size=tts.config.tts_model_size)}
+                      for shape in (hidden, hidden, (1, hidden))]  # (a [1, H] embedding has the H values checked)
         elif name == "tiny-voice-design":
             kinds.append({"instruct": "A bright, fast voice."})
         specs = [tts.request(text, language=language, **kw).spec
