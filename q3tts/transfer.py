@@ -35,7 +35,8 @@ def row_slice(rows: list[int]) -> slice | None:
 
 def foreach_copy(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """target.copy_(source) for each pair, in one multi-tensor launch per dtype: `torch._foreach_copy_` fuses only
-    lists of a single dtype, and copies a mixed list one tensor at a time (a memcpy and ~6 us of host time each)."""
+    lists of a single dtype, and copies a mixed list one tensor at a time (a memcpy and ~6 us of host time each;
+    torch's own rules may still copy some dtypes, e.g. bool, one by one)."""
     for group in _by_dtype(targets, sources):
         torch._foreach_copy_(*group)
 
