@@ -22,6 +22,11 @@ FRAME = 1920  # samples per codec frame at 24 kHz
 SEED = 7  # every request is seeded: the tiny random models then never sample EOS early (see frames())
 
 
+def children(pid: int) -> list[int]:
+    """The process ids of a process's children (a front's engine processes; Linux /proc)."""
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def frames(max_new_tokens: int) -> int:
     """Frames a request yields when it runs to its limit: max_new_tokens = N gives N - 1 (as official)."""
     return max_new_tokens - 1

@@ -35,7 +35,7 @@ from q3tts.server.errors import APIError  # noqa: E402
 from q3tts.server.router import Backend, Backends, engine_args, merged_metrics  # noqa: E402
 from q3tts.server.voice_store import VoiceStore  # noqa: E402
 from q3tts.voice import Voice  # noqa: E402
-from tests.server_harness import FRAME, SEED, _free_port, frames, speak_over_websocket  # noqa: E402
+from tests.server_harness import FRAME, SEED, _free_port, children, frames, speak_over_websocket  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = "router-test-key"
@@ -168,10 +168,6 @@ def test_stores_sharing_a_folder_see_each_others_voices(tmp_path):
 
 # ---- the whole front over two engine processes ----------------------------------------------------------------
 
-def _children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
 def _reference_wav() -> bytes:
     t = np.arange(24000) / 24000
     wav = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 4 * t))
@@ -205,7 +201,7 @@ def test_two_engines_behind_one_endpoint(tmp_path):
         started = time.monotonic()
         while True:
             assert front.poll() is None, log.read_text()[-3000:]
-            engines[:] = _children(front.pid)  # for the cleanup, whatever happens
+            engines[:] = children(front.pid)  # for the cleanup, whatever happens
             with suppress(httpx.HTTPError):
                 if httpx.get(url + "/ready", timeout=2).status_code == 200:
                     break
@@ -288,7 +284,7 @@ def test_two_engines_behind_one_endpoint(tmp_path):
         for _ in range(2):
             speak(6)
         assert results[-2:] == [True] * 2
-        engines[:] = _children(front.pid)
+        engines[:] = children(front.pid)
 
         assert len(list((tmp_path / "tmp").glob("q3tts-*/engine*.sock"))) == 2  # the engines' sockets
         front.send_signal(signal.SIGTERM)
@@ -355,7 +351,7 @@ def test_an_engine_does_not_outlive_its_front(tmp_path):
     with log.open("w") as out:
         front = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
     started = time.monotonic()
-    while not (engines := _children(front.pid)):
+    while not (engines := children(front.pid)):
         assert front.poll() is None and time.monotonic() - started < 60, log.read_text()[-3000:]
         time.sleep(0.1)
     time.sleep(3)  # loading

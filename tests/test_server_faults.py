@@ -23,7 +23,7 @@ pytest.importorskip("fastapi")
 
 import httpx  # noqa: E402
 
-from tests.server_harness import FRAME, SEED, _free_port  # noqa: E402
+from tests.server_harness import FRAME, SEED, _free_port, children  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SPEECH = "/v1/audio/speech"
@@ -81,10 +81,6 @@ def gauges(url: str) -> dict[str, float]:
             name, value = line.split()
             values[name.split("{")[0]] = float(value)
     return values
-
-
-def children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def process_usage(pid: int) -> tuple[int, int]:
