@@ -1,9 +1,10 @@
 """Tile shapes for the decode steps' fused matrix products (kernels.fused_linear): every product shape of a
 model's talker and code predictor layers (each shape once), for 1, 2 and 64 rows, timed with each candidate
-(BLOCK_N, BLOCK_K, warps, stages) against what it replaces (cuBLAS plus the norm / SwiGLU / residual-add kernels
-around it). One row takes the matrix-vector kernel (GEMV_TILES), two rows the same kernel with its own table
-(GEMV_TWO_ROW_TILES; the tensor-core kernel with its committed tiles is timed beside both as `dot`), more rows
-the tensor-core kernel (FUSED_LINEAR_TILES). Prints the best per shape, its bandwidth, and the tables to paste
+(BLOCK_N, BLOCK_K, warps, stages; the tensor-core kernel's K ranges too) against what it replaces (cuBLAS plus
+the norm / SwiGLU / residual-add kernels around it; beyond 16 rows wider column blocks and the K columns split
+among several programs). One row takes the matrix-vector kernel (GEMV_TILES), two rows the same kernel with its
+own table (GEMV_TWO_ROW_TILES; the tensor-core kernel with its committed tiles is timed beside both as `dot`), more
+rows the tensor-core kernel (FUSED_LINEAR_TILES). Prints the best per shape, its bandwidth, and the tables to paste
 (`--out`: also as JSON, [table, key, tiles] per entry). GPU machine only.
 
 The weights are read from memory as in a frame, not from L2: each timed call reads the next of enough copies to
@@ -28,8 +29,12 @@ import torch.nn.functional as F
 from q3tts.benchmarks.common import graph_ms
 from q3tts.engine import kernels
 
-CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
+CANDIDATES = [(bn, bk, w, s, 1) for bn, bk, (w, s) in
               itertools.product((16, 32, 64), (64, 128, 256), ((4, 3), (4, 5), (8, 3)))]
+# Beyond 16 rows the input tile is as large as the weight tile at 64 columns: wider column blocks, and the K
+# columns split among up to 8 programs so that a shape's few column blocks still reach every SM
+WIDE_CANDIDATES = [(bn, bk, w, s, split) for bn, bk, (w, s), split in
+                   itertools.product((32, 64, 128), (64, 128), ((4, 3), (8, 3)), (1, 2, 4, 8))]
 GEMV_CANDIDATES = [(bn, bk, w, s) for bn, bk, (w, s) in
                    itertools.product((1, 2, 4, 8), (256, 512, 1024), ((4, 2), (4, 4), (8, 3)))]
 # Two rows hold two accumulators per tile: K tiles down to 128, the stage counts that fit
@@ -138,8 +143,9 @@ def main() -> None:
                 table_name = TABLES.get(M, "FUSED_LINEAR_TILES")
                 swept = getattr(kernels, table_name)
                 results = []
-                for tiles in (GEMV_CANDIDATES if M == 1 else GEMV_TWO_ROW_CANDIDATES) if gemv else CANDIDATES:
-                    if tiles[1] > K:
+                candidates = CANDIDATES if M <= 16 else WIDE_CANDIDATES
+                for tiles in (GEMV_CANDIDATES if M == 1 else GEMV_TWO_ROW_CANDIDATES) if gemv else candidates:
+                    if tiles[1] * (1 if gemv else tiles[4]) > K:
                         continue
                     swept[key] = tiles
                     results.append((time_ms(fused), tiles))

@@ -229,6 +229,32 @@ def test_fused_linear_with_each_measured_tile(monkeypatch, tiles):
         _close(out, _twin(monkeypatch, kernels.fused_linear, inputs, w, **kwargs), dtype)
 
 
+@pytest.mark.parametrize("split", [2, 3, 4])
+def test_fused_linear_split_over_k(monkeypatch, split):
+    """The K columns split among several programs per column block (the last to finish adds the ranges' sums,
+    in order): the same products as the twin, every fused neighbour, K not a multiple of the ranges (the last one
+    short), several row and column blocks; the partial sums of squares handed on add up; the counters are back at
+    zero after each call, so the next call (and a captured graph's next replay) starts clean."""
+    monkeypatch.setattr(kernels, "FUSED_BLOCK_M", 16)
+    monkeypatch.setattr(kernels, "_fused_linear_tiles", lambda *args: (16, 32, 4, 2, split))
+    dtype = DTYPES[-1]
+    g = torch.Generator(DEVICE).manual_seed(split)
+    M, K, N = 20, 200, 40
+    x = torch.randn(M, K, device=DEVICE, generator=g) * torch.linspace(0.1, 10, M, device=DEVICE)[:, None]
+    norm = (1 + 0.1 * torch.randn(K, device=DEVICE, generator=g)).to(dtype)
+    w = (0.1 * torch.randn(2 * N, K, device=DEVICE, generator=g)).to(dtype)
+    stream = torch.randn(M, 2 * N, device=DEVICE, generator=g)
+    for kwargs, inputs in ((dict(norm=norm, eps=1e-6, swiglu=True, squares=kernels.row_squares(x)), x),
+                           (dict(norm=norm, eps=1e-6), x), (dict(norm=norm, eps=1e-6, fp32_out=True), x),
+                           (dict(residual=stream), x.to(dtype)), ({}, x.to(dtype))):
+        out = kernels.fused_linear(inputs, w, **kwargs)
+        kwargs.pop("squares", None)
+        _close(out, _twin(monkeypatch, kernels.fused_linear, inputs, w, **kwargs), dtype)
+        assert not kernels._split_arrivals(out.device, 1).any()
+    residual, squares = kernels.fused_linear(x.to(dtype), w, residual=stream, squares_out=True)
+    torch.testing.assert_close(squares.sum(0), residual.pow(2).sum(-1), rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("tiles", [(1, 64, 4, 3), (2, 128, 2, 2), (8, 256, 8, 4)]
                          + sorted(set(kernels.GEMV_TILES.values()) | set(kernels.GEMV_TWO_ROW_TILES.values())))
 def test_gemv_with_each_tile(monkeypatch, tiles):

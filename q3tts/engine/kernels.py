@@ -413,18 +413,20 @@ if triton is not None:
 
 # Rows per program of the tensor-core kernel: more rows take more programs per column block.
 FUSED_BLOCK_M = 64
-# (BLOCK_M, N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of bench/fused_linear.py's
-# candidates per shape of the 0.6B and 1.7B layers on an H100 (docs/perf-notes.md, entry 38); other shapes take
-# the heuristic in _fused_linear_tiles.
-FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
-    (16, 1024, 2048, False): (16, 512, 4, 3),
-    (16, 1024, 3072, False): (16, 512, 4, 3),
-    (16, 2048, 2048, False): (16, 512, 4, 3),
-    (16, 2048, 6144, False): (16, 512, 4, 3),
-    (16, 3072, 1024, True): (32, 512, 4, 3),
-    (16, 4096, 1024, False): (32, 512, 4, 3),
-    (16, 4096, 2048, False): (32, 512, 4, 3),
-    (16, 6144, 2048, True): (64, 128, 8, 3),
+# (BLOCK_M, N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, K ranges), the fastest of
+# bench/fused_linear.py's candidates per shape of the 0.6B and 1.7B layers on an H100 (docs/perf-notes.md, entry
+# 38); other shapes take the heuristic in _fused_linear_tiles. K ranges: the K columns split among that many
+# programs per column block (their sums added by the last to finish), for shapes with too few column blocks to
+# keep every SM reading weights.
+FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int, int]] = {
+    (16, 1024, 2048, False): (16, 512, 4, 3, 1),
+    (16, 1024, 3072, False): (16, 512, 4, 3, 1),
+    (16, 2048, 2048, False): (16, 512, 4, 3, 1),
+    (16, 2048, 6144, False): (16, 512, 4, 3, 1),
+    (16, 3072, 1024, True): (32, 512, 4, 3, 1),
+    (16, 4096, 1024, False): (32, 512, 4, 3, 1),
+    (16, 4096, 2048, False): (32, 512, 4, 3, 1),
+    (16, 6144, 2048, True): (64, 128, 8, 3, 1),
 }
 
 # A row or two (one stream's decode step, its code predictor's first pass) take a matrix-vector kernel instead:
@@ -507,14 +509,21 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
             K_ALL=triton.next_power_of_2(K) if norm is not None else 1, num_warps=warps, num_stages=stages, **flags)
         return (out, None) if squares_out else out
     BLOCK_M = min(FUSED_BLOCK_M, max(16, triton.next_power_of_2(M)))
-    BLOCK_N, BLOCK_K, warps, stages = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
-    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))  # (a column block's row blocks run side by side)
+    BLOCK_N, BLOCK_K, warps, stages, split = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
+    k_split = triton.cdiv(triton.cdiv(K, split), BLOCK_K) * BLOCK_K  # (each program's K range, whole K tiles)
+    # (a column block's row blocks and K ranges run side by side)
+    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N), triton.cdiv(K, k_split))
     sq_in = out if squares is None else squares  # (out: a placeholder, not read)
     sq_out = torch.empty(grid[1], M, dtype=torch.float32, device=x.device) if squares_out else out
+    partial, arrivals = out, out  # (placeholders, not read without SPLIT)
+    if grid[2] > 1:
+        partial = torch.empty(grid[2], M, 2 * N if swiglu else N, dtype=torch.float32, device=x.device)
+        arrivals = _split_arrivals(x.device, grid[0] * grid[1])
     _fused_linear_kernel[grid](
         *args, sq_in, sq_in.stride(0), sq_in.stride(1), sq_out, 0 if squares is None else squares.shape[0],
-        SQ_IN=squares is not None, SQ_OUT=squares_out, IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps, num_stages=stages, **flags)
+        partial, arrivals, k_split, SQ_IN=squares is not None, SQ_OUT=squares_out, SPLIT=grid[2] > 1,
+        IEEE=dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=warps,
+        num_stages=stages, **flags)
     return (out, sq_out) if squares_out else out
 
 
@@ -532,14 +541,42 @@ def _row_squares_ref(x: torch.Tensor) -> torch.Tensor:
     return x.float().pow(2).sum(-1)[None]
 
 
-def _fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int, int, int, int]:
+def _fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int, int, int, int, int]:
     tiles = FUSED_LINEAR_TILES.get((BLOCK_M, N, K, swiglu))
     if tiles is not None:
         return tiles
     # (an fp32 [BLOCK_M, BLOCK_K] input tile per stage: 512 columns at 16 rows, fewer as the rows grow, within an
     # H100's shared memory; the 64-row default of 512 did not fit, perf-notes 55)
     BLOCK_K = min(512 if K % 512 == 0 else 128, max(16, 8192 // BLOCK_M), triton.next_power_of_2(K))
-    return (16 if N <= 2048 else 32), BLOCK_K, 4, 3
+    return (16 if N <= 2048 else 32), BLOCK_K, 4, 3, 1
+
+
+def _split_arrivals(device: torch.device, programs: int) -> torch.Tensor:
+    """Zeroed int32 counters for a split product's column blocks (each program of a block adds one as it leaves
+    its partial sums; the last one sums them and sets the counter back to zero), one set per stream: products on
+    one stream run one after another, those on two streams (two engines' graphs) may overlap. The sets are made
+    zeroed together, by a device's first split product outside a graph capture, so that a stream first seen
+    while capturing (torch.cuda.graph captures on a stream of its own) takes one without allocating."""
+    if programs > ARRIVALS_PER_STREAM:
+        raise ValueError(f"a split product of {programs} column blocks; at most {ARRIVALS_PER_STREAM}")
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    counters = _ARRIVALS.get(key)
+    if counters is None:
+        bank = _ARRIVAL_SETS.get(device)
+        if bank is None:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("a device's first split product must run outside a CUDA graph capture")
+            bank = _ARRIVAL_SETS[device] = list(torch.zeros(ARRIVAL_SETS, ARRIVALS_PER_STREAM, dtype=torch.int32,
+                                                            device=device).unbind())
+        if not bank:
+            raise RuntimeError(f"split products on more than {ARRIVAL_SETS} streams of one device")
+        counters = _ARRIVALS[key] = bank.pop()
+    return counters
+
+
+ARRIVAL_SETS, ARRIVALS_PER_STREAM = 256, 4096  # (4 MB per device)
+_ARRIVAL_SETS: dict[torch.device, list[torch.Tensor]] = {}
+_ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def _gemv_tiles(N: int, K: int, swiglu: bool, rows: int = 1) -> tuple[int, int, int, int]:
@@ -584,15 +621,19 @@ if triton is not None:
 
     @triton.jit
     def _fused_linear_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr, M, N, K, eps, sq_in_ptr, sq_stride_p,
-                             sq_stride_m, sq_out_ptr, P,
+                             sq_stride_m, sq_out_ptr, P, partial_ptr, arrivals_ptr, K_SPLIT,
                              NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, ROUND: tl.constexpr,
-                             SQ_IN: tl.constexpr, SQ_OUT: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        # One program per BLOCK_N output columns and BLOCK_M tokens (padded for the tensor cores): the weights are
-        # read from memory once (a column block's row blocks run side by side), which is what bounds a product of
-        # a few dozen tokens. SQ_IN: the norm's sums of squares are the P partial sums at sq_in [P, M], added in
-        # order (strides sq_stride_p, sq_stride_m); SQ_OUT: this program's partial sums of squares of the residual
-        # stream it wrote, at sq_out [column block, M].
+                             SQ_IN: tl.constexpr, SQ_OUT: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        # One program per BLOCK_N output columns, BLOCK_M tokens (padded for the tensor cores) and K_SPLIT of the
+        # K columns: the weights are read from memory once (a column block's row blocks and K ranges run side by
+        # side), which is what bounds a product of a few dozen tokens. SPLIT (more than one K range): each program
+        # leaves its fp32 sums at partial [K range, M, N (2 N with SWIGLU)] and counts itself in at arrivals
+        # [row block, column block]; the last of a block to arrive adds the ranges' sums in order (the same
+        # result whichever arrives last), finishes the product and sets the counter back to zero. SQ_IN: the
+        # norm's sums of squares are the P partial sums at sq_in [P, M], added in order (strides sq_stride_p,
+        # sq_stride_m); SQ_OUT: this column block's partial sums of squares of the residual stream it wrote, at
+        # sq_out [column block, M].
         pid_n = tl.program_id(1)
         if PDL:  # (see PDL above)
             tl.extra.cuda.gdc_wait()
@@ -619,7 +660,8 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if SWIGLU:
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        k_lo = tl.program_id(2) * K_SPLIT
+        for k0 in range(k_lo, tl.minimum(k_lo + K_SPLIT, K), BLOCK_K):
             kk = k0 + k
             k_in = kk < K
             a = tl.load(x_ptr + m[:, None] * K + kk[None, :], mask=m_in[:, None] & k_in[None, :], other=0.0)
@@ -642,10 +684,30 @@ if triton is not None:
         if not SWIGLU:
             acc_up = acc  # (unused)
         mask = m_in[:, None] & n_in[None, :]
+        rows_done = m_in
+        if SPLIT:
+            width = 2 * N if SWIGLU else N
+            offs = m[:, None] * width + n[None, :]
+            tl.store(partial_ptr + tl.program_id(2) * M * width + offs, acc, mask=mask)
+            if SWIGLU:
+                tl.store(partial_ptr + tl.program_id(2) * M * width + N + offs, acc_up, mask=mask)
+            tl.debug_barrier()  # (every thread's sums stored before the count: released with it)
+            arrival = arrivals_ptr + tl.program_id(0) * tl.num_programs(1) + pid_n
+            last = tl.atomic_add(arrival, 1, sem="acq_rel") == tl.num_programs(2) - 1
+            mask = mask & last  # (the others are done: no load or store below is issued for them)
+            rows_done = m_in & last
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for part in range(0, tl.num_programs(2)):
+                acc += tl.load(partial_ptr + part * M * width + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                if SWIGLU:
+                    acc_up += tl.load(partial_ptr + part * M * width + N + offs, mask=mask, other=0.0,
+                                      cache_modifier=".cg")
+            tl.store(arrival, 0, mask=last)
         y = _linear_epilogue(acc, acc_up, out_ptr, res_ptr, m[:, None] * N + n[None, :], mask, SWIGLU, RESIDUAL,
                              ROUND, dtype)
         if SQ_OUT:
-            tl.store(sq_out_ptr + pid_n * M + m, tl.sum(tl.where(mask, y * y, 0.0), axis=1), mask=m_in)
+            tl.store(sq_out_ptr + pid_n * M + m, tl.sum(tl.where(mask, y * y, 0.0), axis=1), mask=rows_done)
 
     @triton.jit
     def _row_squares_kernel(x_ptr, out_ptr, K, BLOCK: tl.constexpr):

@@ -31,6 +31,9 @@ from .prefix_cache import PrefixCache
 from .sampler import TalkerProcessors, sample_tokens
 from .sequence import Prompt
 
+# The fused products' rows for a talker wider than 1,024 (1.7B's): see ModelRunner.__init__
+WIDE_TALKER_MAX_FUSED = 1
+
 
 class RowState:
     """Static per-row tensors ([max_rows, ...]) read and written by the frame step."""
@@ -86,7 +89,7 @@ class ModelRunner:
         # talker keeps them to one stream.
         self.talker = FlatDecoder(talker.model.layers, talker.model.norm.weight, tc.rms_norm_eps,
                                   tc.num_attention_heads, tc.head_dim, talker.model.inv_freq,
-                                  max_fused=1 if tc.hidden_size > 1024 else None)
+                                  max_fused=WIDE_TALKER_MAX_FUSED if tc.hidden_size > 1024 else None)
         cp = talker.code_predictor
         self.cp = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
                               cc.head_dim, cp.model.inv_freq)
