@@ -571,14 +571,14 @@ def test_the_fused_products_equal_the_unfused_decoder(monkeypatch, tmp_path, cas
 
 
 def test_which_calls_take_the_fused_products():
-    """Up to FUSED_MAX_ROWS tokens (or a decoder's `max_fused`): a decoder kept to one stream (the 1.7B talker)
-    fuses nothing beyond it; nothing without `fused`."""
+    """Up to FUSED_MAX_ROWS tokens but a decoder's `unfused_rows` (the 1.7B talker's two rows); nothing without
+    `fused`."""
     from q3tts.engine.decoder import FUSED_MAX_ROWS, FlatDecoder
 
     args = ([], torch.ones(8), 1e-6, 2, 4, torch.ones(2))
-    default, one = FlatDecoder(*args), FlatDecoder(*args, max_fused=1)
+    default, wide = FlatDecoder(*args), FlatDecoder(*args, unfused_rows=(2,))
     assert [n for n in range(1, 40) if default.fuses(n, True)] == list(range(1, FUSED_MAX_ROWS + 1))
-    assert [n for n in range(1, 40) if one.fuses(n, True)] == [1]
+    assert [n for n in range(1, 40) if wide.fuses(n, True)] == [1, *range(3, FUSED_MAX_ROWS + 1)]
     assert not default.fuses(1, False)
 
 

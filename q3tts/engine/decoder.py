@@ -27,13 +27,13 @@ from .kernels import (
 )
 
 # Calls of up to GEMV_MAX_ROWS tokens take the matrix-vector kernel, calls of more, up to FUSED_MAX_ROWS (a decoder
-# may stop sooner, `max_fused`), the tensor-core kernel, each product handing the next norm its rows' sums
-# of squares. Measured (docs/perf-notes.md, entries 41, 49, 51 and 58; H100, 4-16 rows on an H200): the
+# may leave some out, `unfused_rows`), the tensor-core kernel, each product handing the next norm its rows' sums
+# of squares. Measured (docs/perf-notes.md, entries 41, 49, 51, 58 and 69; H100, 4-16 rows on an H200 in 58): the
 # matrix-vector kernel took one row from 4.79 ms (1.7B frame, tensor-core kernel) to 4.00 and two rows from 5.06 /
-# 4.31 ms (1.7B / 0.6B, cuBLAS) to 4.88 / 3.88; the tensor-core kernel with the sums handed on beat cuBLAS and the
-# separate norm and SwiGLU kernels at 4-16 rows in the code predictor and the 0.6B talker (1,024 wide), not in the
-# 1.7B talker (2,048 wide, 1.57 -> 1.70 ms at 4 rows), and lost at 64 rows (frame 1.7B 5.58 -> 6.01 ms, 0.6B 4.79
-# -> 5.15).
+# 4.31 ms (1.7B / 0.6B, cuBLAS) to 4.88 / 3.88, but the 1.7B talker's two rows (2,048 wide) from 1.77 to 1.95 ms;
+# the tensor-core kernel with the sums handed on and the long products split over K beats cuBLAS and the separate
+# norm and SwiGLU kernels at 3-16 rows (1.7B frame 4.87 -> 4.61 ms at 3 rows, 4.85 -> 4.63 at 16; 0.6B 4.24 ->
+# 3.95, 4.11 -> 3.96), and lost at 64 rows (entries 58, 69: 1.7B 5.32 -> 5.69 ms, split or not).
 FUSED_MAX_ROWS = 16
 
 
@@ -57,17 +57,18 @@ class FlatDecoder:
     """Runs `layers` (modules of the reference model, fused in place) over tokens at (rows, positions)."""
 
     def __init__(self, layers, final_norm: torch.Tensor, eps: float, num_heads: int, head_dim: int,
-                 inv_freq: torch.Tensor, max_fused: int | None = None):
+                 inv_freq: torch.Tensor, unfused_rows: tuple[int, ...] = ()):
         self.layers: list[FusedLayerWeights] = [fuse_layer(layer) for layer in layers]
         self.final_norm, self.eps = final_norm, eps
         self.num_heads, self.head_dim = num_heads, head_dim
         self.inv_freq = inv_freq.float()
-        self.max_fused = FUSED_MAX_ROWS if max_fused is None else min(max_fused, FUSED_MAX_ROWS)
+        self.unfused_rows = unfused_rows
 
     def fuses(self, num_tokens: int, fused: bool = False) -> bool:
-        """Whether a call over `num_tokens` tokens with `fused` takes the fused products: up to `max_fused` tokens,
+        """Whether a call over `num_tokens` tokens with `fused` takes the fused products: up to FUSED_MAX_ROWS tokens
+        but `unfused_rows`,
         GEMV_MAX_ROWS of them on the matrix-vector kernel, more on the tensor-core kernel."""
-        return fused and num_tokens <= self.max_fused
+        return fused and num_tokens <= FUSED_MAX_ROWS and num_tokens not in self.unfused_rows
 
     def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
                  decode: bool = False, fused: bool = False,

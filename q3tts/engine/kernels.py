@@ -414,19 +414,21 @@ if triton is not None:
 # Rows per program of the tensor-core kernel: more rows take more programs per column block.
 FUSED_BLOCK_M = 64
 # (BLOCK_M, N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, K ranges), the fastest of
-# bench/fused_linear.py's candidates per shape of the 0.6B and 1.7B layers on an H100 (docs/perf-notes.md, entry
-# 38); other shapes take the heuristic in _fused_linear_tiles. K ranges: the K columns split among that many
-# programs per column block (their sums added by the last to finish), for shapes with too few column blocks to
-# keep every SM reading weights.
+# bench/fused_linear.py's candidates per shape of the 0.6B and 1.7B layers and heads on an H100 (docs/perf-notes.md,
+# entries 38 and 69); other shapes take the heuristic in _fused_linear_tiles. K ranges: the K columns split among
+# that many programs per column block (their sums added by the last to finish): the products of few columns and
+# long rows (o, down) would otherwise leave most SMs without weights to read.
 FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int, int]] = {
-    (16, 1024, 2048, False): (16, 512, 4, 3, 1),
-    (16, 1024, 3072, False): (16, 512, 4, 3, 1),
-    (16, 2048, 2048, False): (16, 512, 4, 3, 1),
-    (16, 2048, 6144, False): (16, 512, 4, 3, 1),
-    (16, 3072, 1024, True): (32, 512, 4, 3, 1),
+    (16, 1024, 2048, False): (32, 256, 4, 3, 4),
+    (16, 1024, 3072, False): (16, 128, 4, 3, 4),
+    (16, 2048, 1024, False): (16, 256, 4, 3, 1),
+    (16, 2048, 2048, False): (64, 256, 4, 3, 4),
+    (16, 2048, 6144, False): (64, 256, 4, 3, 4),
+    (16, 3072, 1024, True): (32, 256, 4, 3, 1),
+    (16, 3072, 2048, False): (32, 128, 4, 3, 4),
     (16, 4096, 1024, False): (32, 512, 4, 3, 1),
     (16, 4096, 2048, False): (32, 512, 4, 3, 1),
-    (16, 6144, 2048, True): (64, 128, 8, 3, 1),
+    (16, 6144, 2048, True): (64, 256, 4, 3, 1),
 }
 
 # A row or two (one stream's decode step, its code predictor's first pass) take a matrix-vector kernel instead:

@@ -31,8 +31,8 @@ from .prefix_cache import PrefixCache
 from .sampler import TalkerProcessors, sample_tokens
 from .sequence import Prompt
 
-# The fused products' rows for a talker wider than 1,024 (1.7B's): see ModelRunner.__init__
-WIDE_TALKER_MAX_FUSED = 1
+# Calls of these many tokens keep cuBLAS in a talker wider than 1,024 (1.7B's): see ModelRunner.__init__
+WIDE_TALKER_UNFUSED_ROWS = (2,)
 
 
 class RowState:
@@ -84,12 +84,11 @@ class ModelRunner:
         self.device = talker.codec_head.weight.device
         self.dtype = talker.codec_head.weight.dtype
         self.max_context = cfg.context_for(tc.max_position_embeddings)
-        # The fused products beyond one stream were faster than cuBLAS for 0.6B's talker but slower for 1.7B's
-        # (docs/perf-notes.md, entries 51 and 58: 1.77 -> 1.89 ms at two rows, 1.57 -> 1.70 at four): the wider
-        # talker keeps them to one stream.
+        # The matrix-vector kernel at two rows is slower than cuBLAS for 1.7B's talker (2,048 wide), not for 0.6B's
+        # (docs/perf-notes.md, entries 51 and 69: 1.77 -> 1.95 ms): the wider talker keeps cuBLAS there.
         self.talker = FlatDecoder(talker.model.layers, talker.model.norm.weight, tc.rms_norm_eps,
                                   tc.num_attention_heads, tc.head_dim, talker.model.inv_freq,
-                                  max_fused=WIDE_TALKER_MAX_FUSED if tc.hidden_size > 1024 else None)
+                                  unfused_rows=WIDE_TALKER_UNFUSED_ROWS if tc.hidden_size > 1024 else ())
         cp = talker.code_predictor
         self.cp = FlatDecoder(cp.model.layers, cp.model.norm.weight, cc.rms_norm_eps, cc.num_attention_heads,
                               cc.head_dim, cp.model.inv_freq)
