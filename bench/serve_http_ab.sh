@@ -5,7 +5,8 @@
 # The checkpoint: random weights at the real config with EOS off, e.g. the peer harness's
 #   python3 shared/bench/peers/peer_bench.py build --config 1.7B-Base --out /tmp/peer_ckpt/1.7B-Base
 # Each layout: `q3tts serve CHECKPOINT --max-running 256` until /ready, then bench/serve_load.py --http with 4 load
-# processes at each rate for 15 s; results in OUTDIR/http_single.json and OUTDIR/http_front.json.
+# processes at each rate for 15 s; results in OUTDIR/http_single.json and OUTDIR/http_front.json (SKIP_SINGLE=1:
+# the front layout only, what `q3tts serve` runs on a GPU).
 set -u
 CKPT=$1 RATES=$2 OUT=${3:-/tmp/serve_http_ab}
 mkdir -p "$OUT"
@@ -25,5 +26,5 @@ run_one() {  # name, port, serve flags...
     --out "$OUT/http_$name.json" 2>&1 | grep -v "^\s*$"
   kill -TERM $pid; wait $pid 2>/dev/null
 }
-run_one single 8100 --single-process
+[ -n "${SKIP_SINGLE:-}" ] || run_one single 8100 --single-process
 run_one front 8101
