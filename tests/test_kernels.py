@@ -97,6 +97,28 @@ def test_qk_norm_rope_store_and_attention(monkeypatch, dtype):
     _close(out, out_ref, dtype)
 
 
+@pytest.mark.parametrize("query_rows", [8, 64])
+def test_attention_runs_of_a_rows_tokens(monkeypatch, query_rows):
+    """Tokens of one row at consecutive positions attend together (in spans of query_rows // 2 tokens here): a
+    prefill after a cached prefix (positions from 21 on), runs broken by another row's tokens, by a gap in the
+    positions or a repeated one (a bucket's padding tokens: one row, position 0), rows of one token, and a run
+    crossing several spans and KV blocks; each token gets the twin's attention over its own positions."""
+    monkeypatch.setattr(kernels, "ATTENTION_QUERY_ROWS", query_rows)
+    dtype = DTYPES[-1]
+    layout = ([(0, p) for p in range(21, 45)] + [(1, 0), (1, 1), (2, 5), (1, 2), (1, 3), (3, 9)]
+              + [(2, p) for p in range(6, 11)] + [(2, p) for p in range(13, 17)] + [(4, 0)] * 3)
+    args = _paged_setup(dtype, [45, 4, 17, 10, 1], seed=5)  # (every row's keys written: the cached positions too)
+    q = _twin(monkeypatch, kernels.qk_norm_rope_store, **args)
+    first = {r: sum([45, 4, 17, 10, 1][:r]) for r in range(5)}
+    index = torch.tensor([first[r] + p for r, p in layout], dtype=torch.long, device=DEVICE)
+    rows, positions = args["rows"][index], args["positions"][index]
+    out = kernels.paged_attention(q[index], args["k_cache"], args["v_cache"], args["block_table"], rows, positions,
+                                  dtype)
+    ref = _twin(monkeypatch, kernels.paged_attention, q[index], args["k_cache"], args["v_cache"],
+                args["block_table"], rows, positions, dtype)
+    _close(out, ref, dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["mixed", "many_short", "one_0", "one_15", "one_16", "one_36"])
 def test_decode_attention_equals_store_then_attend(monkeypatch, dtype, case):

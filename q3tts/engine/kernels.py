@@ -187,7 +187,11 @@ if triton is not None:
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     rows: torch.Tensor, positions: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """q: [N, Hq, D] fp32; token t attends to positions 0..positions[t] of row rows[t]. Returns [N, Hq * D]."""
+    """q: [N, Hq, D] fp32; token t attends to positions 0..positions[t] of row rows[t]. Returns [N, Hq * D].
+
+    Consecutive tokens of one row at consecutive positions (a prefill's) attend together, up to
+    ATTENTION_TOKENS_PER_PROGRAM query heads' worth per program: the row's keys and values are read once for all
+    of them instead of once per token (perf-notes 70). Any layout is served (tokens of many rows, one each)."""
     N, Hq, D = q.shape
     _, block_size, num_kv, _ = k_cache.shape
     if not use_triton(q):
@@ -195,11 +199,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if block_size < 16 or Hq // num_kv > 16:
         raise ValueError("the attention kernel needs block_size >= 16 and <= 16 query heads per KV head")
     out = torch.empty(N, Hq * D, dtype=out_dtype, device=q.device)
+    group = triton.next_power_of_2(Hq // num_kv)
     _paged_attention_kernel[(N, num_kv)](
-        q, k_cache, v_cache, block_table, rows, positions, out, D**-0.5, block_table.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        GROUP=Hq // num_kv, D=D, BLOCK_SIZE=block_size, IEEE=k_cache.dtype == torch.float32, num_warps=4)
+        q, k_cache, v_cache, block_table, rows, positions, out, N, D**-0.5, block_table.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), GROUP=Hq // num_kv, GROUP_P2=group, D=D,
+        BLOCK_SIZE=block_size, TOKENS=max(1, ATTENTION_QUERY_ROWS // group), IEEE=k_cache.dtype == torch.float32,
+        num_warps=4)
     return out
+
+
+# Query rows (tokens x query heads of a KV head) per program of paged_attention: 64 is 32 tokens of Qwen3-TTS's
+# two query heads per KV head.
+ATTENTION_QUERY_ROWS = 64
 
 
 def _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions):
@@ -243,18 +254,19 @@ if triton is not None:
             valid = (start + n) <= last
             k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)  # [N, D]
             v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
-            m, denom, acc = _attend_block(q, k, v, valid, m, denom, acc, scale, IEEE)
+            m, denom, acc = _attend_block(q, k, v, valid[None, :], m, denom, acc, scale, IEEE)
         return m, denom, acc
 
     @triton.jit
     def _attend_block(q, k, v, valid, m, denom, acc, scale, IEEE: tl.constexpr):
-        """One block of keys and values [N, D] (`valid` [N]: the positions attended) into the online softmax state
-        (m, denom [16]; acc [16, D], fp32) of q [16, D]. A block with no valid position leaves the state as is."""
+        """One block of keys and values [N, D] (`valid` [1 or M, N]: the positions each query row attends) into the
+        online softmax state (m, denom [M]; acc [M, D], fp32) of q [M, D]. A block with no valid position leaves
+        a row's state as is."""
         if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [16, N]
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [M, N]
         else:
             s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
+        s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # (nothing valid yet: every exp below is 0)
         p = tl.exp(s - m_safe[:, None])
@@ -267,22 +279,52 @@ if triton is not None:
         return m_new, denom, acc
 
     @triton.jit
-    def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, out_ptr, scale, table_stride,
-                                cache_s0, cache_s1, cache_s2, GROUP: tl.constexpr, D: tl.constexpr,
-                                BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
-        # One program per (token, kv head): its GROUP query heads, padded to 16 rows for the tensor cores.
-        t = tl.program_id(0).to(tl.int64)
+    def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, out_ptr, N, scale, table_stride,
+                                cache_s0, cache_s1, cache_s2, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
+                                D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TOKENS: tl.constexpr,
+                                IEEE: tl.constexpr):
+        # One program per (token, kv head); the token leads a run when it starts its row's consecutive positions in
+        # the list or a TOKENS-aligned span of them, and its run (itself and the next tokens of its row at the
+        # next positions, up to the span's end) attends together: TOKENS x GROUP_P2 query rows (GROUP heads of
+        # each token, padded to a power of two), each masked to its own token's positions. The other programs
+        # return at once. Every token belongs to exactly one run, whatever the layout.
+        t = tl.program_id(0)
         kv_head = tl.program_id(1)
-        g = tl.arange(0, 16)
-        d = tl.arange(0, D)
-        in_group = g < GROUP
-        q_offs = (t * GROUP * tl.num_programs(1) + kv_head * GROUP + g[:, None]) * D + d[None, :]
-        q = tl.load(q_ptr + q_offs, mask=in_group[:, None], other=0.0).to(k_ptr.dtype.element_ty)  # [16, D]
-        row = tl.load(rows_ptr + t).to(tl.int64)
+        row = tl.load(rows_ptr + t)
         pos = tl.load(pos_ptr + t)
-        out = _attend(q, k_ptr, v_ptr, table_ptr, row, pos, kv_head, scale, table_stride, cache_s0, cache_s1,
-                      cache_s2, D, BLOCK_SIZE, IEEE)
-        tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=in_group[:, None])
+        prev = tl.maximum(t - 1, 0)
+        leads = (t == 0) | (pos % TOKENS == 0) | (tl.load(rows_ptr + prev) != row)
+        leads = leads | (tl.load(pos_ptr + prev) != pos - 1)
+        if leads:
+            M: tl.constexpr = TOKENS * GROUP_P2
+            r = tl.arange(0, M)
+            i = r // GROUP_P2  # (the run's i-th token)
+            head = r % GROUP_P2
+            tok = t + i
+            in_list = tok < N
+            tok_pos = tl.load(pos_ptr + tok, mask=in_list, other=-1)
+            tok_row = tl.load(rows_ptr + tok, mask=in_list, other=-1)
+            mine = in_list & (tok_row == row) & (tok_pos == pos + i) & (tok_pos // TOKENS == pos // TOKENS)
+            query = mine & (head < GROUP)
+            d = tl.arange(0, D)
+            offs = ((tok.to(tl.int64) * tl.num_programs(1) + kv_head) * GROUP + head)[:, None] * D + d[None, :]
+            q = tl.load(q_ptr + offs, mask=query[:, None], other=0.0).to(k_ptr.dtype.element_ty)  # [M, D]
+            last = tl.max(tl.where(mine, tok_pos, -1), axis=0)
+            n = tl.arange(0, BLOCK_SIZE)
+            m = tl.full([M], float("-inf"), tl.float32)
+            denom = tl.zeros([M], tl.float32)
+            acc = tl.zeros([M, D], tl.float32)
+            row64 = row.to(tl.int64)
+            for start in range(0, last + 1, BLOCK_SIZE):
+                block = tl.load(table_ptr + row64 * table_stride + start // BLOCK_SIZE).to(tl.int64)
+                kv_offs = block * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
+                in_block = (start + n) <= last
+                k = tl.load(k_ptr + kv_offs, mask=in_block[:, None], other=0.0)  # [N, D]
+                v = tl.load(v_ptr + kv_offs, mask=in_block[:, None], other=0.0)
+                valid = (start + n)[None, :] <= tok_pos[:, None]
+                m, denom, acc = _attend_block(q, k, v, valid, m, denom, acc, scale, IEEE)
+            out = acc / tl.where(query, denom, 1.0)[:, None]
+            tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=query[:, None])
 
 
 # ---- decode: q/k RMSNorm + RoPE + KV store + attention in one kernel --------------------------------------------
@@ -388,7 +430,7 @@ if triton is not None:
             m = tl.full([16], float("-inf"), tl.float32)
             denom = tl.zeros([16], tl.float32)
             acc = tl.zeros([16, D], tl.float32)
-            m, denom, acc = _attend_block(q, k_first, v_first, cached, m, denom, acc, scale, IEEE)
+            m, denom, acc = _attend_block(q, k_first, v_first, cached[None, :], m, denom, acc, scale, IEEE)
             # the row's further blocks before its own position
             m, denom, acc = _attend_span(q, k_ptr, v_ptr, table_ptr, row, BLOCK_SIZE, pos - 1, kv_head, m, denom,
                                          acc, scale, table_stride, cache_s0, cache_s1, cache_s2, D, BLOCK_SIZE, IEEE)
