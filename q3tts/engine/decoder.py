@@ -66,8 +66,7 @@ class FlatDecoder:
 
     def fuses(self, num_tokens: int, fused: bool = False) -> bool:
         """Whether a call over `num_tokens` tokens with `fused` takes the fused products: up to FUSED_MAX_ROWS tokens
-        but `unfused_rows`,
-        GEMV_MAX_ROWS of them on the matrix-vector kernel, more on the tensor-core kernel."""
+        but `unfused_rows`, GEMV_MAX_ROWS of them on the matrix-vector kernel, more on the tensor-core kernel."""
         return fused and num_tokens <= FUSED_MAX_ROWS and num_tokens not in self.unfused_rows
 
     def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,

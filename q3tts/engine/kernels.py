@@ -189,9 +189,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     rows: torch.Tensor, positions: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """q: [N, Hq, D] fp32; token t attends to positions 0..positions[t] of row rows[t]. Returns [N, Hq * D].
 
-    Consecutive tokens of one row at consecutive positions (a prefill's) attend together, up to
-    ATTENTION_TOKENS_PER_PROGRAM query heads' worth per program: the row's keys and values are read once for all
-    of them instead of once per token (perf-notes 70). Any layout is served (tokens of many rows, one each)."""
+    Consecutive tokens of one row at consecutive positions (a prefill's) attend together, ATTENTION_QUERY_ROWS
+    query rows (tokens x query heads of a KV head) per program: the row's keys and values are read once for all of
+    them instead of once per token (perf-notes 70). Any layout is served (tokens of many rows, one each)."""
     N, Hq, D = q.shape
     _, block_size, num_kv, _ = k_cache.shape
     if not use_triton(q):
