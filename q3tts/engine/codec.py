@@ -55,19 +55,18 @@ class CodecRunner:
         state = self.stream.state.tensors()
         # (tensor_digest keeps a digest per tensor object: a voice's codes are hashed once)
         keys = [tensor_digest(ref) if ref is not None and ref.shape[0] else None for ref in ref_codes]
-        voices: dict[bytes, list[int]] = {}  # reference digest -> the rows starting from it
-        for row, key in zip(rows, keys):
+        voices: dict[bytes, tuple[torch.Tensor, list[int]]] = {}  # reference digest -> (codes, rows starting from it)
+        for row, key, ref in zip(rows, keys, ref_codes):
             if key is not None:
-                voices.setdefault(key, []).append(row)
+                voices.setdefault(key, (ref, []))[1].append(row)
         lasts: dict[bytes, torch.Tensor] = {}
         with self._on_codec_stream():
             self.stream.reset(rows)
-            for key, voice_rows in voices.items():
+            for key, (ref, voice_rows) in voices.items():
                 kept = self.references.get(key) if self.references is not None else None
                 if kept is None:
                     first, voice_rows = voice_rows[0], voice_rows[1:]
                     self.references_decoded += 1
-                    ref = ref_codes[keys.index(key)]
                     last = self.stream.decode_rows([first], ref.T[None])[0, -1:].float()
                     kept = (*(t[first].clone() for t in state), last)
                     if self.references is not None:
