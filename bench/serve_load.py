@@ -240,7 +240,7 @@ class LoopProfile:
         # the model runner's admission steps and its transfers, wherever called (grow_rows and to_device serve
         # _grow and the departures too)
         targets += [(engine.runner, name, f"runner.{name}") for name in ("grow_rows", "_reuse_prefixes",
-                                                                           "_prefill_tokens", "_read_kv")]
+                                                                           "_prefill_tokens", "_keep_prefixes")]
         targets += [(runner_module, name, f"runner.{name}") for name in ("to_device", "write_rows")]
         for owner, name, label in targets:
             setattr(owner, name, self._timed(label, getattr(owner, name)))
@@ -288,6 +288,8 @@ def main() -> None:
     parser.add_argument("--rates", default="10,20,40")
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--max-running", type=int, default=128)
+    parser.add_argument("--switch-interval", type=float,
+                        help="EngineConfig.switch_interval in seconds (default: its own)")
     parser.add_argument("--overlap-max-rows", type=int, help="the codec runner's overlap_max_rows (default: its own)")
     parser.add_argument("--profile-loop", action="store_true",
                         help="in-process: report the engine loop's phases per iteration (host work, device waits)")
@@ -296,9 +298,10 @@ def main() -> None:
     rates = [float(r) for r in args.rates.split(",")]
     rows = http_rates(args.http, rates, args.duration, args.clients, args.client) if args.http else []
     for name in [] if args.http else args.sizes.split(","):
+        extra = {"switch_interval": args.switch_interval} if args.switch_interval is not None else {}
         tts = TTS.from_pretrained(args.ckpt_root / name, device="cuda", dtype=torch.bfloat16,
                                   engine_config=EngineConfig(max_rows=args.max_running, max_waiting=4096,
-                                                             gpu_memory_utilization=0.9))
+                                                             gpu_memory_utilization=0.9, **extra))
         tts.model.talker.codec_head.weight.data[tts.config.talker_config.codec_eos_token_id] = 0
         engine = tts.prepare_engine()
         if args.overlap_max_rows is not None:
@@ -317,7 +320,8 @@ def main() -> None:
                 result["engine_loop"] = window()
             row = {"engine": "q3tts", "benchmark": "serving", "model": name, "gpus": 1, "batch": args.max_running,
                    "ms_per_frame": None, "gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
-                   "request_mix": "x-vector clone, English, 6-14 s uniform, EOS off", **result}
+                   "request_mix": "x-vector clone, English, 6-14 s uniform, EOS off",
+                   "switch_interval_s": engine.config.switch_interval, **result}
             rows.append(row)
             print(json.dumps(row), flush=True)
         tts.close()

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from .config import ModelConfig
-from .engine.prefix_cache import PrefixCache, tensor_digest
+from .engine.prefix_cache import PrefixCache, tensor_digest, tensor_digests
 from .engine.sequence import Prompt
 from .models.talker import Talker
-from .transfer import foreach_copy, to_device
+from .transfer import to_device
 
 
 @dataclass
@@ -141,6 +141,7 @@ def _voice_heads(talker: Talker, config: ModelConfig, specs: list[PromptSpec],
     voices): their codec rows in one embedding lookup, their speaker embeddings in one copy, every head written by
     one multi-tensor copy and kept after one synchronization, instead of a dozen small launches, three copies and
     a synchronization per voice. Lookups, additions and copies give the same bits in any batch."""
+    tensor_digests([spec.speaker_embedding for spec in specs if spec.speaker_embedding is not None])  # together
     keys = [_voice_digest(config, spec) for spec in specs]
     with _HEADS_LOCK:
         cache = _HEADS.setdefault(talker, _HeadCache())
@@ -174,23 +175,31 @@ def _compute_heads(talker: Talker, config: ModelConfig, specs: list[PromptSpec],
     codec = talker.embed_codec(index[:n])
     if embeddings:
         on_host = all(e.device.type == "cpu" for e in embeddings)  # (one copy for all of them)
-        rows = torch.stack([e.to(specials.dtype) if on_host else e.to(device, specials.dtype) for e in embeddings])
+        rows = torch.stack(embeddings if on_host else [e.to(device) for e in embeddings]).to(specials.dtype)
         codec.index_copy_(0, index[2 * n:], to_device(rows, device))
     codec = specials[index[n:2 * n]] + codec
+    # Each head: its instruction's projection (each projected alone: a projection's bits depend on its batch), the
+    # assistant header, its codec block; all of them gathered from one source in one copy, as views of one tensor
+    # (the cache counts their storage once: PrefixCache).
+    sources, gather, lengths, offset = [codec], [], [], n
     instructions = [spec.instruct_ids for spec in specs if spec.instruct_ids]
-    if instructions:  # each projected alone (a projection's bits depend on its batch)
+    if instructions:
         flat = to_device([i for ids in instructions for i in ids], device, torch.long)
-        projected = iter(talker.embed_text(part) for part in flat.split([len(ids) for ids in instructions]))
-    heads, targets, sources = [], [], []
-    for spec, block in zip(specs, codec.split(sizes)):
-        parts = [next(projected)] if spec.instruct_ids else []
-        parts += [_fixed(talker, weights, "text", tuple(spec.input_ids[:3])), block]  # <|im_start|>assistant\n
-        head = block.new_empty(sum(part.shape[0] for part in parts), block.shape[1])
-        heads.append(head)
-        targets += head.split([part.shape[0] for part in parts])
-        sources += parts
-    foreach_copy(targets, sources)
-    return heads
+        sources += [talker.embed_text(part) for part in flat.split([len(ids) for ids in instructions])]
+    headers: dict[tuple[int, ...], int] = {}  # <|im_start|>assistant\n: where in the sources
+    for spec in specs:
+        header = tuple(spec.input_ids[:3])
+        if header not in headers:
+            headers[header] = sum(source.shape[0] for source in sources)
+            sources.append(_fixed(talker, weights, "text", header))
+    block = 0
+    for spec, size in zip(specs, sizes):
+        instruction = len(spec.instruct_ids or ())
+        header, start = len(spec.input_ids[:3]), headers[tuple(spec.input_ids[:3])]
+        gather += [*range(offset, offset + instruction), *range(start, start + header), *range(block, block + size)]
+        lengths.append(instruction + header + size)
+        offset, block = offset + instruction, block + size
+    return list(torch.cat(sources)[to_device(gather, device, torch.long)].split(lengths))
 
 
 def _keep(talker: Talker, parts: dict[bytes, torch.Tensor], weights: tuple) -> None:

@@ -135,6 +135,23 @@ def test_the_budget_evicts_the_least_recently_used():
     assert "huge" not in prefixes.entries
 
 
+def test_entries_made_together_count_their_storage_once():
+    """Entries that are views of one tensor (a burst's prefixes gathered in one copy) count its bytes once, hold
+    them while any of them is kept, and give them back with the last; the budget bounds the memory really held."""
+    burst = torch.zeros(3, 2, 10)  # 240 bytes, three entries of 80
+    prefixes = PrefixCache(max_bytes=400)
+    for key, part in zip("abc", burst.split(1)):
+        prefixes.put(key, part)
+    assert prefixes.bytes == 240
+    prefixes.put("d", torch.zeros(40))  # 160 bytes: fits beside the burst
+    assert list(prefixes.entries) == ["a", "b", "c", "d"] and prefixes.bytes == 400
+    prefixes.put("e", torch.zeros(10))  # 40 bytes: a and b leave, but the burst's storage is held by c
+    assert list(prefixes.entries) == ["d", "e"] and prefixes.bytes == 200  # ... so c left too
+    assert prefixes.get("a") is None
+    prefixes.put("f", burst[0])  # a view of a storage no longer held: counted again, whole (d makes room)
+    assert list(prefixes.entries) == ["e", "f"] and prefixes.bytes == 40 + 240
+
+
 def test_voice_heads_are_built_once_and_never_stale(cache):
     """The positions before the text are kept per voice: a second prompt equals one built with nothing kept, and
     a change to the embeddings is seen at once."""

@@ -24,11 +24,16 @@ import torch
 
 
 class PrefixCache:
+    """Least recently used first out within `max_bytes`, counted by storage: entries made together as views of
+    one tensor (a burst's prefixes, gathered in one copy) count it once, and it is freed, and uncounted, when the
+    last entry holding it leaves."""
+
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.entries: OrderedDict[str | bytes, tuple[torch.Tensor, ...]] = OrderedDict()
         self.bytes = 0
         self.hits = self.misses = 0
+        self._storages: dict[int, list[int]] = {}  # storage address -> [bytes, entries holding it]
 
     def get(self, key: str | bytes) -> tuple[torch.Tensor, ...] | None:
         """The tensors kept for `key` (the talker's: keys and values [layers, positions, kv heads, head dim] of a
@@ -42,18 +47,29 @@ class PrefixCache:
         return entry
 
     def put(self, key: str | bytes, *tensors: torch.Tensor) -> None:
-        size = _nbytes(tensors)
-        if key in self.entries or size > self.max_bytes:
+        if key in self.entries:
             return
-        while self.bytes + size > self.max_bytes:
-            _, old = self.entries.popitem(last=False)
-            self.bytes -= _nbytes(old)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        if sum(storages.values()) > self.max_bytes:
+            return
+        while True:  # (an eviction may uncount a storage this entry holds too)
+            size = sum(n for address, n in storages.items() if address not in self._storages)
+            if self.bytes + size <= self.max_bytes:
+                break
+            self._drop(self.entries.popitem(last=False)[1])
         self.entries[key] = tensors
-        self.bytes += size
+        for address, n in storages.items():
+            held = self._storages.setdefault(address, [n, 0])
+            self.bytes += n if held[1] == 0 else 0
+            held[1] += 1
 
-
-def _nbytes(tensors: tuple[torch.Tensor, ...]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    def _drop(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        for address in {t.untyped_storage().data_ptr() for t in tensors}:
+            held = self._storages[address]
+            held[1] -= 1
+            if held[1] == 0:
+                self.bytes -= held[0]
+                del self._storages[address]
 
 
 _DIGESTS: dict[int, tuple[weakref.ref, int, bytes]] = {}  # by id (tensors compare elementwise, so no weak dict)
@@ -62,14 +78,36 @@ _DIGESTS: dict[int, tuple[weakref.ref, int, bytes]] = {}  # by id (tensors compa
 def tensor_digest(t: torch.Tensor) -> bytes:
     """A digest of a tensor's dtype, shape and values (a content key for these caches), kept per tensor object (a
     voice's embedding and codes are the same objects request after request) until it changes in place."""
-    version = -1 if t.is_inference() else t._version  # (inference tensors keep no version counter)
-    hit = _DIGESTS.get(id(t))
-    if hit is not None and hit[0]() is t and hit[1] == version:
-        return hit[2]
-    data = t.detach().to("cpu").contiguous()
-    digest = hashlib.blake2b(repr((data.dtype, tuple(data.shape))).encode(), digest_size=16)
-    digest.update(data.view(torch.uint8).numpy())  # (the values' bytes, read in place)
-    digest = digest.digest()
-    key = id(t)
-    _DIGESTS[key] = (weakref.ref(t, lambda _: _DIGESTS.pop(key, None)), version, digest)
-    return digest
+    return tensor_digests([t])[0]
+
+
+def tensor_digests(tensors: list[torch.Tensor]) -> list[bytes]:
+    """`tensor_digest` of each tensor. Those not digested yet (a burst of new voices) are read to the host
+    together, one copy per device, dtype and shape instead of a few calls and a copy each."""
+    digests: dict[int, bytes] = {}
+    groups: dict[tuple, dict[int, torch.Tensor]] = {}
+    for t in tensors:
+        hit = _DIGESTS.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == _version(t):
+            digests[id(t)] = hit[2]
+        else:
+            groups.setdefault((t.device, t.dtype, tuple(t.shape)), {})[id(t)] = t
+    for (_, dtype, shape), group in groups.items():
+        members = list(group.values())
+        with torch.no_grad():
+            data = torch.stack(members).to("cpu").reshape(-1).view(torch.uint8).numpy()  # (in order, contiguous)
+        size = len(data) // len(members)
+        for i, t in enumerate(members):
+            digest = hashlib.blake2b(repr((dtype, shape)).encode(), digest_size=16)
+            digest.update(data[i * size:(i + 1) * size])  # (the values' bytes, read in place)
+            key = digests[id(t)] = digest.digest()
+            _DIGESTS[id(t)] = (weakref.ref(t, _forget(id(t))), _version(t), key)
+    return [digests[id(t)] for t in tensors]
+
+
+def _forget(key: int):
+    return lambda _: _DIGESTS.pop(key, None)  # (when the tensor is collected)
+
+
+def _version(t: torch.Tensor) -> int:
+    return -1 if t.is_inference() else t._version  # (inference tensors keep no version counter)

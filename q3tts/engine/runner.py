@@ -168,8 +168,8 @@ class ModelRunner:
         idx = to_device(rows, dev)
         pieces = [piece.to(dev) for p, start in zip(prompts, starts) for piece in p.embeds_from(start)]
         hidden = self._prefill_tokens(rows, starts, lengths, pieces)
-        for row, prompt in store:  # computed just now: kept for the next request with this voice
-            self.prefix_cache.put(prompt.prefix_key, *self._read_kv(row, prompt.prefix_len))
+        if store:  # computed just now: kept for the next request with this voice
+            self._keep_prefixes(store)
         last = to_device((torch.tensor(lengths) - torch.tensor(starts)).cumsum(0) - 1, dev)
         s.hidden[idx] = hidden[last]
         zero_rows([s.seen], rows)
@@ -243,9 +243,14 @@ class ModelRunner:
         slots = to_device(torch.tensor([blocks, offsets]), self.device)
         return slots[0], slots[1]
 
-    def _read_kv(self, row: int, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        blocks, offsets = self._kv_slots([(row, num_positions)])
-        return self.cache.k[:, blocks, offsets], self.cache.v[:, blocks, offsets]  # (copies)
+    def _keep_prefixes(self, store: list[tuple[int, Prompt]]) -> None:
+        """Copies each (row, prompt)'s prefix keys and values into the prefix cache: one gather for all of them,
+        the entries views of it (the cache counts its storage once)."""
+        sizes = [prompt.prefix_len for _, prompt in store]
+        blocks, offsets = self._kv_slots([(row, n) for (row, _), n in zip(store, sizes)])
+        k, v = self.cache.k[:, blocks, offsets], self.cache.v[:, blocks, offsets]  # (copies)
+        for (_, prompt), k_part, v_part in zip(store, k.split(sizes, 1), v.split(sizes, 1)):
+            self.prefix_cache.put(prompt.prefix_key, k_part, v_part)
 
     def _prefill_tokens(self, rows: list[int], starts: list[int], lengths: list[int], pieces: list[torch.Tensor]
                         ) -> torch.Tensor:

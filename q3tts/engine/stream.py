@@ -50,7 +50,9 @@ def deliver(items: list[tuple[Channel, object]], now: float, hold_s: float,
     """`items` (frames of 1920 samples, errors, END) as the channels should get them: each stream's frames one
     at a time while its reader is less than `hold_s` of audio ahead of real-time playback (counted from its
     first frame), otherwise held until `hold_s` of audio is held; an end, and every channel in `flush` (a row
-    preempted: no frame comes for a while), hands out what is held first. A hand-out is [k, 1920]."""
+    preempted: no frame comes for a while), hands out what is held first. A hand-out is a list of k frames,
+    joined into one array by the reader (`RequestStream`): the copy is the reader's thread's work, not the engine
+    thread's."""
     out: list[tuple[Channel, object]] = []
     touched: dict[Channel, None] = dict.fromkeys(flush)
     for channel, item in items:
@@ -72,9 +74,8 @@ def deliver(items: list[tuple[Channel, object]], now: float, hold_s: float,
 
 
 def _hand_out(channel: Channel, out: list, now: float) -> None:
-    if channel.held:  # (a frame is a row of a PCM array no one else writes: one frame goes out as a view)
-        held = channel.held
-        out.append((channel, held[0][None] if len(held) == 1 else np.stack(held)))
+    if channel.held:  # (a frame is a row of a PCM array no one else writes: frames go out as views)
+        out.append((channel, channel.held))
         channel.first_post = channel.first_post or now
         channel.posted_frames += len(channel.held)
         channel.held = []
@@ -179,7 +180,7 @@ class RequestStream:
         if isinstance(item, BaseException):
             self._ended = True
             raise item
-        return [item.reshape(-1)]
+        return [item[0] if len(item) == 1 else np.concatenate(item)]  # (a hand-out: frames, `deliver`)
 
     def read_all(self) -> np.ndarray:
         """The whole audio (blocks until the request ends)."""
