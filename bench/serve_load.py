@@ -277,6 +277,23 @@ class LoopProfile:
         return end
 
 
+def engine_settings(pairs: list[str]) -> dict:
+    """--set FIELD=VALUE pairs as EngineConfig keyword arguments (values parsed as Python literals; true/false,
+    none accepted)."""
+    import ast
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    settings = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in fields:
+            raise SystemExit(f"--set {pair}: EngineConfig has no field {name!r}")
+        value = {"true": "True", "false": "False", "none": "None"}.get(value.lower(), value)
+        settings[name] = ast.literal_eval(value)
+    return settings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt-root", type=Path)
@@ -288,8 +305,9 @@ def main() -> None:
     parser.add_argument("--rates", default="10,20,40")
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--max-running", type=int, default=128)
-    parser.add_argument("--switch-interval", type=float,
-                        help="EngineConfig.switch_interval in seconds (default: its own)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="an EngineConfig setting for the in-process engine, e.g. switch_interval=0.0002 or "
+                             "admit_before_launch=true (repeatable)")
     parser.add_argument("--overlap-max-rows", type=int, help="the codec runner's overlap_max_rows (default: its own)")
     parser.add_argument("--profile-loop", action="store_true",
                         help="in-process: report the engine loop's phases per iteration (host work, device waits)")
@@ -298,7 +316,7 @@ def main() -> None:
     rates = [float(r) for r in args.rates.split(",")]
     rows = http_rates(args.http, rates, args.duration, args.clients, args.client) if args.http else []
     for name in [] if args.http else args.sizes.split(","):
-        extra = {"switch_interval": args.switch_interval} if args.switch_interval is not None else {}
+        extra = engine_settings(args.set)
         tts = TTS.from_pretrained(args.ckpt_root / name, device="cuda", dtype=torch.bfloat16,
                                   engine_config=EngineConfig(max_rows=args.max_running, max_waiting=4096,
                                                              gpu_memory_utilization=0.9, **extra))
@@ -321,7 +339,7 @@ def main() -> None:
             row = {"engine": "q3tts", "benchmark": "serving", "model": name, "gpus": 1, "batch": args.max_running,
                    "ms_per_frame": None, "gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
                    "request_mix": "x-vector clone, English, 6-14 s uniform, EOS off",
-                   "switch_interval_s": engine.config.switch_interval, **result}
+                   **({"engine_settings": extra} if extra else {}), **result}
             rows.append(row)
             print(json.dumps(row), flush=True)
         tts.close()
