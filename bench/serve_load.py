@@ -307,7 +307,7 @@ def main() -> None:
     parser.add_argument("--max-running", type=int, default=128)
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="an EngineConfig setting for the in-process engine, e.g. switch_interval=0.0002 or "
-                             "admit_before_launch=true (repeatable)")
+                             "buckets=(64,128,256) (repeatable)")
     parser.add_argument("--overlap-max-rows", type=int, help="the codec runner's overlap_max_rows (default: its own)")
     parser.add_argument("--profile-loop", action="store_true",
                         help="in-process: report the engine loop's phases per iteration (host work, device waits)")

@@ -91,41 +91,6 @@ def test_requests_join_a_running_batch(tts, reference, engine):
     assert list(first) == []  # a stream read to its end stays ended
 
 
-def test_requests_arriving_during_a_frame_wait_join_before_the_next_launch(tts, reference, monkeypatch):
-    """With admit_before_launch, a request that arrives while the engine waits for a frame is admitted before the
-    next frame's launch (its prefill ahead of it), not one iteration later; every request stays exact."""
-    from q3tts.engine.readback import Readback
-
-    # (whatever the streams' lead on a slow machine: the scheduler admits at every chance)
-    eng = make_engine(tts, max_rows=4, block_size=16, admit_before_launch=True, safety_seconds=float("-inf"))
-    events, late, pop = [], [], Readback.pop
-
-    def pop_with_an_arrival(self, *args, **kwargs):
-        events.append(("pop", 0))
-        if events.count(("pop", 0)) in (5, 15):  # mid-stream: a request arrives during the wait
-            late.append(submit(eng, tts, 1 + len(late), greedy=len(late) == 0, max_new=20))
-        return pop(self, *args, **kwargs)
-
-    monkeypatch.setattr(Readback, "pop", pop_with_an_arrival)
-    for name in ("_settle", "_join"):
-        method = getattr(eng, name)
-        monkeypatch.setattr(eng, name, lambda *a, _m=method, _n=name: (events.append((_n, len(a[-1]))), _m(*a))[1])
-    step = eng.runner.step
-    monkeypatch.setattr(eng.runner, "step", lambda n: (events.append(("step", n)), step(n))[1])
-    first = submit(eng, tts, 0, True, max_new=40)
-    assert_close(first.read_all(), alone(reference, 0, True, 40))
-    for k, stream in enumerate(late):
-        assert_close(stream.read_all(), alone(reference, 1 + k, k == 0, 20), k)
-    eng.stop()
-    joined_before_launch = [i for i, (name, admitted) in enumerate(events[:-1])  # after a wait, before a launch
-                            if name == "_join" and admitted and events[i - 1][0] == "pop"
-                            and events[i + 1][0] == "step"]
-    assert len(late) == 2 and len(joined_before_launch) == 2
-    for i in joined_before_launch:  # the frame launched right after includes the new row
-        rows_before = [n for name, n in events[:i] if name == "step"][-1]
-        assert events[i + 1][1] == rows_before + events[i][1]
-
-
 def test_cancel_frees_the_row(tts, reference, engine):
     stream = submit(engine, tts, 2, False, max_new=200)
     got = []

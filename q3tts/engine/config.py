@@ -46,10 +46,6 @@ class EngineConfig:
     # wait this long for the GIL if another thread is busy. Python's 5 ms default is half a frame step; None
     # leaves it alone.
     switch_interval: float | None = 0.001
-    # Requests that arrived while the engine waited for a frame are admitted before the next frame's launch too
-    # (their prefill goes ahead of it), not only at the usual point while the frame runs: up to one loop iteration
-    # less of waiting for them, some host work on the device's path for every other row.
-    admit_before_launch: bool = False
     # A stream at least this many seconds of audio ahead of real-time playback gets its frames in groups of this
     # much audio, not one by one (engine/stream.py); 0 hands every frame out as it is made.
     stream_hold_s: float = 1.0

@@ -301,8 +301,6 @@ class Engine:
                     self._cv.wait()
                 if self._stopping:
                     return
-                if self.rows and self.config.admit_before_launch and self.scheduler.num_waiting:
-                    self._admit()
                 if self.rows:
                     self._grow()
             row_map = self._launch(readback) if self.rows else None
@@ -320,7 +318,10 @@ class Engine:
             for channel in post(outbox):  # their event loop is closed: nobody reads them
                 self._dropped.append(channel.request_id)
             with self._cv:
-                self._admit()
+                start = len(self.rows)
+                resumed, admitted = self.scheduler.admit(time.perf_counter())
+                self._join(resumed, admitted)
+                self._start_codec(start, resumed, admitted)
             last = (readback.pop(wait_pcm=False), row_map) if row_map is not None else None
 
     def _launch(self, readback: Readback) -> list[Sequence]:
@@ -333,13 +334,6 @@ class Engine:
         for seq in self.rows:
             seq.num_positions = min(seq.num_positions + 1, seq.payload.max_positions)
         return list(self.rows)
-
-    def _admit(self) -> None:
-        """Brings back preempted requests and admits waiting ones as the scheduler decides. Call with the lock."""
-        start = len(self.rows)
-        resumed, admitted = self.scheduler.admit(time.perf_counter())
-        self._join(resumed, admitted)
-        self._start_codec(start, resumed, admitted)
 
     def _join(self, resumed: list[Sequence], admitted: list[Sequence]) -> None:
         """Brings preempted requests back into the next free rows, then prefills the admitted ones after them

@@ -97,10 +97,10 @@ def tensor_digests(tensors: list[torch.Tensor]) -> list[bytes]:
         with torch.no_grad():
             data = torch.stack(members).to("cpu").reshape(-1).view(torch.uint8).numpy()  # (in order, contiguous)
         size = len(data) // len(members)
-        for i, t in enumerate(members):
-            digest = hashlib.blake2b(repr((dtype, shape)).encode(), digest_size=16)
+        for i, t in enumerate(members):  # (SHA-256: ~2x BLAKE2b's speed where the CPU has SHA instructions)
+            digest = hashlib.sha256(repr((dtype, shape)).encode())
             digest.update(data[i * size:(i + 1) * size])  # (the values' bytes, read in place)
-            key = digests[id(t)] = digest.digest()
+            key = digests[id(t)] = digest.digest()[:16]
             _DIGESTS[id(t)] = (weakref.ref(t, _forget(id(t))), _version(t), key)
     return [digests[id(t)] for t in tensors]
 
