@@ -138,9 +138,10 @@ def _voice_heads(talker: Talker, config: ModelConfig, specs: list[PromptSpec],
     """Each prompt's positions before the text (instruction, assistant header, the codec prefix but its last row)
     and their inputs' digest. They depend on the voice alone: computed once per voice and kept per talker, the
     most recently used within HEAD_CACHE_BYTES. The voices not kept yet are computed together (a burst of new
-    voices): their codec rows in one embedding lookup, their speaker embeddings in one copy, every head written by
-    one multi-tensor copy and kept after one synchronization, instead of a dozen small launches, three copies and
-    a synchronization per voice. Lookups, additions and copies give the same bits in any batch."""
+    voices): their codec rows in one embedding lookup, their speaker embeddings digested together and written in
+    one copy, every head gathered from them in one copy and kept after one synchronization, instead of a dozen
+    small launches, three copies and a synchronization per voice. Lookups, additions and copies give the same bits
+    in any batch."""
     tensor_digests([spec.speaker_embedding for spec in specs if spec.speaker_embedding is not None])  # together
     keys = [_voice_digest(config, spec) for spec in specs]
     with _HEADS_LOCK:

@@ -67,7 +67,8 @@ class CodecRunner:
                 if kept is None:
                     first, voice_rows = voice_rows[0], voice_rows[1:]
                     self.references_decoded += 1
-                    last = self.stream.decode_rows([first], ref.T[None])[0, -1:].float()
+                    audio = self.stream.decode_rows([first], ref.T[None])
+                    last = audio[0, -1:].to(torch.float32, copy=True)  # (kept: not a view of the whole audio)
                     kept = (*(t[first].clone() for t in state), last)
                     if self.references is not None:
                         self.references.put(key, *kept)
