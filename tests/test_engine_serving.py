@@ -91,6 +91,14 @@ def test_requests_join_a_running_batch(tts, reference, engine):
     assert list(first) == []  # a stream read to its end stays ended
 
 
+def test_an_engine_on_the_cpu_computes_with_every_thread(engine):
+    """Only a GPU engine's thread runs its CPU ops on one thread; on the CPU it computes the model with torch's
+    threads."""
+    import torch
+
+    assert engine.host_threads == torch.get_num_threads()
+
+
 def test_cancel_frees_the_row(tts, reference, engine):
     stream = submit(engine, tts, 2, False, max_new=200)
     got = []

@@ -129,6 +129,16 @@ def test_entry_points_on_the_engine_equal_the_reference_loop(cache, on_gpu, tmp_
         ours.close()
 
 
+def test_the_engine_thread_keeps_no_cpu_thread_team(cache, on_gpu):
+    """On a GPU the engine's thread computes on the device: its CPU ops run on one thread (no OpenMP team beside
+    the caller's), and the caller's setting is untouched."""
+    threads = torch.get_num_threads()
+    tts = load("tiny", cache)
+    tts.prepare_engine()
+    assert tts.engine.host_threads == 1 and torch.get_num_threads() == threads
+    tts.close()
+
+
 def test_concurrency_and_closing_on_the_gpu(cache, on_gpu):
     """Threads batch, two generators in one thread both finish, closed and abandoned streams free their rows."""
     ref = load("tiny", cache, reference=True)

@@ -101,6 +101,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self.rows: list[Sequence] = []  # rows[i]: the sequence in batch row i
         self.healthy = True
+        self.host_threads = 0  # torch's CPU threads in the engine's thread (set by it: 1 on a GPU)
         self._cv = threading.Condition()
         self._dropped: collections.deque[str] = collections.deque()  # ended by RequestStream finalizers
         self._preempted: list[Channel] = []  # since the last hand-out: their held frames go out now
@@ -258,6 +259,11 @@ class Engine:
     def _run(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            # This thread's host tensors are bookkeeping: no OpenMP team of its own. One would stay alive with the
+            # thread, and every other thread's parallel CPU op (a burst's prompts, say) ran 3-5x slower beside it
+            # (docs/perf-notes.md, entry 72). Per thread: the caller's setting is untouched.
+            torch.set_num_threads(1)
+        self.host_threads = torch.get_num_threads()
         try:
             with torch.no_grad():
                 self._capture_graphs()
