@@ -314,9 +314,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
+    extra = engine_settings(args.set)  # (a bad setting is refused before anything loads)
     rows = http_rates(args.http, rates, args.duration, args.clients, args.client) if args.http else []
     for name in [] if args.http else args.sizes.split(","):
-        extra = engine_settings(args.set)
         tts = TTS.from_pretrained(args.ckpt_root / name, device="cuda", dtype=torch.bfloat16,
                                   engine_config=EngineConfig(max_rows=args.max_running, max_waiting=4096,
                                                              gpu_memory_utilization=0.9, **extra))
