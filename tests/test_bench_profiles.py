@@ -46,6 +46,16 @@ def test_loop_profile(tmp_path, monkeypatch):
     assert all(0 <= v <= phases["ms_per_iteration"] for k, v in phases.items() if k.endswith("_ms"))
 
 
+def test_engine_settings_from_the_command_line():
+    import pytest
+
+    assert serve_load.engine_settings(["switch_interval=0.0002", "buckets=(64, 128)", "prefix_cache_gb=0"]) == {
+        "switch_interval": 0.0002, "buckets": (64, 128), "prefix_cache_gb": 0}
+    assert serve_load.engine_settings(["switch_interval=none"]) == {"switch_interval": None}
+    with pytest.raises(SystemExit, match="no field 'max_row'"):
+        serve_load.engine_settings(["max_row=4"])
+
+
 def test_burst_steps(tmp_path):
     tts = TTS.from_pretrained(tiny_checkpoint("tiny-base", tmp_path), device="cpu")
     engine = streaming_engine(tts.model, tts.speech_tokenizer.decoder, (4,))
