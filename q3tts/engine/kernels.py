@@ -237,24 +237,26 @@ if triton is not None:
         m = tl.full([16], float("-inf"), tl.float32)
         denom = tl.zeros([16], tl.float32)
         acc = tl.zeros([16, D], tl.float32)
-        m, denom, acc = _attend_span(q, k_ptr, v_ptr, table_ptr, row, 0, pos, kv_head, m, denom, acc, scale,
+        m, denom, acc = _attend_span(q, k_ptr, v_ptr, table_ptr, row, 0, pos, pos, kv_head, m, denom, acc, scale,
                                      table_stride, cache_s0, cache_s1, cache_s2, D, BLOCK_SIZE, IEEE)
         return acc / denom[:, None]
 
     @triton.jit
-    def _attend_span(q, k_ptr, v_ptr, table_ptr, row, first, last, kv_head, m, denom, acc, scale, table_stride,
-                     cache_s0, cache_s1, cache_s2, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
+    def _attend_span(q, k_ptr, v_ptr, table_ptr, row, first, last, limits, kv_head, m, denom, acc, scale,
+                     table_stride, cache_s0, cache_s1, cache_s2, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                     IEEE: tl.constexpr):
         """Positions first..last of `row` (`first` a block's first) into the online softmax state, block by
-        block (see _attend_block)."""
+        block (see _attend_block); each query row attends up to its limit (`limits`: `last` for all, or [M, 1]
+        per row, none beyond `last`)."""
         d = tl.arange(0, D)
         n = tl.arange(0, BLOCK_SIZE)
         for start in range(first, last + 1, BLOCK_SIZE):
             block = tl.load(table_ptr + row * table_stride + start // BLOCK_SIZE).to(tl.int64)
             offs = block * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
-            valid = (start + n) <= last
-            k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)  # [N, D]
-            v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
-            m, denom, acc = _attend_block(q, k, v, valid[None, :], m, denom, acc, scale, IEEE)
+            in_block = (start + n) <= last
+            k = tl.load(k_ptr + offs, mask=in_block[:, None], other=0.0)  # [N, D]
+            v = tl.load(v_ptr + offs, mask=in_block[:, None], other=0.0)
+            m, denom, acc = _attend_block(q, k, v, (start + n)[None, :] <= limits, m, denom, acc, scale, IEEE)
         return m, denom, acc
 
     @triton.jit
@@ -310,19 +312,12 @@ if triton is not None:
             offs = ((tok.to(tl.int64) * tl.num_programs(1) + kv_head) * GROUP + head)[:, None] * D + d[None, :]
             q = tl.load(q_ptr + offs, mask=query[:, None], other=0.0).to(k_ptr.dtype.element_ty)  # [M, D]
             last = tl.max(tl.where(mine, tok_pos, -1), axis=0)
-            n = tl.arange(0, BLOCK_SIZE)
             m = tl.full([M], float("-inf"), tl.float32)
             denom = tl.zeros([M], tl.float32)
             acc = tl.zeros([M, D], tl.float32)
-            row64 = row.to(tl.int64)
-            for start in range(0, last + 1, BLOCK_SIZE):
-                block = tl.load(table_ptr + row64 * table_stride + start // BLOCK_SIZE).to(tl.int64)
-                kv_offs = block * cache_s0 + n[:, None] * cache_s1 + kv_head * cache_s2 + d[None, :]
-                in_block = (start + n) <= last
-                k = tl.load(k_ptr + kv_offs, mask=in_block[:, None], other=0.0)  # [N, D]
-                v = tl.load(v_ptr + kv_offs, mask=in_block[:, None], other=0.0)
-                valid = (start + n)[None, :] <= tok_pos[:, None]
-                m, denom, acc = _attend_block(q, k, v, valid, m, denom, acc, scale, IEEE)
+            m, denom, acc = _attend_span(q, k_ptr, v_ptr, table_ptr, row.to(tl.int64), 0, last, tok_pos[:, None],
+                                         kv_head, m, denom, acc, scale, table_stride, cache_s0, cache_s1, cache_s2,
+                                         D, BLOCK_SIZE, IEEE)
             out = acc / tl.where(query, denom, 1.0)[:, None]
             tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=query[:, None])
 
@@ -432,8 +427,9 @@ if triton is not None:
             acc = tl.zeros([16, D], tl.float32)
             m, denom, acc = _attend_block(q, k_first, v_first, cached[None, :], m, denom, acc, scale, IEEE)
             # the row's further blocks before its own position
-            m, denom, acc = _attend_span(q, k_ptr, v_ptr, table_ptr, row, BLOCK_SIZE, pos - 1, kv_head, m, denom,
-                                         acc, scale, table_stride, cache_s0, cache_s1, cache_s2, D, BLOCK_SIZE, IEEE)
+            m, denom, acc = _attend_span(q, k_ptr, v_ptr, table_ptr, row, BLOCK_SIZE, pos - 1, pos - 1, kv_head, m,
+                                         denom, acc, scale, table_stride, cache_s0, cache_s1, cache_s2, D, BLOCK_SIZE,
+                                         IEEE)
             # its own position, as a block of one
             s = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1) * scale  # [16]
             m_new = tl.maximum(m, s)
