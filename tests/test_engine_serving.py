@@ -99,6 +99,34 @@ def test_an_engine_on_the_cpu_computes_with_every_thread(engine):
     assert engine.host_threads == torch.get_num_threads()
 
 
+def test_threads_that_drive_a_gpu_keep_one_cpu_thread_each():
+    """The engine's thread and the server's prompt workers on a GPU: one CPU thread each, other threads untouched;
+    for the CPU every thread."""
+    import threading
+
+    import torch
+
+    from q3tts.engine.engine import one_cpu_thread_on_gpu
+
+    def threads_after(device: str) -> tuple[int, int]:
+        """A thread's CPU threads after the call, and after a parallel op of its own."""
+        got = []
+
+        def work():
+            one_cpu_thread_on_gpu(torch.device(device))
+            got.append(torch.get_num_threads())
+            torch.randn(512, 512).exp().sum()
+            got.append(torch.get_num_threads())
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+        return tuple(got)
+
+    every = torch.get_num_threads()
+    assert threads_after("cuda") == (1, 1)
+    assert threads_after("cpu") == (every, every) and torch.get_num_threads() == every  # threads started later too
+
+
 def test_cancel_frees_the_row(tts, reference, engine):
     stream = submit(engine, tts, 2, False, max_new=200)
     got = []

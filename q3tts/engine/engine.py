@@ -25,7 +25,9 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -259,10 +261,7 @@ class Engine:
     def _run(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-            # This thread's host tensors are bookkeeping: no OpenMP team of its own. One would stay alive with the
-            # thread, and every other thread's parallel CPU op (a burst's prompts, say) ran 3-5x slower beside it
-            # (docs/perf-notes.md, entry 72). Per thread: the caller's setting is untouched.
-            torch.set_num_threads(1)
+        one_cpu_thread_on_gpu(self.device)
         self.host_threads = torch.get_num_threads()
         try:
             with torch.no_grad():
@@ -485,6 +484,29 @@ def device_scope(device: torch.device) -> contextlib.AbstractContextManager:
     """`device` as the thread's current CUDA device meanwhile (Triton kernels launch there, and PyTorch's current
     stream is that device's): needed off cuda:0 in any thread that launches work."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def one_cpu_thread_on_gpu(device: torch.device) -> None:
+    """For a thread that drives work on `device`: on a GPU its CPU tensors are bookkeeping, so it runs torch's CPU
+    ops on one thread and keeps no OpenMP team of its own. A team stays alive with its thread, and every other
+    thread's parallel CPU op (a burst's prompts, say) ran 3-5x slower beside it (docs/perf-notes.md, entry 72). Per
+    thread: the other threads' settings are untouched. On the CPU the thread keeps every CPU thread."""
+    if device.type != "cuda":
+        return
+    torch.get_num_threads()  # this thread's lazy start-up, which would take the default below, happens first
+    default = _in_new_thread(torch.get_num_threads)  # what threads started later get
+    torch.set_num_threads(1)
+    # torch.set_num_threads also makes its value the default of threads started later (each reads it when it
+    # first computes): put that back from another thread, so that the one thread stays this thread's own.
+    _in_new_thread(torch.set_num_threads, default)
+
+
+def _in_new_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    result = []
+    thread = threading.Thread(target=lambda: result.append(fn(*args)), name="q3tts-threads")
+    thread.start()
+    thread.join()
+    return result[0]
 
 
 def _finish_reason(seq: Sequence, done: bool) -> str | None:

@@ -24,6 +24,7 @@ import torch
 
 from ..audio import AudioError
 from ..engine import EngineError, QueueFull, RequestStream
+from ..engine.engine import one_cpu_thread_on_gpu
 from ..engine.sequence import Prompt
 from ..errors import RequestError, quote
 from ..fetch import FetchError, FetchPolicy, fetch
@@ -90,7 +91,9 @@ class SpeechService:
         self._watchdog: asyncio.Task | None = None
         # Prompts are built (and stored voices read) on two threads of the service's own, not asyncio's default
         # pool (up to 32 threads): every thread that holds the interpreter delays the engine thread's next frame.
-        self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare")
+        # On a GPU they keep no OpenMP teams (each would slow the other's CPU ops).
+        self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare",
+                                           initializer=one_cpu_thread_on_gpu, initargs=(tts.device,))
         self._prompts = _PromptBatcher(lambda requests: self._in_worker(self.tts.prepare_many, requests))
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
