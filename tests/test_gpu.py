@@ -139,6 +139,36 @@ def test_the_engine_thread_keeps_no_cpu_thread_team(cache, on_gpu):
     tts.close()
 
 
+def test_a_server_on_the_gpu_runs_its_threads_cpu_ops_on_one_thread(cache, tmp_path):
+    """After start-up the server's process is bookkeeping beside the GPU: its prompt workers and every thread
+    started later run torch's CPU ops on one thread each; a thread that had started before keeps its own."""
+    import asyncio
+    import threading
+
+    from q3tts.server.config import ServerConfig
+    from q3tts.server.service import SpeechService
+    from q3tts.server.voice_store import VoiceStore
+
+    def in_new_thread(fn, *args):
+        got = []
+        thread = threading.Thread(target=lambda: got.append(fn(*args)))
+        thread.start()
+        thread.join()
+        return got[0]
+
+    every = torch.get_num_threads()
+    config = ServerConfig(model="tiny", device="cuda", max_running=2, voices_dir=str(tmp_path))
+    service = SpeechService(load("tiny", cache), config, VoiceStore(config.voices_dir))
+    try:
+        asyncio.run(service.start())
+        assert service.ready
+        assert asyncio.run(service._in_worker(torch.get_num_threads)) == 1
+        assert in_new_thread(torch.get_num_threads) == 1 and torch.get_num_threads() == every
+    finally:
+        service.tts.close()
+        in_new_thread(torch.set_num_threads, every)  # the default of later threads, as the other tests expect
+
+
 def test_concurrency_and_closing_on_the_gpu(cache, on_gpu):
     """Threads batch, two generators in one thread both finish, closed and abandoned streams free their rows."""
     ref = load("tiny", cache, reference=True)

@@ -115,6 +115,11 @@ class SpeechService:
             # garbage collector's sight, so that its full collections do not stall the engine for tens of ms.
             gc.collect()
             gc.freeze()
+            if self.tts.device.type == "cuda":
+                # Beside a GPU the process's CPU work is bookkeeping: this thread and the threads started later run
+                # torch's CPU ops on one thread each (each thread's OpenMP team stays alive and slows the others';
+                # docs/perf-notes.md, entry 73).
+                torch.set_num_threads(1)
             self.ready = True
             log.info("engine ready: %s", self.config.model_id)
         except Exception as e:
