@@ -140,8 +140,8 @@ def test_the_engine_thread_keeps_no_cpu_thread_team(cache, on_gpu):
 
 
 def test_a_server_on_the_gpu_runs_its_threads_cpu_ops_on_one_thread(cache, tmp_path):
-    """After start-up the server's process is bookkeeping beside the GPU: its prompt workers and every thread
-    started later run torch's CPU ops on one thread each; a thread that had started before keeps its own."""
+    """After start-up the server's process is bookkeeping beside the GPU: its event loop's thread, its prompt
+    workers and every thread started later run torch's CPU ops on one thread each."""
     import asyncio
     import threading
 
@@ -149,9 +149,9 @@ def test_a_server_on_the_gpu_runs_its_threads_cpu_ops_on_one_thread(cache, tmp_p
     from q3tts.server.service import SpeechService
     from q3tts.server.voice_store import VoiceStore
 
-    def in_new_thread(fn, *args):
+    def threads_in_new_thread() -> int:
         got = []
-        thread = threading.Thread(target=lambda: got.append(fn(*args)))
+        thread = threading.Thread(target=lambda: got.append(torch.get_num_threads()))
         thread.start()
         thread.join()
         return got[0]
@@ -160,13 +160,13 @@ def test_a_server_on_the_gpu_runs_its_threads_cpu_ops_on_one_thread(cache, tmp_p
     config = ServerConfig(model="tiny", device="cuda", max_running=2, voices_dir=str(tmp_path))
     service = SpeechService(load("tiny", cache), config, VoiceStore(config.voices_dir))
     try:
-        asyncio.run(service.start())
-        assert service.ready
+        asyncio.run(service.start())  # this thread runs the event loop
+        assert service.ready and torch.get_num_threads() == 1
         assert asyncio.run(service._in_worker(torch.get_num_threads)) == 1
-        assert in_new_thread(torch.get_num_threads) == 1 and torch.get_num_threads() == every
+        assert threads_in_new_thread() == 1
     finally:
         service.tts.close()
-        in_new_thread(torch.set_num_threads, every)  # the default of later threads, as the other tests expect
+        torch.set_num_threads(every)  # this thread's and later threads' setting, as the other tests expect
 
 
 def test_concurrency_and_closing_on_the_gpu(cache, on_gpu):
