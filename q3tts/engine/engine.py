@@ -48,6 +48,7 @@ from .stream import END, Channel, RequestStream, deliver, post
 
 log = logging.getLogger("q3tts.engine")
 _ids = itertools.count()
+_THREADS_LOCK = threading.Lock()  # one_cpu_thread_on_gpu
 
 
 class EngineError(RuntimeError):
@@ -494,11 +495,12 @@ def one_cpu_thread_on_gpu(device: torch.device) -> None:
     if device.type != "cuda":
         return
     torch.get_num_threads()  # this thread's lazy start-up, which would take the default below, happens first
-    default = _in_new_thread(torch.get_num_threads)  # what threads started later get
-    torch.set_num_threads(1)
-    # torch.set_num_threads also makes its value the default of threads started later (each reads it when it
-    # first computes): put that back from another thread, so that the one thread stays this thread's own.
-    _in_new_thread(torch.set_num_threads, default)
+    with _THREADS_LOCK:  # (two engines starting together: neither reads the other's passing 1 as the default)
+        default = _in_new_thread(torch.get_num_threads)  # what threads started later get
+        torch.set_num_threads(1)
+        # torch.set_num_threads also makes its value the default of threads started later (each reads it when it
+        # first computes): put that back from another thread, so that the one thread stays this thread's own.
+        _in_new_thread(torch.set_num_threads, default)
 
 
 def _in_new_thread(fn: Callable[..., Any], *args: Any) -> Any:
