@@ -79,6 +79,21 @@ def test_console_script_runs(tmp_path):
     assert sf.info(out).frames == 2 * 1920
 
 
+def test_help_answers_without_loading_torch():
+    """`q3tts --help` and the package's import answer at once: torch (~3 s) loads with the first name that needs it,
+    and every public name is still there."""
+    code = ("import sys, q3tts, q3tts.cli\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "assert q3tts.Qwen3TTSModel is q3tts.TTS and q3tts.TTS.__module__ == 'q3tts.api'\n"
+            "assert all(getattr(q3tts, name) for name in q3tts.__all__)\n"
+            "assert set(q3tts.__all__) <= set(dir(q3tts))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    exe = os.path.join(os.path.dirname(sys.executable), "q3tts")
+    proc = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "say" in proc.stdout, proc.stderr
+
+
 def test_benchmark_modules_import():
     """The benchmarks run only on the GPU machine; at least their imports are checked here."""
     import importlib
