@@ -25,6 +25,7 @@ from .transfer import to_device
 
 _MASK32 = 0xFFFFFFFF
 MIN_NEW_TOKENS = 2  # EOS cannot be drawn in the first steps (the official generate's min_new_tokens)
+TOP_K_ALL = 2**31 - 1  # a top-k that keeps every token: larger values (valid) are stored as this
 NUM_CONTROL_IDS = 1024  # the talker vocabulary's last ids: control tokens, never sampled except EOS
 
 
@@ -86,6 +87,7 @@ class SamplerTensors:
         names = (("subtalker_dosample", "subtalker_temperature", "subtalker_top_k", "subtalker_top_p") if subtalker
                  else ("do_sample", "temperature", "top_k", "top_p"))
         values = [[getattr(x, name) for x in params] for name in names]
+        values[2] = [min(k, TOP_K_ALL) for k in values[2]]  # (any k >= the vocabulary keeps every token)
         return cls(do_sample=to_device(values[0], device, torch.bool),
                    temperature=to_device(values[1], device, torch.float32),
                    top_k=to_device(values[2], device, torch.int64),

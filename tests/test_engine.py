@@ -157,3 +157,16 @@ def test_prompt_length_is_known_before_building(name, tmp_path_factory):
             spec = tts.request("Hello world, how are you?", non_streaming_mode=non_streaming, **kwargs).spec
             built = build_prompt(tts.model.talker, tts.config, spec)
             assert prompt_length(tts.config, spec) == built.embeds.shape[0], (kwargs, non_streaming)
+
+
+def test_a_top_k_beyond_any_integer_type_keeps_every_token(tts):
+    """A top-k of any size is valid (larger than the vocabulary: no cut, as in the official sampler); one beyond
+    64 bits once failed the whole engine's batch (`torch.tensor` overflow) and with it every running stream."""
+    prompts, params = _requests(tts)
+    unbounded = [SamplingParams(**{**vars(p), "top_k": 10**20, "subtalker_top_k": 10**30}) for p in params]
+    disabled = [SamplingParams(**{**vars(p), "top_k": 0, "subtalker_top_k": 0}) for p in params]
+    assert unbounded[2].top_k == 10**20  # kept as given
+    runner = ModelRunner(tts.model, EngineConfig(max_rows=4, max_context=256, block_size=16, max_trailing=64))
+    ours = _run_engine(runner, prompts, unbounded)
+    for a, b in zip(ours, generate_codes(tts.model.talker, prompts, disabled)):
+        assert torch.equal(a, b)
