@@ -201,7 +201,7 @@ def _read_bytes(data: bytes, what: str) -> tuple[np.ndarray, int]:
         with io.BytesIO(data) as f:
             wav, sr = sf.read(f, dtype="float32", always_2d=False)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
-        raise AudioError(f"{what}: not a readable audio file (WAV, FLAC, OGG, MP3 ...): {e}") from e
+        raise AudioError(f"{what}: not a readable audio file (WAV, FLAC, OGG, MP3 ...): {_reason(e)}") from e
     return wav, sr
 
 
@@ -212,8 +212,13 @@ def _read_file(path: Path) -> tuple[np.ndarray, int]:
     try:
         wav, sr = sf.read(str(path), dtype="float32", always_2d=False)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
-        raise AudioError(f"{path}: not a readable audio file (WAV, FLAC, OGG, MP3 ...): {e}") from e
+        raise AudioError(f"{path}: not a readable audio file (WAV, FLAC, OGG, MP3 ...): {_reason(e)}") from e
     return wav, sr
+
+
+def _reason(error: Exception) -> str:
+    """libsndfile's own words ('Format not recognised.'), without soundfile's 'Error opening <_io.BytesIO ...>'."""
+    return getattr(error, "error_string", None) or str(error)
 
 
 def _to_mono(wav: np.ndarray) -> np.ndarray:
