@@ -21,6 +21,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .config import GenerationConfig, ModelConfig
 from .errors import RequestError, RequestTypeError, quote
 from .prompt import PromptSpec, prompt_length
@@ -145,14 +147,36 @@ class RequestBuilder:
         if not isinstance(voice, Voice):
             raise RequestTypeError(f"expected a Voice / VoiceClonePromptItem, got {type(voice).__name__}", "voice")
         hidden, size = self.config.talker_config.hidden_size, self.config.tts_model_size
-        if voice.ref_spk_embedding.numel() != hidden or voice.model_size not in (None, size):
+        embedding = voice.ref_spk_embedding
+        if not isinstance(embedding, torch.Tensor) or not embedding.is_floating_point() or embedding.dim() != 1:
+            raise RequestError(f"the voice's ref_spk_embedding must be a 1-D float tensor [{hidden}], got "
+                               f"{_describe(embedding)}", "voice")
+        if embedding.numel() != hidden or voice.model_size not in (None, size):
             made_for = size_name(voice.model_size) if voice.model_size else "different"
             raise RequestError(f"this voice was made for a {made_for} model (embedding size "
                                f"{voice.ref_spk_embedding.numel()}); this checkpoint is {size_name(size)} with "
                                f"embedding size {hidden}: create the voice again with this model", "voice")
-        if voice.icl_mode and (voice.ref_code is None or not voice.ref_text):
-            raise RequestError("an in-context voice needs reference codes and reference text", "voice")
+        if not torch.isfinite(embedding).all():
+            raise RequestError("the voice's ref_spk_embedding holds NaN or infinite values", "voice")
+        if voice.icl_mode:
+            if voice.ref_code is None or not voice.ref_text or not isinstance(voice.ref_text, str):
+                raise RequestError("an in-context voice needs reference codes and reference text", "voice")
+            self._check_ref_code(voice.ref_code)
         return voice
+
+    def _check_ref_code(self, codes: Any) -> None:
+        """In-context reference codes: [frames >= 1, num_code_groups] integers, each a codec code (an id beyond the
+        codebook would fail the engine's embedding lookup, on a GPU the whole process's device)."""
+        groups = self.config.talker_config.num_code_groups
+        size = self.config.talker_config.code_predictor_config.vocab_size
+        if (not isinstance(codes, torch.Tensor) or codes.dtype == torch.bool or codes.is_floating_point()
+                or codes.is_complex() or codes.dim() != 2 or codes.shape[0] < 1 or codes.shape[1] != groups):
+            raise RequestError(f"the voice's ref_code must be an integer tensor [frames, {groups}] with at least one "
+                               f"frame, got {_describe(codes)}", "voice")
+        low, high = int(codes.min()), int(codes.max())
+        if low < 0 or high >= size:
+            raise RequestError(f"the voice's ref_code holds codes in [{low}, {high}]; codec codes are 0..{size - 1}",
+                               "voice")
 
     def params(self, arguments: dict[str, Any]) -> SamplingParams:
         """SamplingParams from the caller's sampling arguments (None or absent: the checkpoint's default)."""
@@ -195,6 +219,12 @@ class RequestBuilder:
             speaker_embedding=voice.ref_spk_embedding if voice is not None else None,
             ref_ids=self.text_tokenizer.encode(ref_text(voice.ref_text)) if icl else None,
             ref_codes=voice.ref_code if icl else None)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    return type(value).__name__
 
 
 def check_text(text: Any, name: str = "text") -> str:

@@ -238,6 +238,24 @@ def test_voice_for_another_model_size_is_refused(base, base_large, ref_wav, tmp_
         base.synthesize("Hello.", voice=Voice(None, torch.zeros(64), False, True))
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"ref_code": torch.full((10, 16), 2048)}, r"codes in \[2048, 2048\]; codec codes are 0..2047"),
+    ({"ref_code": torch.full((10, 16), -1)}, r"codes in \[-1, -1\]"),
+    ({"ref_code": torch.zeros(10, 8, dtype=torch.long)}, r"integer tensor \[frames, 16\].*shape \[10, 8\]"),
+    ({"ref_code": torch.zeros(0, 16, dtype=torch.long)}, r"at least one frame"),
+    ({"ref_code": torch.zeros(10, 16)}, r"integer tensor .*float32"),
+    ({"ref_spk_embedding": torch.zeros(1, 64)}, r"1-D float tensor \[64\].*shape \[1, 64\]"),
+    ({"ref_spk_embedding": torch.full((64,), float("nan"))}, "NaN or infinite"),
+], ids=["code-too-large", "code-negative", "eight-groups", "no-frames", "float-codes", "2-D-embedding", "nan"])
+def test_a_malformed_voice_is_refused_before_the_engine(base, ref_wav, change, message, no_compute):
+    """A voice built or loaded by hand with codes beyond the codebook, the wrong shape or dtype, or a broken
+    embedding is a request error: in the engine it failed every running stream (on a GPU an out-of-range code
+    would fault the device itself)."""
+    good = base.create_voice(str(ref_wav), "Good morning.")
+    with pytest.raises(ValueError, match=message):
+        base.synthesize("Hello.", voice=Voice(**{**vars(good), **change}))
+
+
 # ---- voices and seeds -----------------------------------------------------------------------------------------
 
 def test_voice_round_trip(base, ref_wav, tmp_path):
