@@ -164,7 +164,8 @@ class Engine:
         QueueFull when the queue is at its limit, RequestError when the request cannot fit this engine,
         EngineError when the engine has failed or was stopped."""
         if not self.healthy:
-            raise EngineError("the engine has failed; restart it (or the server)")
+            raise EngineError("the engine has failed (its error ended the requests it was running): TTS.close() lets "
+                              "it go, and the next request builds a new one")
         if len(prompt.trailing_ids) > self.config.max_trailing:
             raise RequestError(f"text is too long for this engine ({len(prompt.trailing_ids)} text tokens after "
                                f"the prompt; at most {self.config.max_trailing})", param="text")
