@@ -116,6 +116,8 @@ class RequestBuilder:
             raise RequestError(f"`speaker` needs a CustomVoice checkpoint (this one is {kind})", "speaker")
         if instruct is not None and not isinstance(instruct, str):
             raise RequestTypeError(f"instruct must be a string, got {type(instruct).__name__}", "instruct")
+        if instruct:
+            check_unicode(instruct, "instruct")
         if kind == "voice_design" and not (instruct or "").strip() and not official:
             raise RequestError("this VoiceDesign checkpoint needs `instruct`, a description of the voice", "instruct",
                                "missing")
@@ -161,6 +163,7 @@ class RequestBuilder:
         if voice.icl_mode:
             if voice.ref_code is None or not voice.ref_text or not isinstance(voice.ref_text, str):
                 raise RequestError("an in-context voice needs reference codes and reference text", "voice")
+            check_unicode(voice.ref_text, "ref_text")
             self._check_ref_code(voice.ref_code)
         return voice
 
@@ -232,4 +235,13 @@ def check_text(text: Any, name: str = "text") -> str:
         raise RequestTypeError(f"{name} must be a string, got {type(text).__name__}", name)
     if not text.strip():
         raise RequestError(f"{name} is empty", name)
+    return check_unicode(text, name)
+
+
+def check_unicode(text: str, name: str) -> str:
+    """`text` if it is valid Unicode: a lone surrogate (JSON's "\\ud800", say) cannot be tokenized."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"{name} is not valid Unicode: {e.reason} at character {e.start}", name) from e
     return text

@@ -178,6 +178,8 @@ def test_bytes_and_base64_reference_audio(base, ref_wav):
     ({"text": ""}, ValueError, "text is empty"),
     ({"text": " \n\t "}, ValueError, "text is empty"),
     ({"text": "word " * 5000}, ValueError, "the limit is 4096"),
+    ({"text": "Hi \ud800."}, ValueError, "text is not valid Unicode: surrogates not allowed at character 3"),
+    ({"instruct": "calm\udfff"}, ValueError, "instruct is not valid Unicode"),
     ({"text": ["a", "b"], "speaker": ["ryan", "eric", "dylan"]}, ValueError, "batch size mismatch"),
     ({"temperature": 0.0}, ValueError, "temperature must be > 0"),
     ({"top_p": 1.5}, ValueError, "top_p must be in"),

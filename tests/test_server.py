@@ -155,6 +155,17 @@ def test_bad_requests_are_refused_before_any_audio(server, body, status, param, 
     assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error")
 
 
+def test_text_that_is_not_unicode_is_a_bad_request(server):
+    """JSON can carry a lone surrogate ("\\ud800"), which no tokenizer takes: a 400 naming the field, not a 500."""
+    for field, rest in (("input", {"voice": "ryan"}), ("instructions", {"voice": "ryan", "input": "Hello."})):
+        body = json.dumps({**rest, field: "Hi \ud800 there"}).encode()  # (ensure_ascii: sent as \\ud800)
+        response = httpx.post(server.url + "/v1/audio/speech", content=body,
+                              headers={"content-type": "application/json"})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == field and "not valid Unicode" in error["message"], error
+
+
 def test_malformed_json_and_unknown_routes_use_the_error_shape(server):
     bad = httpx.post(server.url + "/v1/audio/speech", content=b"{not json",
                      headers={"content-type": "application/json"})
