@@ -156,9 +156,11 @@ class RequestBuilder:
         if embedding.numel() != hidden or voice.model_size not in (None, size):
             made_for = size_name(voice.model_size) if voice.model_size else "different"
             raise RequestError(f"this voice was made for a {made_for} model (embedding size "
-                               f"{voice.ref_spk_embedding.numel()}); this checkpoint is {size_name(size)} with "
+                               f"{embedding.numel()}); this checkpoint is {size_name(size)} with "
                                f"embedding size {hidden}: create the voice again with this model", "voice")
-        if not torch.isfinite(embedding).all():
+        # (Values are checked on the CPU only: reading a GPU tensor here would wait for the engine's frames in flight.
+        # The voices this package makes hold their codes on the CPU.)
+        if embedding.device.type == "cpu" and not torch.isfinite(embedding).all():
             raise RequestError("the voice's ref_spk_embedding holds NaN or infinite values", "voice")
         if voice.icl_mode:
             if voice.ref_code is None or not voice.ref_text or not isinstance(voice.ref_text, str):
@@ -169,14 +171,17 @@ class RequestBuilder:
 
     def _check_ref_code(self, codes: Any) -> None:
         """In-context reference codes: [frames >= 1, num_code_groups] integers, each a codec code (an id beyond the
-        codebook would fail the engine's embedding lookup, on a GPU the whole process's device)."""
+        codebook would fail the engine's embedding lookup, on a GPU the process's device; the codes of the voices
+        this package makes, and of those the server stores, are on the CPU)."""
         groups = self.config.talker_config.num_code_groups
         size = self.config.talker_config.code_predictor_config.vocab_size
         if (not isinstance(codes, torch.Tensor) or codes.dtype == torch.bool or codes.is_floating_point()
                 or codes.is_complex() or codes.dim() != 2 or codes.shape[0] < 1 or codes.shape[1] != groups):
             raise RequestError(f"the voice's ref_code must be an integer tensor [frames, {groups}] with at least one "
                                f"frame, got {_describe(codes)}", "voice")
-        low, high = int(codes.min()), int(codes.max())
+        if codes.device.type != "cpu":
+            return
+        low, high = (int(x) for x in torch.aminmax(codes))
         if low < 0 or high >= size:
             raise RequestError(f"the voice's ref_code holds codes in [{low}, {high}]; codec codes are 0..{size - 1}",
                                "voice")
