@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import RequestError, quote
+from .errors import RequestError, quote, renamed
 
 DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
 DEFAULT_SPEAKER = "ryan"
@@ -19,6 +19,12 @@ SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "repetition_penalty", "subtal
 # Python argument names in error messages -> this command line's flags.
 FLAG_NAMES = {name: "--" + name.replace("_", "-") for name in (*SAMPLING_FLAGS, "max_context", "kv_cache_gb",
                                                                "gpu_memory_utilization", "ref_text", "ref_audio")}
+# `q3tts serve`: the server's and engine's setting names -> its flags.
+SERVE_FLAG_NAMES = {"max_rows": "--max-running", "body_timeout_s": "--body-timeout", "send_timeout_s": "--send-timeout",
+                    "drain_timeout_s": "--drain-timeout"}
+SERVE_FLAG_NAMES |= {name: "--" + name.replace("_", "-") for name in (
+    "max_waiting", "max_input_chars", "max_context", "kv_cache_gb", "gpu_memory_utilization", "prefix_cache_gb",
+    "max_body_bytes")}
 FLAG_NAMES |= {"do_sample=False": "--greedy", "do_sample": "--greedy", "subtalker_dosample": "--greedy",
                "x_vector_only_mode=False": "without --x-vector-only", "x_vector_only_mode": "--x-vector-only",
                "text": "the text", "speaker": "--speaker", "voice": "--voice", "instruct": "--instruct",
@@ -337,17 +343,20 @@ def _serve(args) -> int:
     except ImportError as e:
         print(f"q3tts: error: the server needs its extra packages: pip install 'q3tts[server]' ({e})", file=sys.stderr)
         return 1
-    config = ServerConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
-                          max_running=args.max_running, max_waiting=args.max_waiting,
-                          max_input_chars=args.max_input_chars, max_context=args.max_context,
-                          kv_cache_gb=args.kv_cache_gb, gpu_memory_utilization=args.gpu_memory_utilization,
-                          prefix_cache_gb=args.prefix_cache_gb, api_key=args.api_key or None,
-                          voices_dir=args.voices_dir,
-                          served_model_name=args.served_model_name, allow_ref_audio_urls=args.allow_ref_audio_urls,
-                          ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
-                          send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,
-                          body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
-                          core_socket=args.core_socket, **({"runaway_guard": None} if args.no_runaway_guard else {}))
+    try:
+        config = ServerConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
+                              max_running=args.max_running, max_waiting=args.max_waiting,
+                              max_input_chars=args.max_input_chars, max_context=args.max_context,
+                              kv_cache_gb=args.kv_cache_gb, gpu_memory_utilization=args.gpu_memory_utilization,
+                              prefix_cache_gb=args.prefix_cache_gb, api_key=args.api_key or None,
+                              voices_dir=args.voices_dir, core_socket=args.core_socket,
+                              served_model_name=args.served_model_name, allow_ref_audio_urls=args.allow_ref_audio_urls,
+                              ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
+                              send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,
+                              body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
+                              **({"runaway_guard": None} if args.no_runaway_guard else {}))
+    except ValueError as e:  # (the settings' names in its message -> this command's flags)
+        raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
     devices = _serve_devices(args)
     if devices:
         from .server.router import serve_devices

@@ -18,15 +18,19 @@ class RequestError(ValueError):
         self.message, self.param, self.code = message, param, code
 
     def renamed(self, names: dict[str, str]) -> str:
-        """The message with each argument name in `names` (backticked, or a bare name with an underscore, e.g.
-        max_new_tokens, optionally with "=value") replaced by its value."""
-        def swap(match: re.Match) -> str:
-            name, value = match.group(1) or match.group(2), match.group(3) or ""
-            if name + value in names:  # e.g. "do_sample=False" -> "--greedy"
-                return names[name + value]
-            return names[name] + value if name in names else match.group(0)
+        return renamed(self.message, names)
 
-        return re.sub(r"`([A-Za-z_]+)`|\b([a-z]+(?:_[a-z0-9]+)+)\b(=\w+)?", swap, self.message)
+
+def renamed(message: str, names: dict[str, str]) -> str:
+    """`message` with each argument name in `names` (backticked, or a bare name with an underscore, e.g.
+    max_new_tokens, optionally with "=value") replaced by its value."""
+    def swap(match: re.Match) -> str:
+        name, value = match.group(1) or match.group(2), match.group(3) or ""
+        if name + value in names:  # e.g. "do_sample=False" -> "--greedy"
+            return names[name + value]
+        return names[name] + value if name in names else match.group(0)
+
+    return re.sub(r"`([A-Za-z_]+)`|\b([a-z]+(?:_[a-z0-9]+)+)\b(=\w+)?", swap, message)
 
 
 def quote(value: object, limit: int = 40) -> str:

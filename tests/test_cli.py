@@ -124,3 +124,12 @@ def test_say_reads_a_file_or_standard_input_and_plays_if_it_can(tmp_path, capsys
     assert main(["say", "-", "--model", "tiny", "--max-new-tokens", "3", "-o", str(tmp_path / "stdin.wav")]) == 0
     assert main(["say", "--model", "tiny", "-o", str(out)]) == 1
     assert "give the text to speak" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value", [("--max-running", "0"), ("--max-body-bytes", "0"), ("--body-timeout", "0"),
+                                         ("--kv-cache-gb", "-1"), ("--max-waiting", "0")])
+def test_serve_names_the_flag_at_fault(flag, value, capsys):
+    """A bad setting stops `q3tts serve` before it loads anything, naming the flag (not the setting's Python name)."""
+    assert main(["serve", "tiny", "--device", "cpu", flag, value]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"q3tts: error: {flag} must be"), err

@@ -55,6 +55,8 @@ class ServerConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.max_body_bytes is None:
             self.max_body_bytes = self.max_upload_bytes * 4 // 3 + 2**20
+        if not self.max_body_bytes > 0:
+            raise ValueError(f"max_body_bytes must be > 0, got {self.max_body_bytes!r}")
         self.ref_audio_hosts = tuple(h.lower() for h in self.ref_audio_hosts)
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
