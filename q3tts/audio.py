@@ -27,6 +27,8 @@ import torch
 from .fetch import FetchError, FetchPolicy, fetch
 
 SILENCE_THRESHOLD = 1e-6  # peak |x| below this carries no voice to clone
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000, 768_000  # Hz: outside, a mistake (sample rate 1 made 24,000 samples 6.7 h)
+MAX_REFERENCE_SECONDS = 600  # a voice reference's length (an in-context one must also fit the context: ~43 min)
 URL_TIMEOUT_S = 30.0
 
 # Speaker-encoder mel front end (official `extract_speaker_embedding` arguments).
@@ -114,7 +116,9 @@ def _from_tuple(source: tuple) -> tuple[np.ndarray, int]:
     if array.ndim == 2 and 0 < array.shape[0] < array.shape[1]:
         raise AudioError(f"2-D audio must be channels-last [samples, channels], got shape {array.shape}; "
                          "transpose it")
-    return array.astype(np.float32), _sample_rate(sr)
+    sr = _sample_rate(sr)
+    _check_length(array.shape[0], sr, "audio array")
+    return array.astype(np.float32), sr
 
 
 def _sample_rate(sr: Any) -> int:
@@ -124,6 +128,8 @@ def _sample_rate(sr: Any) -> int:
         raise AudioError(f"sample rate must be a number, got {sr!r}") from None
     if isinstance(sr, bool) or not math.isfinite(value) or value <= 0 or not value.is_integer():
         raise AudioError(f"sample rate must be a positive integer (Hz), got {sr!r}")
+    if not MIN_SAMPLE_RATE <= value <= MAX_SAMPLE_RATE:
+        raise AudioError(f"sample rate {int(value)} Hz is outside {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
     return int(value)
 
 
@@ -197,23 +203,34 @@ def _fetch(url: str) -> bytes:
 def _read_bytes(data: bytes, what: str) -> tuple[np.ndarray, int]:
     if not data:
         raise AudioError(f"{what}: 0 bytes, not an audio file")
-    try:
-        with io.BytesIO(data) as f:
-            wav, sr = sf.read(f, dtype="float32", always_2d=False)
-    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
-        raise AudioError(f"{what}: not a readable audio file (WAV, FLAC, OGG, MP3 ...): {_reason(e)}") from e
-    return wav, sr
+    with io.BytesIO(data) as f:
+        return _read_sound(f, what)
 
 
 def _read_file(path: Path) -> tuple[np.ndarray, int]:
     if not path.is_file():
         what = "audio path is a folder, not a file" if path.is_dir() else "audio file not found"
         raise AudioError(f"{what}: {str(path)!r}")
+    return _read_sound(str(path), str(path))
+
+
+def _read_sound(file: Any, what: str) -> tuple[np.ndarray, int]:
+    """`sf.read(file, dtype="float32", always_2d=False)`, once the header says the length is acceptable (a few
+    compressed megabytes can hold hours)."""
     try:
-        wav, sr = sf.read(str(path), dtype="float32", always_2d=False)
+        with sf.SoundFile(file) as f:
+            _check_length(f.frames, f.samplerate, what)
+            return f.read(dtype="float32", always_2d=False), f.samplerate
+    except AudioError:
+        raise
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
-        raise AudioError(f"{path}: not a readable audio file (WAV, FLAC, OGG, MP3 ...): {_reason(e)}") from e
-    return wav, sr
+        raise AudioError(f"{what}: not a readable audio file (WAV, FLAC, OGG, MP3 ...): {_reason(e)}") from e
+
+
+def _check_length(samples: int, sr: int, what: str) -> None:
+    if samples > MAX_REFERENCE_SECONDS * sr:
+        raise AudioError(f"{what}: {samples / sr:.0f} s of audio; a voice reference may be at most "
+                         f"{MAX_REFERENCE_SECONDS} s (a few seconds of clear speech is what cloning needs)")
 
 
 def _reason(error: Exception) -> str:

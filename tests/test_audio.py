@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import http.server
+import io
 import json
 import threading
 from pathlib import Path
@@ -292,3 +293,17 @@ def test_mel_spectrogram_rejects_too_short_audio():
     with pytest.raises(AudioError, match="too short"):
         mel_spectrogram(torch.zeros(1, 384))
     assert mel_spectrogram(torch.zeros(1, 385)).shape == (1, 1, 128)
+
+
+def test_sample_rates_and_lengths_beyond_any_voice_reference_are_refused():
+    """A sample rate of 1 Hz made a second of samples into 6.7 hours to resample and encode, and a few compressed
+    megabytes can hold hours: both are refused before any work (a file's length from its header, unread)."""
+    tone = (0.3 * np.sin(np.arange(2000) / 5)).astype(np.float32)
+    _raises((tone, 1), "sample rate 1 Hz is outside 1000..768000 Hz")
+    _raises((tone, 10**7), "outside 1000..768000 Hz")
+    long = io.BytesIO()
+    sf.write(long, np.resize(tone, 601 * 1000), 1000, format="WAV")
+    _raises(long.getvalue(), "audio bytes: 601 s of audio; a voice reference may be at most 600 s")
+    _raises((np.resize(tone, 601 * 1000), 1000), "audio array: 601 s of audio")
+    wav, sr = load_audio((np.resize(tone, 600 * 1000), 1000))  # the limit itself is fine
+    assert sr == 1000 and wav.shape == (600 * 1000,)
