@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
     Qwen3TTSModel = TTS
 
-# The public names load their modules on first use, so that `q3tts --help` and the processes that never run the
-# model (the `--devices` front) do not import torch (~3 s).
+# The public names load their modules on first use, so that `q3tts --help` answers at once (importing torch takes
+# ~3 s).
 _EXPORTS = {"TTS": (".api", "TTS"), "Qwen3TTSModel": (".api", "TTS"),  # drop-in name: q3tts/official.py
             "EngineConfig": (".engine", "EngineConfig"), "EngineError": (".engine", "EngineError"),
             "QueueFull": (".engine", "QueueFull"), "RequestError": (".errors", "RequestError"),
