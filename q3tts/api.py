@@ -213,7 +213,7 @@ class TTS(OfficialAPI):
 
     def stream(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
                instruct: str | None = None, language: str = "auto", non_streaming_mode: bool | None = None,
-               seed: int | None = None, chunk_schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
+               seed: int | None = None, chunk_schedule: tuple[int, ...] | int = DEFAULT_SCHEDULE,
                pcm_format: str = "float32", **sampling: Any) -> AudioStream:
         """Like `synthesize`, but yields `AudioChunk`s while the speech is generated (frames per chunk follow
         `chunk_schedule`; the last value repeats). Bad input raises here, before the stream opens. The

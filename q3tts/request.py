@@ -95,6 +95,9 @@ class RequestBuilder:
         instruct = self.check_mode(speaker, voice is not None, instruct, official)
         if non_streaming_mode is None:
             non_streaming_mode = self.kind != "base"
+        elif isinstance(non_streaming_mode, str) or non_streaming_mode not in (True, False):
+            raise RequestTypeError(f"non_streaming_mode must be True, False or None, got {quote(non_streaming_mode)}",
+                                   "non_streaming_mode")
         spec = self._spec(text, self.language(language), bool(non_streaming_mode), instruct,
                           self.speaker(speaker) if speaker else None, self.voice(voice) if voice else None)
         length = prompt_length(self.config, spec)

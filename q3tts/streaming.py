@@ -39,10 +39,18 @@ class AudioChunk:
         return self.start_frame * FRAME_SECONDS
 
 
-def check_chunking(schedule: tuple[int, ...], pcm_format: str) -> tuple[int, ...]:
+def check_chunking(schedule: tuple[int, ...] | int, pcm_format: str) -> tuple[int, ...]:
     if pcm_format not in PCM_FORMATS:
         raise RequestError(f"pcm_format must be 'float32' or 'int16', got {pcm_format!r}", "pcm_format")
-    schedule = tuple(schedule)
+    if isinstance(schedule, int) and not isinstance(schedule, bool):
+        schedule = (schedule,)  # every chunk this many frames
+    try:
+        if isinstance(schedule, (str, bytes)):
+            raise TypeError
+        schedule = tuple(schedule)
+    except TypeError:
+        raise RequestError(f"chunk schedule must be frame counts (a tuple, or one number), got {schedule!r}",
+                           "chunk_schedule") from None
     if not schedule or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in schedule):
         raise RequestError(f"chunk schedule must be positive frame counts, got {schedule!r}", "chunk_schedule")
     return schedule

@@ -45,6 +45,8 @@ def test_custom_schedule_and_int16(custom):
                                 **SAMPLE))
     assert [c.num_frames for c in chunks] == [3] + [5] * 7 + [1]
     exact = list(custom.stream("Thank you.", speaker="eric", chunk_schedule=(3,), **SAMPLE))
+    one_number = list(custom.stream("Thank you.", speaker="eric", chunk_schedule=3, **SAMPLE))  # the same
+    assert [c.num_frames for c in one_number] == [c.num_frames for c in exact]
     # 39 frames fill the schedule exactly: the end is known only after the last chunk, an empty closing one.
     assert [c.num_frames for c in exact] == [3] * 13 + [0] and exact[-1].is_last and not exact[-2].is_last
     assert exact[-1].start_s == pytest.approx(39 * 0.08) and exact[-1].pcm.shape == (0,)
@@ -73,6 +75,10 @@ def test_bad_input_raises_before_the_stream_opens(custom):
         custom.stream("Hi.", speaker="ryan", pcm_format="mp3")
     with pytest.raises(ValueError, match="chunk schedule"):
         custom.stream("Hi.", speaker="ryan", chunk_schedule=(0,))
+    with pytest.raises(ValueError, match=r"chunk schedule must be frame counts \(a tuple, or one number\), got '3'"):
+        custom.stream("Hi.", speaker="ryan", chunk_schedule="3")
+    with pytest.raises(TypeError, match="non_streaming_mode must be True, False or None, got 'no'"):
+        custom.stream("Hi.", speaker="ryan", non_streaming_mode="no")  # (bool("no") would have been True)
 
 
 def test_astream_yields_the_same_chunks(custom):
