@@ -239,9 +239,7 @@ def _say(args) -> int:
     from .voice import Voice
 
     text = check_text(_read_text(args))
-    output = Path(args.output)
-    if not output.parent.is_dir():
-        raise FileNotFoundError(f"-o {args.output}: the folder {str(output.parent)!r} does not exist")
+    output = _output_path(args.output)
     if not sf.check_format(output.suffix[1:].upper()):
         raise ValueError(f"-o {args.output}: the file's extension names no audio format that can be written; use "
                          ".wav (or .flac, .ogg, .mp3 ...)")
@@ -324,11 +322,20 @@ def _batch(args) -> int:
     return 0
 
 
+def _output_path(output: str) -> Path:
+    """-o's path, checked before any work: its folder exists and it is not a folder itself."""
+    path = Path(output)
+    if path.is_dir():
+        raise IsADirectoryError(f"-o {output}: that is a folder; give a file name")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"-o {output}: the folder {str(path.parent)!r} does not exist")
+    return path
+
+
 def _voice_create(args) -> int:
     from .voice import size_name
 
-    if not Path(args.output).parent.is_dir():
-        raise FileNotFoundError(f"-o {args.output}: the folder {str(Path(args.output).parent)!r} does not exist")
+    _output_path(args.output)
     tts = _load(args)
     voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
     voice.save(args.output)

@@ -21,6 +21,8 @@ from .errors import RequestError
 from .models.speaker_encoder import compute_speaker_embedding
 
 FORMAT = "q3tts.voice.v1"
+HOW_TO_MAKE = ("; a voice file comes from Voice.save or `q3tts voice create` (a recording is cloned from ref_audio "
+               "instead)")
 SIZE_NAMES = {"0b6": "0.6B", "1b7": "1.7B"}  # config.json's tts_model_size -> what users call the model
 
 
@@ -55,9 +57,10 @@ class Voice:
             with safe_open(str(path), framework="pt") as f:
                 meta = json.loads((f.metadata() or {}).get("q3tts", "{}"))
         except (SafetensorError, json.JSONDecodeError, OSError) as e:
-            raise RequestError(f"{path}: not a q3tts voice file ({e})", "voice") from e
+            raise RequestError(f"{path}: not a q3tts voice file ({e}){HOW_TO_MAKE}", "voice") from e
         if meta.get("format") != FORMAT or "ref_spk_embedding" not in tensors:
-            raise RequestError(f"{path}: not a q3tts voice file (format {meta.get('format')!r})", "voice")
+            raise RequestError(f"{path}: not a q3tts voice file (format {meta.get('format')!r}){HOW_TO_MAKE}",
+                               "voice")
         return cls(ref_code=tensors.get("ref_code"), ref_spk_embedding=tensors["ref_spk_embedding"],
                    x_vector_only_mode=bool(meta["x_vector_only_mode"]), icl_mode=bool(meta["icl_mode"]),
                    ref_text=meta.get("ref_text"), model_size=meta.get("model_size"))

@@ -133,3 +133,11 @@ def test_serve_names_the_flag_at_fault(flag, value, capsys):
     assert main(["serve", "tiny", "--device", "cpu", flag, value]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"q3tts: error: {flag} must be"), err
+
+
+def test_an_output_that_is_a_folder_is_refused_before_any_work(tmp_path, capsys):
+    """(`voice create -o folder` once ended in safetensors' traceback after the whole cloning.)"""
+    assert main(["voice", "create", "--model", "tiny-base", "--ref-audio", "nowhere.wav", "-o", str(tmp_path)]) == 1
+    assert f"-o {tmp_path}: that is a folder; give a file name" in capsys.readouterr().err
+    assert main(["say", "Hello.", "--model", "tiny", "-o", str(tmp_path)]) == 1
+    assert f"-o {tmp_path}: that is a folder" in capsys.readouterr().err
