@@ -153,9 +153,10 @@ class RequestBuilder:
             raise RequestTypeError(f"expected a Voice / VoiceClonePromptItem, got {type(voice).__name__}", "voice")
         hidden, size = self.config.talker_config.hidden_size, self.config.tts_model_size
         embedding = voice.ref_spk_embedding
-        if not isinstance(embedding, torch.Tensor) or not embedding.is_floating_point() or embedding.dim() != 1:
-            raise RequestError(f"the voice's ref_spk_embedding must be a 1-D float tensor [{hidden}], got "
-                               f"{_describe(embedding)}", "voice")
+        if (not isinstance(embedding, torch.Tensor) or not embedding.is_floating_point()
+                or embedding.shape not in ((embedding.numel(),), (1, embedding.numel()))):
+            raise RequestError(f"the voice's ref_spk_embedding must be a float tensor [{hidden}] (or [1, {hidden}]), "
+                               f"got {_describe(embedding)}", "voice")
         if embedding.numel() != hidden or voice.model_size not in (None, size):
             made_for = size_name(voice.model_size) if voice.model_size else "different"
             raise RequestError(f"this voice was made for a {made_for} model (embedding size "

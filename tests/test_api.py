@@ -246,7 +246,7 @@ def test_voice_for_another_model_size_is_refused(base, base_large, ref_wav, tmp_
     ({"ref_code": torch.zeros(10, 8, dtype=torch.long)}, r"integer tensor \[frames, 16\].*shape \[10, 8\]"),
     ({"ref_code": torch.zeros(0, 16, dtype=torch.long)}, r"at least one frame"),
     ({"ref_code": torch.zeros(10, 16)}, r"integer tensor .*float32"),
-    ({"ref_spk_embedding": torch.zeros(1, 64)}, r"1-D float tensor \[64\].*shape \[1, 64\]"),
+    ({"ref_spk_embedding": torch.zeros(2, 32)}, r"float tensor \[64\] \(or \[1, 64\]\).*shape \[2, 32\]"),
     ({"ref_spk_embedding": torch.full((64,), float("nan"))}, "NaN or infinite"),
 ], ids=["code-too-large", "code-negative", "eight-groups", "no-frames", "float-codes", "2-D-embedding", "nan"])
 def test_a_malformed_voice_is_refused_before_the_engine(base, ref_wav, change, message, no_compute):
