@@ -10,7 +10,7 @@ the frames fill the schedule exactly the last chunk is an empty one with `is_las
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,13 +44,10 @@ def check_chunking(schedule: tuple[int, ...] | int, pcm_format: str) -> tuple[in
         raise RequestError(f"pcm_format must be 'float32' or 'int16', got {pcm_format!r}", "pcm_format")
     if isinstance(schedule, int) and not isinstance(schedule, bool):
         schedule = (schedule,)  # every chunk this many frames
-    try:
-        if isinstance(schedule, (str, bytes)):
-            raise TypeError
-        schedule = tuple(schedule)
-    except TypeError:
+    if isinstance(schedule, (str, bytes)) or not isinstance(schedule, Iterable):
         raise RequestError(f"chunk schedule must be frame counts (a tuple, or one number), got {schedule!r}",
-                           "chunk_schedule") from None
+                           "chunk_schedule")
+    schedule = tuple(schedule)
     if not schedule or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in schedule):
         raise RequestError(f"chunk schedule must be positive frame counts, got {schedule!r}", "chunk_schedule")
     return schedule
