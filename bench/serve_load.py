@@ -156,7 +156,9 @@ def summarize(record: list[dict], rate: float, duration: float) -> dict:
             "ttfa_ms_p95": round(q(0.95), 2) if ttfa else None, "ttfa_ms_p99": round(q(0.99), 2) if ttfa else None,
             "behind_realtime_share": round(sum(r["late_s"] > 0 for r in done) / max(len(done), 1), 4),
             "max_late_ms": round(max((r["late_s"] for r in done), default=0) * 1e3, 1),
-            "audio_s_per_s": round(audio / span, 1), "duration_s": duration, **parts}
+            "audio_s_per_s": round(audio / span, 1), "duration_s": duration, **parts,
+            **({"client_gc_max_ms": round(max(r["client_gc_s"] for r in done) * 1e3, 1)}
+               if any("client_gc_s" in r for r in done) else {})}
 
 
 async def http_setup(url: str) -> tuple[str, str, int | None]:
@@ -180,8 +182,21 @@ async def http_setup(url: str) -> tuple[str, str, int | None]:
 
 def http_records(url: str, model: str, voice: str, rate: float, duration: float, seed: int,
                  client: str = "httpx") -> list[dict]:
-    """One load-generating client (a process of its own when there are several): its requests' records."""
+    """One load-generating client (a process of its own when there are several): its requests' records, each with
+    the client's longest garbage collection during the run (`client_gc_s`: a stall of the client's own reads that
+    would count as the server's lateness). The objects a forked client inherits (torch, numpy, q3tts) are frozen
+    first, as `q3tts serve` freezes its own."""
     import httpx
+
+    gc.collect()
+    gc.freeze()
+    longest, started = [0.0], [0.0]
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            longest[0] = max(longest[0], time.perf_counter() - started[0])
 
     async def run() -> list[dict]:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -193,7 +208,12 @@ def http_records(url: str, model: str, voice: str, rate: float, duration: float,
                 return await arrivals(None, rate, duration, seed, http=(sdk, model, voice))
             return await arrivals(None, rate, duration, seed, http=(http, model, voice))
 
-    return asyncio.run(run())
+    gc.callbacks.append(timed)
+    try:
+        records = asyncio.run(run())
+    finally:
+        gc.callbacks.remove(timed)
+    return [{**r, "client_gc_s": longest[0]} for r in records]
 
 
 def http_rates(url: str, rates: list[float], duration: float, clients: int = 1, client: str = "httpx"
