@@ -219,6 +219,10 @@ def _read_sound(file: Any, what: str) -> tuple[np.ndarray, int]:
     compressed megabytes can hold hours)."""
     try:
         with sf.SoundFile(file) as f:
+            try:
+                _sample_rate(f.samplerate)
+            except AudioError as e:
+                raise AudioError(f"{what}: {e}") from None
             _check_length(f.frames, f.samplerate, what)
             return f.read(dtype="float32", always_2d=False), f.samplerate
     except AudioError:

@@ -307,3 +307,11 @@ def test_sample_rates_and_lengths_beyond_any_voice_reference_are_refused():
     _raises((np.resize(tone, 601 * 1000), 1000), "audio array: 601 s of audio")
     wav, sr = load_audio((np.resize(tone, 600 * 1000), 1000))  # the limit itself is fine
     assert sr == 1000 and wav.shape == (600 * 1000,)
+
+
+def test_a_file_at_a_sample_rate_beyond_any_voice_reference_is_named(tmp_path):
+    """Its rate is refused from the header, before its length is judged at that rate (a 1 Hz file of 2,000
+    samples would otherwise read as 33 minutes of audio), and the message names the file."""
+    slow = tmp_path / "slow.wav"
+    sf.write(slow, (0.3 * np.sin(np.arange(2000) / 5)).astype(np.float32), 1, format="WAV")
+    _raises(str(slow), f"{slow}: sample rate 1 Hz is outside 1000..768000 Hz")
