@@ -170,12 +170,12 @@ class Layers:
         return xn, res
 
 
-def persistent(lay: Layers, xn, res, config, programs, bufs, bk=64):
+def persistent(lay: Layers, xn, res, config, programs, bufs, bk=64, warps=4):
     bn_qkv, bn_o, s_o, bn_gu, bn_d, s_d = config
     qkv, xn2, h, part, sync = bufs
     args = (xn, res, qkv, xn2, h, part, lay.w_qkv, lay.w_o, lay.w_gu, lay.w_d, lay.n1, lay.n2, sync, lay.eps)
     consts = dict(M=lay.M, H=lay.H, W=lay.W, HQ=lay.HQ, INTER=lay.inter, BN_QKV=bn_qkv, BN_O=bn_o, S_O=s_o,
-                  BN_GU=bn_gu, BN_D=bn_d, S_D=s_d, BK=bk, num_warps=4)
+                  BN_GU=bn_gu, BN_D=bn_d, S_D=s_d, BK=bk, num_warps=warps)
     phases = 6 * lay.L
     if res.is_cuda:
         _layers_kernel[(programs,)](*args, 0, phases, SYNC=True, **consts)
@@ -216,6 +216,8 @@ def main():
     parser.add_argument("--layers", type=int, default=5)
     parser.add_argument("--configs", default="64,32,4,32,32,4;32,32,4,32,32,4;32,32,2,16,32,4;64,64,4,32,64,4")
     parser.add_argument("--programs", default="132", help="comma-separated programs per launch to try")
+    parser.add_argument("--bk", default="64", help="comma-separated K tiles to try")
+    parser.add_argument("--warps", type=int, default=4)
     args = parser.parse_args()
     cpu = not torch.cuda.is_available()
     device = "cpu" if cpu else "cuda"
@@ -236,21 +238,22 @@ def main():
                      "ms": graph_ms(lambda: (xn.copy_(ref_xn), res2.copy_(lay.x0)))})
         for row in rows:
             print(json.dumps(row), flush=True)
-    for config in configs:
+    for config, bk in [(c, int(b)) for c in configs for b in args.bk.split(",")]:
         for programs in programs_list:
             bufs = buffers(lay, config, device)
             xn0, _ = kernels.add_rmsnorm(lay.x0, None, lay.n2[0] * 0 + 1, lay.eps, lay.w_qkv.dtype)
             xn, res = xn0.clone(), lay.x0.clone()
-            persistent(lay, xn, res, config, programs, bufs, 16 if cpu else 64)
+            persistent(lay, xn, res, config, programs, bufs, 16 if cpu else bk, args.warps)
             err = ((res - ref_res).abs().max() / ref_res.abs().max()).item()
-            row = {"way": "persistent", "config": config, "programs": programs, "res_rel_err": round(err, 5)}
+            row = {"way": "persistent", "config": config, "bk": bk, "warps": args.warps, "programs": programs,
+                   "res_rel_err": round(err, 5)}
             if not cpu:
                 assert bufs[4][2].item() == 0, "a barrier timed out"
 
-                def run(xn=xn, xn0=xn0, res=res, config=config, programs=programs, bufs=bufs):
+                def run(xn=xn, xn0=xn0, res=res, config=config, programs=programs, bufs=bufs, bk=bk):
                     xn.copy_(xn0)
                     res.copy_(lay.x0)
-                    persistent(lay, xn, res, config, programs, bufs)
+                    persistent(lay, xn, res, config, programs, bufs, bk, args.warps)
                 row["ms"] = graph_ms(run)
             rows.append(row)
             print(json.dumps(row), flush=True)
