@@ -15,7 +15,9 @@ Both in CUDA graphs over L layers of distinct weights (the 1.7B code predictor's
 median of replays; their outputs compared. On the CPU (TRITON_INTERPRET=1, tiny shapes) a launch per phase stands in
 for the barriers, which checks the arithmetic only.
 
-usage: python bench/persistent_probe.py [--rows 64] [--layers 5] [--configs 64,32,4,32,32,4;32,32,4,16,32,4]
+usage: python bench/persistent_probe.py [--rows 64] [--layers 5] [--configs "64,32,4,32,32,4;32,32,4,16,32,4"]
+       [--programs 132,264] [--bk 64,128] [--warps 4]      (GPU; results in docs/perf-notes.md, entry 79)
+       TRITON_INTERPRET=1 python bench/persistent_probe.py (CPU: the arithmetic only)
        config: BN_qkv, BN_o, splits_o, BN_gate_up, BN_down, splits_down
 """
 
