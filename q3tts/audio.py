@@ -250,7 +250,7 @@ def _to_mono(wav: np.ndarray) -> np.ndarray:
 
 
 def _checked(wav: np.ndarray, sr: int, what: str) -> tuple[np.ndarray, int]:
-    sr = _sample_rate(sr)
+    # (`sr` was checked where it was read: _from_tuple, _read_sound)
     if wav.size == 0:
         raise AudioError(f"{what}: audio is empty (0 samples)")
     if not np.isfinite(wav).all():
