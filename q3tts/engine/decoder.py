@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..layers.attention import FusedLayerWeights, fuse_layer
+from . import persistent
 from .kernels import (
     GEMV_MAX_ROWS,
     add_rmsnorm,
@@ -63,6 +64,7 @@ class FlatDecoder:
         self.num_heads, self.head_dim = num_heads, head_dim
         self.inv_freq = inv_freq.float()
         self.unfused_rows = unfused_rows
+        self.tail: persistent.LayerTail | None = None  # (built on the first call it serves)
 
     def fuses(self, num_tokens: int, fused: bool = False) -> bool:
         """Whether a call over `num_tokens` tokens with `fused` takes the fused products: up to FUSED_MAX_ROWS tokens
@@ -82,6 +84,8 @@ class FlatDecoder:
             return self._fused(x, rows, positions, cache, decode, final_norm)
         if not final_norm:
             raise ValueError("final_norm=False is for the fused products (see fuses)")
+        if decode and self._tail_applies(x):
+            return self._with_tail(x, rows, positions, cache)
         dtype = self.final_norm.dtype
         h, residual = x, None
         for i, w in enumerate(self.layers):
@@ -91,6 +95,28 @@ class FlatDecoder:
             y, residual = add_rmsnorm(h, residual, w.post_norm, self.eps, dtype)
             h = F.linear(silu_mul(F.linear(y, w.gate_up)), w.down)
         return add_rmsnorm(h, residual, self.final_norm, self.eps, dtype)[0]
+
+    def _tail_applies(self, x: torch.Tensor) -> bool:
+        w = self.layers[0]
+        return persistent.applies(x, w.qkv.dtype, w.o.shape[0], w.o.shape[1], w.qkv.shape[0], w.down.shape[1])
+
+    def _with_tail(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                   cache: PagedCache) -> torch.Tensor:
+        """A 64-row decode step on Hopper: per layer its attention, then the rest of the layer and the next
+        layer's qkv product (the last: the final norm) as one launch (persistent.LayerTail): 2 launches per layer
+        instead of 8 (docs/perf-notes.md, entry 81)."""
+        if self.tail is None:
+            self.tail = persistent.LayerTail(x.device)
+        first = self.layers[0]
+        y, res_in = add_rmsnorm(x, None, first.input_norm, self.eps, self.final_norm.dtype)
+        qkv = F.linear(y, first.qkv)
+        res = torch.empty_like(res_in)
+        for i, w in enumerate(self.layers):
+            attended = self._attend(i, qkv, rows, positions, cache, decode=True)
+            after = self.layers[i + 1] if i + 1 < len(self.layers) else None
+            qkv = self.tail(attended, res_in if i == 0 else res, res, w, after,
+                            after.input_norm if after is not None else self.final_norm, self.eps)
+        return qkv  # (after the last layer: the normed hidden states)
 
     def _attend(self, i: int, qkv: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
                 decode: bool, pdl: bool = False) -> torch.Tensor:

@@ -1,0 +1,322 @@
+"""The rest of a decoder layer after its attention, at 64 rows, as one launch on Hopper (Gluon): the o product,
+add + RMSNorm, gate/up with SwiGLU, the down product, add + RMSNorm, and the next layer's qkv product
+(docs/perf-notes.md, entries 79-81).
+
+At 64 rows a matrix product of the code predictor's (or the 0.6B talker's) shapes costs cuBLAS ~6 us whatever its
+size, most of it fixed cost (entries 74-75); this kernel runs the layer's products and norms in one launch of one
+program per SM, with grid barriers between the phases. Each program walks one stream of its weight tiles over all
+phases through a ring of shared-memory slots filled by TMA ahead of the products that read them, so the next
+phase's weights are on their way while the program finishes its phase and waits at the barrier; an item's input
+(its [64, K] activations, bf16) is asked for by TMA, all of it at once, right after the barrier; the products run on
+the tensor cores (warpgroup MMA). The o and down products split K over S programs into fp32 partial sums, which
+the norm phase adds to the residual stream in order (deterministic). Every phase has at most one item per
+program, so a program's stream of tiles follows from its id alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:  # (no Triton, or one without Gluon)
+    gluon = None
+
+ENABLED = True  # (False: the decoder keeps its kernels per step; for A/B measurements and tests)
+ROWS = 64  # the one batch the kernel takes: a warpgroup's MMA tile
+BN, BK, SPLIT, STAGES = 32, 256, 4, 6  # weight tile [BN, BK], K split of o and down, ring slots (entry 80)
+SHARED_BYTES = 227 * 1024  # a Hopper program's shared memory
+
+
+def applies(x: torch.Tensor, weight_dtype: torch.dtype, hidden: int, q_width: int, qkv_width: int,
+            inter: int) -> bool:
+    """Whether a decode call over x [N, hidden] of a decoder with these shapes runs on this kernel: 64 rows, bf16
+    weights, a Hopper GPU with at least as many SMs as a phase has items (every program resident at once), shapes
+    that tile (the code predictors' and the 0.6B talker's: hidden 1,024) and whose inputs fit shared memory."""
+    if not ENABLED or gluon is None or x.device.type != "cuda" or x.shape[0] != ROWS or weight_dtype != torch.bfloat16:
+        return False
+    props = torch.cuda.get_device_properties(x.device)
+    items = max(qkv_width // BN, hidden // BN * SPLIT, inter // BN)
+    tiles = (hidden % BK, (q_width // SPLIT) % BK, (inter // SPLIT) % BK, qkv_width % BN, inter % BN, hidden % 128)
+    return ((props.major, props.minor) == (9, 0) and props.multi_processor_count >= items and not any(tiles)
+            and _shared_bytes(hidden, q_width, inter) <= SHARED_BYTES)
+
+
+def _shared_bytes(hidden: int, q_width: int, inter: int) -> int:
+    """The kernel's shared memory: an item's whole input, the ring of weight tiles, their barriers (and 1 KB for
+    alignment)."""
+    chunks = max(hidden, q_width // SPLIT, inter // SPLIT) // BK
+    return 2 * (chunks * ROWS * BK + STAGES * BN * BK) + 8 * (chunks + STAGES) + 1024
+
+
+class LayerTail:
+    """The kernel's launches for one decoder, and the barrier counters they share."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.sync = torch.zeros(3, dtype=torch.int32, device=device)  # barrier count, programs out, error flag
+        self.programs = torch.cuda.get_device_properties(device).multi_processor_count
+
+    def __call__(self, attended: torch.Tensor, res_in: torch.Tensor, res: torch.Tensor, w, next_w,
+                 next_norm: torch.Tensor, eps: float) -> torch.Tensor:
+        """attended [64, Hq D] (the layer's attention output), res_in [64, H] fp32 (the residual stream before
+        the layer's o product; may be res) -> res (written, fp32) and the next layer's qkv [64, W] (next_w given)
+        or the stream normed by next_norm [64, H] (the decoder's output). w, next_w: FusedLayerWeights."""
+        args, consts, out = arguments(attended, res_in, res, w, next_w, next_norm, eps, self.sync)
+        _tail_kernel[(self.programs,)](*args, **consts, num_warps=4, launch_cooperative_grid=True)
+        return out
+
+
+def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync):
+    """The kernel's arguments and constants, and the tensor it returns (its buffers allocated here)."""
+    M, H = res_in.shape
+    bf, inter, hq = attended.dtype, w.down.shape[1], attended.shape[1]
+    xn2 = torch.empty(M, H, dtype=bf, device=res.device)
+    h = torch.empty(M, inter, dtype=bf, device=res.device)
+    xn = torch.empty(M, H, dtype=bf, device=res.device)
+    part = torch.empty(SPLIT, M, H, dtype=torch.float32, device=res.device)
+    qkv_w = (next_w or w).qkv  # (without a next layer: a stand-in, not read)
+    qkv = torch.empty(M, qkv_w.shape[0], dtype=bf, device=res.device) if next_w is not None else xn
+    weights = [_descriptor(t, [BN, BK]) for t in (w.o, w.gate_up, w.down, qkv_w)]
+    inputs = [_descriptor(t, [M, BK]) for t in (attended, xn2, h, xn)]
+    args = (*weights, *inputs, res_in, res, xn2, h, xn, qkv, part, w.post_norm, next_norm, sync, eps)
+    consts = dict(M=M, H=H, HQ=hq, W=qkv_w.shape[0], INTER=inter, BN=BN, BK=BK, S=SPLIT, NS=STAGES,
+                  KC=max(H, inter // SPLIT, hq // SPLIT) // BK, NEXT=next_w is not None)
+    return args, consts, qkv
+
+
+def compile_for_hopper(fn, args, consts: dict, num_warps: int = 4):
+    """Compiles a Gluon kernel for sm_90 on any machine (tensors on any device stand in for its arguments'
+    types): the check that runs without a GPU."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    signature, constexprs = {}, {}
+    values = dict(zip(fn.arg_names, args)) | consts | {"num_warps": num_warps}
+    for i, name in enumerate(fn.arg_names):
+        if fn.params[i].is_constexpr or name == "num_warps":
+            signature[name], constexprs[(i,)] = "constexpr", values[name]
+        else:
+            signature[name] = mangle_type(values[name])
+    return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps})
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
+                            gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16))
+
+
+if gluon is not None:
+    MAX_SPINS = gl.constexpr(1 << 22)  # a barrier gives up (raising the error flag) instead of hanging the GPU
+
+    @gluon.jit
+    def _proxy_fence():
+        """Orders this thread's ordinary global accesses with the TMA's (the async proxy) on global memory."""
+        gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
+    def grid_barrier(sync_ptr, target):
+        """Every program arrives (release) and waits until `target` have (acquire): sync_ptr[0] counts arrivals
+        over the launch; sync_ptr[2] is raised if the wait gave up."""
+        gl.thread_barrier()
+        _proxy_fence()
+        gl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+        spins = 0
+        while (gl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < target) & (spins < MAX_SPINS):
+            spins += 1
+        if spins >= MAX_SPINS:
+            gl.store(sync_ptr + 2, 1)
+        _proxy_fence()
+        gl.thread_barrier()
+
+    @gluon.jit
+    def leave(sync_ptr, P):
+        """The last program out resets the counters for the next launch."""
+        gl.thread_barrier()
+        if gl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:
+            gl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
+            gl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+
+    @gluon.jit
+    def load_input(x_desc, k0, n_chunks, x_smem, x_bars, M: gl.constexpr, BK: gl.constexpr):
+        """Asks for an item's input, x[:, k0:k0 + n_chunks * BK], chunk c into x_smem[c] (x_bars[c] signals)."""
+        for c in range(n_chunks):
+            mbarrier.expect(x_bars.index(c), M * BK * 2)
+            tma.async_copy_global_to_shared(x_desc, [0, k0 + c * BK], x_bars.index(c), x_smem.index(c))
+
+    @gluon.jit
+    def norm_rows(part_ptr, res_in_ptr, res_ptr, norm_ptr, xn_ptr, pid, P, eps, S: gl.constexpr, M: gl.constexpr,
+                  H: gl.constexpr, num_warps: gl.constexpr):
+        """res = res_in + the S partial sums, in order; xn = rmsnorm(res) * norm, one row per program."""
+        layout: gl.constexpr = gl.BlockedLayout([H // (32 * num_warps)], [32], [num_warps], [0])
+        cols = gl.arange(0, H, layout=layout)
+        for r in range(pid, M, P):
+            row = gl.load(res_in_ptr + r * H + cols)
+            for s in range(S):
+                row += gl.load(part_ptr + (s * M + r) * H + cols)
+            gl.store(res_ptr + r * H + cols, row)
+            inv = gl.rsqrt(gl.sum(row * row, axis=0) / H + eps)
+            y = row * inv * gl.load(norm_ptr + cols).to(gl.float32)
+            gl.store(xn_ptr + r * H + cols, y.to(xn_ptr.dtype.element_ty))
+
+    @gluon.jit
+    def _items(j, H: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr, S: gl.constexpr):
+        """Items of product j (0 o, 1 gate/up, 2 down, 3 the next qkv)."""
+        return (((j == 0) | (j == 2)) * ((H // BN) * S) + (j == 1) * (INTER // BN) + (j == 3) * (W // BN))
+
+    @gluon.jit
+    def _tiles(j, H: gl.constexpr, HQ: gl.constexpr, INTER: gl.constexpr, BK: gl.constexpr, S: gl.constexpr):
+        """Weight tiles of one item of product j (gate/up: a gate tile and an up tile per K chunk)."""
+        return ((j == 0) * (HQ // S // BK) + (j == 1) * (2 * (H // BK)) + (j == 2) * (INTER // S // BK)
+                + (j == 3) * (H // BK))
+
+    @gluon.jit
+    def _next_product(f, pid, NJ: gl.constexpr, H: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr,
+                      BN: gl.constexpr, S: gl.constexpr):
+        """The next product after f with an item for this program; NJ when none is left."""
+        f += 1
+        while (f < NJ) & (pid >= _items(f, H, W, INTER, BN, S)):
+            f += 1
+        return f
+
+    @gluon.jit
+    def _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ: gl.constexpr, NS: gl.constexpr,
+               H: gl.constexpr, W: gl.constexpr, HQ: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr,
+               BK: gl.constexpr, S: gl.constexpr):
+        """Asks for the stream's next tile (product f, its tile pc) into ring slot ti % NS; advances the cursor."""
+        if f < NJ:
+            slot = ti % NS
+            bar = bars.index(slot)
+            dst = ring.index(slot)
+            mbarrier.expect(bar, BN * BK * 2)
+            nb = pid % (H // BN)
+            s = pid // (H // BN)
+            if f == 0:
+                tma.async_copy_global_to_shared(d_o, [nb * BN, s * (HQ // S) + pc * BK], bar, dst)
+            elif f == 1:
+                tma.async_copy_global_to_shared(d_gu, [(pc % 2) * INTER + pid * BN, (pc // 2) * BK], bar, dst)
+            elif f == 2:
+                tma.async_copy_global_to_shared(d_down, [nb * BN, s * (INTER // S) + pc * BK], bar, dst)
+            else:
+                tma.async_copy_global_to_shared(d_qkv, [pid * BN, pc * BK], bar, dst)
+            ti += 1
+            pc += 1
+            if pc == _tiles(f, H, HQ, INTER, BK, S):
+                pc = 0
+                f = _next_product(f, pid, NJ, H, W, INTER, BN, S)
+        return f, pc, ti
+
+    @gluon.jit
+    def _product(n_chunks, x_smem, x_bars, xph, acc, tc, f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv,
+                 NJ: gl.constexpr, NS: gl.constexpr, H: gl.constexpr, W: gl.constexpr, HQ: gl.constexpr,
+                 INTER: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr):
+        """acc += input @ (the ring's next n_chunks tiles)^T, one MMA kept in flight; each slot refilled with the
+        stream's tile NS ahead once the MMA that read it is done. The input was asked for (load_input)."""
+        for c in range(n_chunks):
+            mbarrier.wait(x_bars.index(c), (xph >> c) & 1)
+            mbarrier.wait(bars.index(tc % NS), (tc // NS) & 1)
+            acc = warpgroup_mma(x_smem.index(c), ring.index(tc % NS).permute((1, 0)), acc, is_async=True)
+            tc += 1
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            if c >= 1:
+                f, pc, ti = _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER,
+                                   BN, BK, S)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        f, pc, ti = _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN, BK, S)
+        xph ^= (1 << n_chunks) - 1
+        return acc, xph, tc, f, pc, ti
+
+    @gluon.jit
+    def _tail_kernel(d_o, d_gu, d_down, d_qkv, x_att, x_xn2, x_h, x_xn, res_in_ptr, res_ptr, xn2_ptr, h_ptr, xn_ptr,
+                     qkv_ptr, part_ptr, post_norm_ptr, next_norm_ptr, sync_ptr, eps, M: gl.constexpr,
+                     H: gl.constexpr, HQ: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr,
+                     BK: gl.constexpr, S: gl.constexpr, NS: gl.constexpr, KC: gl.constexpr, NEXT: gl.constexpr,
+                     num_warps: gl.constexpr):
+        pid = gl.program_id(0)
+        P = gl.num_programs(0)
+        NJ: gl.constexpr = 4 if NEXT else 3  # products: o, gate/up, down (, the next qkv)
+        ring = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], d_o.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [KC, M, BK], x_att.layout)
+        x_bars = gl.allocate_shared_memory(gl.int64, [KC, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NS):
+            mbarrier.init(bars.index(i), count=1)
+        for i in gl.static_range(KC):
+            mbarrier.init(x_bars.index(i), count=1)
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BN, 16])
+        rows = gl.arange(0, M, layout=gl.SliceLayout(1, acc_layout))
+        cols = gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
+        nb = pid % (H // BN)
+        s = pid // (H // BN)
+
+        # the stream's cursor (product f, its tile pc, tiles issued ti): its first NS tiles asked for now
+        f = _next_product(-1, pid, NJ, H, W, INTER, BN, S)
+        pc = 0
+        ti = 0
+        for _first in range(NS):
+            f, pc, ti = _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN, BK,
+                               S)
+        tc = 0  # tiles consumed
+        xph = 0  # the input barriers' phases, a bit per chunk
+
+        if pid < (H // BN) * S:  # o = attended Wo^T, K split in S ranges: fp32 partial sums
+            load_input(x_att, s * (HQ // S), HQ // S // BK, x_smem, x_bars, M, BK)
+            acc = gl.zeros([M, BN], gl.float32, acc_layout)
+            acc, xph, tc, f, pc, ti = _product(HQ // S // BK, x_smem, x_bars, xph, acc, tc, f, pc, ti, pid, ring,
+                                               bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN, BK, S)
+            gl.store(part_ptr + (s * M + rows[:, None]) * H + (nb * BN + cols)[None, :], acc)
+        grid_barrier(sync_ptr, P)
+        norm_rows(part_ptr, res_in_ptr, res_ptr, post_norm_ptr, xn2_ptr, pid, P, eps, S, M, H, num_warps)
+        grid_barrier(sync_ptr, 2 * P)
+
+        if pid < INTER // BN:  # h = silu(xn2 Wg^T) * (xn2 Wu^T): the stream alternates gate and up tiles
+            load_input(x_xn2, 0, H // BK, x_smem, x_bars, M, BK)
+            g = gl.zeros([M, BN], gl.float32, acc_layout)
+            u = gl.zeros([M, BN], gl.float32, acc_layout)
+            for c in range(H // BK):
+                mbarrier.wait(x_bars.index(c), (xph >> c) & 1)
+                mbarrier.wait(bars.index(tc % NS), (tc // NS) & 1)
+                g = warpgroup_mma(x_smem.index(c), ring.index(tc % NS).permute((1, 0)), g, is_async=True)
+                mbarrier.wait(bars.index((tc + 1) % NS), ((tc + 1) // NS) & 1)
+                u = warpgroup_mma(x_smem.index(c), ring.index((tc + 1) % NS).permute((1, 0)), u, is_async=True)
+                tc += 2
+                g, u = warpgroup_mma_wait(num_outstanding=2, deps=(g, u))
+                if c >= 1:
+                    for _twice in gl.static_range(2):
+                        f, pc, ti = _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ,
+                                           INTER, BN, BK, S)
+            g, u = warpgroup_mma_wait(num_outstanding=0, deps=(g, u))
+            for _twice in gl.static_range(2):
+                f, pc, ti = _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN,
+                                   BK, S)
+            xph ^= (1 << (H // BK)) - 1
+            act = g / (1.0 + gl.exp(-g)) * u
+            gl.store(h_ptr + rows[:, None] * INTER + (pid * BN + cols)[None, :], act.to(gl.bfloat16))
+        grid_barrier(sync_ptr, 3 * P)
+
+        if pid < (H // BN) * S:  # down, K split in S ranges
+            load_input(x_h, s * (INTER // S), INTER // S // BK, x_smem, x_bars, M, BK)
+            acc = gl.zeros([M, BN], gl.float32, acc_layout)
+            acc, xph, tc, f, pc, ti = _product(INTER // S // BK, x_smem, x_bars, xph, acc, tc, f, pc, ti, pid, ring,
+                                               bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN, BK, S)
+            gl.store(part_ptr + (s * M + rows[:, None]) * H + (nb * BN + cols)[None, :], acc)
+        grid_barrier(sync_ptr, 4 * P)
+        norm_rows(part_ptr, res_ptr, res_ptr, next_norm_ptr, xn_ptr, pid, P, eps, S, M, H, num_warps)
+
+        if NEXT:  # the next layer's qkv = xn Wqkv^T
+            grid_barrier(sync_ptr, 5 * P)
+            if pid < W // BN:
+                load_input(x_xn, 0, H // BK, x_smem, x_bars, M, BK)
+                acc = gl.zeros([M, BN], gl.float32, acc_layout)
+                acc, xph, tc, f, pc, ti = _product(H // BK, x_smem, x_bars, xph, acc, tc, f, pc, ti, pid, ring, bars,
+                                                   d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN, BK, S)
+                gl.store(qkv_ptr + rows[:, None] * W + (pid * BN + cols)[None, :], acc.to(gl.bfloat16))
+        leave(sync_ptr, P)
