@@ -664,23 +664,23 @@ def test_frame_sum_adds_in_order():
     assert not torch.equal(backwards, expected)  # the order shows in the bits
 
 
-def _cp_shaped_weights(device: str):
-    """A decoder layer's fused weights at the code predictor's shapes (hidden 1,024, 16 + 2 x 8 heads of 128,
-    3,072 wide MLP), bf16."""
+def _layer_weights(device: str, hidden: int = 1024, inter: int = 3072):
+    """A decoder layer's fused weights (16 + 2 x 8 heads of 128), bf16: hidden 1,024 and a 3,072-wide MLP are the
+    code predictors' (and the 0.6B talker's) shapes, 2,048 and 6,144 the 1.7B talker's."""
     from q3tts.layers.attention import FusedLayerWeights
 
     g = torch.Generator("cpu").manual_seed(7)
     rand = lambda *shape: (torch.randn(*shape, generator=g) * shape[-1] ** -0.5).to(device, torch.bfloat16)
     norm = lambda n: (1 + 0.1 * torch.randn(n, generator=g)).to(device, torch.bfloat16)
-    return FusedLayerWeights(qkv=rand(4096, 1024), o=rand(1024, 2048), gate_up=rand(6144, 1024),
-                             down=rand(1024, 3072), input_norm=norm(1024), post_norm=norm(1024), q_norm=norm(128),
-                             k_norm=norm(128))
+    return FusedLayerWeights(qkv=rand(4096, hidden), o=rand(hidden, 2048), gate_up=rand(2 * inter, hidden),
+                             down=rand(hidden, inter), input_norm=norm(hidden), post_norm=norm(hidden),
+                             q_norm=norm(128), k_norm=norm(128))
 
 
 def test_the_persistent_layer_tail_compiles_for_hopper():
-    """The Gluon kernel (Hopper only, no interpreter) compiles for sm_90 at the code predictor's shapes, with and
-    without the next layer's qkv product, within a program's shared memory; what it computes is checked on a GPU
-    (below). In a process of its own: this one's Triton interprets (conftest)."""
+    """The Gluon kernel (Hopper only, no interpreter) compiles for sm_90 at the code predictor's and the 1.7B
+    talker's shapes, with and without the next layer's qkv product, within a program's shared memory; what it
+    computes is checked on a GPU (below). In a process of its own: this one's Triton interprets (conftest)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -698,36 +698,37 @@ def test_the_persistent_layer_tail_compiles_for_hopper():
 def compile_tail():
     from q3tts.engine import persistent
 
-    w, after = _cp_shaped_weights("cpu"), _cp_shaped_weights("cpu")
-    attended, res = torch.zeros(64, 2048, dtype=torch.bfloat16), torch.zeros(64, 1024)
-    for next_w in (after, None):
-        args, consts, out = persistent.arguments(attended, res, res, w, next_w, after.input_norm, 1e-6,
-                                                 torch.zeros(3, dtype=torch.int32))
-        assert out.shape == ((64, 4096) if next_w is not None else (64, 1024))
-        kernel = persistent.compile_for_hopper(persistent._tail_kernel, args, consts)
-        assert kernel.metadata.shared <= persistent._shared_bytes(1024, 2048, 3072) <= persistent.SHARED_BYTES
+    for hidden, inter in ((1024, 3072), (2048, 6144)):
+        w, after = _layer_weights("cpu", hidden, inter), _layer_weights("cpu", hidden, inter)
+        attended, res = torch.zeros(64, 2048, dtype=torch.bfloat16), torch.zeros(64, hidden)
+        for next_w in (after, None):
+            args, consts, out = persistent.arguments(attended, res, res, w, next_w, after.input_norm, 1e-6,
+                                                     torch.zeros(3, dtype=torch.int32), 132)
+            assert out.shape == ((64, 4096) if next_w is not None else (64, hidden))
+            kernel = persistent.compile_for_hopper(persistent._tail_kernel, args, consts)
+            assert kernel.metadata.shared <= persistent._shared_bytes() <= persistent.SHARED_BYTES
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")
-@pytest.mark.parametrize("layers", [5, 28])
-def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, layers):
-    """A 64-row decode step of a decoder at the code predictor's shapes (5 layers; 28: the 0.6B talker's), every row
-    with its own history: with the rest of each layer in one launch it gives the hidden states and caches of the
-    kernels per step, within bf16; the barriers never gave up."""
+@pytest.mark.parametrize("layers, hidden, inter", [(5, 1024, 3072), (28, 1024, 3072), (28, 2048, 6144)])
+def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, layers, hidden, inter):
+    """A 64-row decode step of a decoder at the code predictor's shapes (5 layers; 28: the 0.6B talker's) and the
+    1.7B talker's, every row with its own history: with the rest of each layer in one launch it gives the hidden
+    states and caches of the kernels per step, within bf16; the barriers never gave up."""
     from q3tts.engine import persistent
     from q3tts.engine.decoder import FlatDecoder, PagedCache
 
-    x = torch.randn(64, 1024, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
-    if not persistent.applies(x, torch.bfloat16, 1024, 2048, 4096, 3072):
-        pytest.skip("not a Hopper GPU with enough SMs")
-    decoder = FlatDecoder([], torch.ones(1024, device=DEVICE, dtype=torch.bfloat16), 1e-6, 16, 128,
+    x = torch.randn(64, hidden, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
+    if not persistent.applies(x, torch.bfloat16, hidden, 2048, 4096, inter):
+        pytest.skip("not a Hopper GPU")
+    decoder = FlatDecoder([], torch.ones(hidden, device=DEVICE, dtype=torch.bfloat16), 1e-6, 16, 128,
                           1.0 / 10000 ** (torch.arange(0, 128, 2, device=DEVICE).float() / 128))
-    decoder.layers = [_cp_shaped_weights(DEVICE) for _ in range(layers)]
+    decoder.layers = [_layer_weights(DEVICE, hidden, inter) for _ in range(layers)]
     g = torch.Generator(DEVICE).manual_seed(1)
     history = [(r * 7) % 40 for r in range(64)]  # 0-39 earlier positions per row, blocks of 16
     rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
     positions = torch.tensor([i for n in history for i in range(n)], dtype=torch.int32, device=DEVICE)
-    past = torch.randn(len(rows), 1024, generator=g, device=DEVICE)
+    past = torch.randn(len(rows), hidden, generator=g, device=DEVICE)
     step_rows = torch.arange(64, dtype=torch.int32, device=DEVICE)
     step_positions = torch.tensor(history, dtype=torch.int32, device=DEVICE)
     outs, caches = [], []

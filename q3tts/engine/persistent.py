@@ -27,29 +27,35 @@ except ImportError:  # (no Triton, or one without Gluon)
 
 ENABLED = True  # (False: the decoder keeps its kernels per step; for A/B measurements and tests)
 ROWS = 64  # the one batch the kernel takes: a warpgroup's MMA tile
-BN, BK, SPLIT, STAGES = 32, 256, 4, 6  # weight tile [BN, BK], K split of o and down, ring slots (entry 80)
+BN, BK = 32, 256  # weight tiles [BN, BK], input chunks [64, BK] (entry 80)
+STAGES, INPUT_STAGES = 6, 4  # weight tiles and input chunks asked for ahead: 96 + 128 KB of shared memory
 SHARED_BYTES = 227 * 1024  # a Hopper program's shared memory
 
 
 def applies(x: torch.Tensor, weight_dtype: torch.dtype, hidden: int, q_width: int, qkv_width: int,
             inter: int) -> bool:
     """Whether a decode call over x [N, hidden] of a decoder with these shapes runs on this kernel: 64 rows, bf16
-    weights, a Hopper GPU with at least as many SMs as a phase has items (every program resident at once), shapes
-    that tile (the code predictors' and the 0.6B talker's: hidden 1,024) and whose inputs fit shared memory."""
+    weights, a Hopper GPU, shapes that tile (both sizes' code predictors and talkers)."""
     if not ENABLED or gluon is None or x.device.type != "cuda" or x.shape[0] != ROWS or weight_dtype != torch.bfloat16:
         return False
     props = torch.cuda.get_device_properties(x.device)
-    items = max(qkv_width // BN, hidden // BN * SPLIT, inter // BN)
-    tiles = (hidden % BK, (q_width // SPLIT) % BK, (inter // SPLIT) % BK, qkv_width % BN, inter % BN, hidden % 128)
-    return ((props.major, props.minor) == (9, 0) and props.multi_processor_count >= items and not any(tiles)
-            and _shared_bytes(hidden, q_width, inter) <= SHARED_BYTES)
+    s_o, s_d = (_split(hidden, k, props.multi_processor_count) for k in (q_width, inter))
+    tiles = (hidden % 128, hidden % BK, (q_width // s_o) % BK, (inter // s_d) % BK, qkv_width % BN, inter % BN)
+    return (props.major, props.minor) == (9, 0) and not any(tiles) and _shared_bytes() <= SHARED_BYTES
 
 
-def _shared_bytes(hidden: int, q_width: int, inter: int) -> int:
-    """The kernel's shared memory: an item's whole input, the ring of weight tiles, their barriers (and 1 KB for
-    alignment)."""
-    chunks = max(hidden, q_width // SPLIT, inter // SPLIT) // BK
-    return 2 * (chunks * ROWS * BK + STAGES * BN * BK) + 8 * (chunks + STAGES) + 1024
+def _split(hidden: int, k: int, programs: int) -> int:
+    """How many ranges the o and down products split K over: enough items for the programs, K chunks whole."""
+    s = 1
+    while 2 * s * (hidden // BN) <= programs and k % (2 * s * BK) == 0:
+        s *= 2
+    return s
+
+
+def _shared_bytes() -> int:
+    """The kernel's shared memory: the rings of weight tiles and input chunks, their barriers, 1 KB of
+    alignment."""
+    return 2 * (STAGES * BN * BK + INPUT_STAGES * ROWS * BK) + 8 * (STAGES + INPUT_STAGES) + 1024
 
 
 class LayerTail:
@@ -65,26 +71,27 @@ class LayerTail:
         """attended [64, Hq D] (the layer's attention output), res_in [64, H] fp32 (the residual stream before
         the layer's o product; may be res) -> res (written, fp32) and the next layer's qkv [64, W] (next_w given)
         or the stream normed by next_norm [64, H] (the decoder's output). w, next_w: FusedLayerWeights."""
-        args, consts, out = arguments(attended, res_in, res, w, next_w, next_norm, eps, self.sync)
+        args, consts, out = arguments(attended, res_in, res, w, next_w, next_norm, eps, self.sync, self.programs)
         _tail_kernel[(self.programs,)](*args, **consts, num_warps=4, launch_cooperative_grid=True)
         return out
 
 
-def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync):
+def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs):
     """The kernel's arguments and constants, and the tensor it returns (its buffers allocated here)."""
     M, H = res_in.shape
     bf, inter, hq = attended.dtype, w.down.shape[1], attended.shape[1]
+    s_o, s_d = _split(H, hq, programs), _split(H, inter, programs)
     xn2 = torch.empty(M, H, dtype=bf, device=res.device)
     h = torch.empty(M, inter, dtype=bf, device=res.device)
     xn = torch.empty(M, H, dtype=bf, device=res.device)
-    part = torch.empty(SPLIT, M, H, dtype=torch.float32, device=res.device)
+    part = torch.empty(max(s_o, s_d), M, H, dtype=torch.float32, device=res.device)
     qkv_w = (next_w or w).qkv  # (without a next layer: a stand-in, not read)
     qkv = torch.empty(M, qkv_w.shape[0], dtype=bf, device=res.device) if next_w is not None else xn
     weights = [_descriptor(t, [BN, BK]) for t in (w.o, w.gate_up, w.down, qkv_w)]
     inputs = [_descriptor(t, [M, BK]) for t in (attended, xn2, h, xn)]
     args = (*weights, *inputs, res_in, res, xn2, h, xn, qkv, part, w.post_norm, next_norm, sync, eps)
-    consts = dict(M=M, H=H, HQ=hq, W=qkv_w.shape[0], INTER=inter, BN=BN, BK=BK, S=SPLIT, NS=STAGES,
-                  KC=max(H, inter // SPLIT, hq // SPLIT) // BK, NEXT=next_w is not None)
+    consts = dict(M=M, H=H, HQ=hq, W=qkv_w.shape[0], INTER=inter, BN=BN, BK=BK, S_O=s_o, S_D=s_d, NS=STAGES,
+                  XS=INPUT_STAGES, NEXT=next_w is not None)
     return args, consts, qkv
 
 
@@ -167,156 +174,183 @@ if gluon is not None:
             gl.store(xn_ptr + r * H + cols, y.to(xn_ptr.dtype.element_ty))
 
     @gluon.jit
-    def _items(j, H: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr, S: gl.constexpr):
+    def _items(j, H: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr, S_O: gl.constexpr,
+               S_D: gl.constexpr):
         """Items of product j (0 o, 1 gate/up, 2 down, 3 the next qkv)."""
-        return (((j == 0) | (j == 2)) * ((H // BN) * S) + (j == 1) * (INTER // BN) + (j == 3) * (W // BN))
+        return ((j == 0) * ((H // BN) * S_O) + (j == 1) * (INTER // BN) + (j == 2) * ((H // BN) * S_D)
+                + (j == 3) * (W // BN))
 
     @gluon.jit
-    def _tiles(j, H: gl.constexpr, HQ: gl.constexpr, INTER: gl.constexpr, BK: gl.constexpr, S: gl.constexpr):
+    def _tiles(j, H: gl.constexpr, HQ: gl.constexpr, INTER: gl.constexpr, BK: gl.constexpr, S_O: gl.constexpr,
+               S_D: gl.constexpr):
         """Weight tiles of one item of product j (gate/up: a gate tile and an up tile per K chunk)."""
-        return ((j == 0) * (HQ // S // BK) + (j == 1) * (2 * (H // BK)) + (j == 2) * (INTER // S // BK)
+        return ((j == 0) * (HQ // S_O // BK) + (j == 1) * (2 * (H // BK)) + (j == 2) * (INTER // S_D // BK)
                 + (j == 3) * (H // BK))
 
     @gluon.jit
     def _next_product(f, pid, NJ: gl.constexpr, H: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr,
-                      BN: gl.constexpr, S: gl.constexpr):
+                      BN: gl.constexpr, S_O: gl.constexpr, S_D: gl.constexpr):
         """The next product after f with an item for this program; NJ when none is left."""
         f += 1
-        while (f < NJ) & (pid >= _items(f, H, W, INTER, BN, S)):
+        while (f < NJ) & (pid >= _items(f, H, W, INTER, BN, S_O, S_D)):
             f += 1
         return f
 
     @gluon.jit
-    def _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ: gl.constexpr, NS: gl.constexpr,
+    def _issue(f, it, pc, ti, pid, P, ring, bars, d_o, d_gu, d_down, d_qkv, NJ: gl.constexpr, NS: gl.constexpr,
                H: gl.constexpr, W: gl.constexpr, HQ: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr,
-               BK: gl.constexpr, S: gl.constexpr):
-        """Asks for the stream's next tile (product f, its tile pc) into ring slot ti % NS; advances the cursor."""
+               BK: gl.constexpr, S_O: gl.constexpr, S_D: gl.constexpr):
+        """Asks for the stream's next weight tile (product f, item it, its tile pc) into ring slot ti % NS;
+        advances the cursor over the program's items (pid, pid + P, ...) and products."""
         if f < NJ:
             slot = ti % NS
             bar = bars.index(slot)
             dst = ring.index(slot)
             mbarrier.expect(bar, BN * BK * 2)
-            nb = pid % (H // BN)
-            s = pid // (H // BN)
+            nb = it % (H // BN)
             if f == 0:
-                tma.async_copy_global_to_shared(d_o, [nb * BN, s * (HQ // S) + pc * BK], bar, dst)
+                tma.async_copy_global_to_shared(d_o, [nb * BN, (it // (H // BN)) * (HQ // S_O) + pc * BK], bar, dst)
             elif f == 1:
-                tma.async_copy_global_to_shared(d_gu, [(pc % 2) * INTER + pid * BN, (pc // 2) * BK], bar, dst)
+                tma.async_copy_global_to_shared(d_gu, [(pc % 2) * INTER + it * BN, (pc // 2) * BK], bar, dst)
             elif f == 2:
-                tma.async_copy_global_to_shared(d_down, [nb * BN, s * (INTER // S) + pc * BK], bar, dst)
+                tma.async_copy_global_to_shared(d_down, [nb * BN, (it // (H // BN)) * (INTER // S_D) + pc * BK], bar,
+                                                dst)
             else:
-                tma.async_copy_global_to_shared(d_qkv, [pid * BN, pc * BK], bar, dst)
+                tma.async_copy_global_to_shared(d_qkv, [it * BN, pc * BK], bar, dst)
             ti += 1
             pc += 1
-            if pc == _tiles(f, H, HQ, INTER, BK, S):
+            if pc == _tiles(f, H, HQ, INTER, BK, S_O, S_D):
                 pc = 0
-                f = _next_product(f, pid, NJ, H, W, INTER, BN, S)
-        return f, pc, ti
+                it += P
+                if it >= _items(f, H, W, INTER, BN, S_O, S_D):
+                    it = pid
+                    f = _next_product(f, pid, NJ, H, W, INTER, BN, S_O, S_D)
+        return f, it, pc, ti
 
     @gluon.jit
-    def _product(n_chunks, x_smem, x_bars, xph, acc, tc, f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv,
-                 NJ: gl.constexpr, NS: gl.constexpr, H: gl.constexpr, W: gl.constexpr, HQ: gl.constexpr,
-                 INTER: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, S: gl.constexpr):
-        """acc += input @ (the ring's next n_chunks tiles)^T, one MMA kept in flight; each slot refilled with the
-        stream's tile NS ahead once the MMA that read it is done. The input was asked for (load_input)."""
-        for c in range(n_chunks):
-            mbarrier.wait(x_bars.index(c), (xph >> c) & 1)
+    def _issue_input(x_desc, k, xi, x_smem, x_bars, M: gl.constexpr, BK: gl.constexpr, XS: gl.constexpr):
+        """Asks for input chunk x[:, k:k + BK] into input slot xi % XS."""
+        mbarrier.expect(x_bars.index(xi % XS), M * BK * 2)
+        tma.async_copy_global_to_shared(x_desc, [0, k], x_bars.index(xi % XS), x_smem.index(xi % XS))
+        return xi + 1
+
+    @gluon.jit
+    def _product(x_desc, k0, n, acc, xi, xc, x_smem, x_bars, f, it, pc, ti, tc, pid, P, ring, bars, d_o, d_gu,
+                 d_down, d_qkv, TWO: gl.constexpr, NJ: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr,
+                 M: gl.constexpr, H: gl.constexpr, W: gl.constexpr, HQ: gl.constexpr, INTER: gl.constexpr,
+                 BN: gl.constexpr, BK: gl.constexpr, S_O: gl.constexpr, S_D: gl.constexpr):
+        """acc += x[:, k0:k0 + n BK] @ (the weight ring's next tiles)^T, the input through its own ring (XS chunks
+        asked for ahead), one MMA kept in flight; each slot refilled once the MMA that read it is done. TWO (gate
+        and up): two tiles per chunk, two accumulators (acc a tuple) -- returned as computed."""
+        nx = gl.minimum(n, XS)
+        for c in range(nx):
+            xi = _issue_input(x_desc, k0 + c * BK, xi, x_smem, x_bars, M, BK, XS)
+        for c in range(n):
+            mbarrier.wait(x_bars.index(xc % XS), (xc // XS) & 1)
+            x = x_smem.index(xc % XS)
+            xc += 1
             mbarrier.wait(bars.index(tc % NS), (tc // NS) & 1)
-            acc = warpgroup_mma(x_smem.index(c), ring.index(tc % NS).permute((1, 0)), acc, is_async=True)
-            tc += 1
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            if c >= 1:
-                f, pc, ti = _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER,
-                                   BN, BK, S)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        f, pc, ti = _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN, BK, S)
-        xph ^= (1 << n_chunks) - 1
-        return acc, xph, tc, f, pc, ti
+            if TWO:
+                g, u = acc
+                g = warpgroup_mma(x, ring.index(tc % NS).permute((1, 0)), g, is_async=True)
+                mbarrier.wait(bars.index((tc + 1) % NS), ((tc + 1) // NS) & 1)
+                u = warpgroup_mma(x, ring.index((tc + 1) % NS).permute((1, 0)), u, is_async=True)
+                tc += 2
+                acc = warpgroup_mma_wait(num_outstanding=2, deps=(g, u))
+            else:
+                acc = warpgroup_mma(x, ring.index(tc % NS).permute((1, 0)), acc, is_async=True)
+                tc += 1
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            if c >= 1:  # the previous chunk's products are done: its slots take what comes next
+                if nx < n:
+                    xi = _issue_input(x_desc, k0 + nx * BK, xi, x_smem, x_bars, M, BK, XS)
+                    nx += 1
+                for _tile in gl.static_range(2 if TWO else 1):
+                    f, it, pc, ti = _issue(f, it, pc, ti, pid, P, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H,
+                                           W, HQ, INTER, BN, BK, S_O, S_D)
+        if TWO:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=acc)
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        for _tile in gl.static_range(2 if TWO else 1):
+            f, it, pc, ti = _issue(f, it, pc, ti, pid, P, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ,
+                                   INTER, BN, BK, S_O, S_D)
+        return acc, xi, xc, f, it, pc, ti, tc
 
     @gluon.jit
     def _tail_kernel(d_o, d_gu, d_down, d_qkv, x_att, x_xn2, x_h, x_xn, res_in_ptr, res_ptr, xn2_ptr, h_ptr, xn_ptr,
                      qkv_ptr, part_ptr, post_norm_ptr, next_norm_ptr, sync_ptr, eps, M: gl.constexpr,
                      H: gl.constexpr, HQ: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr,
-                     BK: gl.constexpr, S: gl.constexpr, NS: gl.constexpr, KC: gl.constexpr, NEXT: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     BK: gl.constexpr, S_O: gl.constexpr, S_D: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr,
+                     NEXT: gl.constexpr, num_warps: gl.constexpr):
         pid = gl.program_id(0)
         P = gl.num_programs(0)
         NJ: gl.constexpr = 4 if NEXT else 3  # products: o, gate/up, down (, the next qkv)
         ring = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], d_o.layout)
         bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-        x_smem = gl.allocate_shared_memory(gl.bfloat16, [KC, M, BK], x_att.layout)
-        x_bars = gl.allocate_shared_memory(gl.int64, [KC, 1], mbarrier.MBarrierLayout())
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [XS, M, BK], x_att.layout)
+        x_bars = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NS):
             mbarrier.init(bars.index(i), count=1)
-        for i in gl.static_range(KC):
+        for i in gl.static_range(XS):
             mbarrier.init(x_bars.index(i), count=1)
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, BN, 16])
         rows = gl.arange(0, M, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
-        nb = pid % (H // BN)
-        s = pid // (H // BN)
 
-        # the stream's cursor (product f, its tile pc, tiles issued ti): its first NS tiles asked for now
-        f = _next_product(-1, pid, NJ, H, W, INTER, BN, S)
+        # the weight stream's cursor (product f, item it, tile pc, tiles issued ti): its first NS tiles asked for
+        f = _next_product(-1, pid, NJ, H, W, INTER, BN, S_O, S_D)
+        it = pid
         pc = 0
         ti = 0
         for _first in range(NS):
-            f, pc, ti = _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN, BK,
-                               S)
-        tc = 0  # tiles consumed
-        xph = 0  # the input barriers' phases, a bit per chunk
+            f, it, pc, ti = _issue(f, it, pc, ti, pid, P, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ,
+                                   INTER, BN, BK, S_O, S_D)
+        tc = 0  # weight tiles consumed
+        xi = 0  # input chunks asked for
+        xc = 0  # input chunks consumed
 
-        if pid < (H // BN) * S:  # o = attended Wo^T, K split in S ranges: fp32 partial sums
-            load_input(x_att, s * (HQ // S), HQ // S // BK, x_smem, x_bars, M, BK)
+        for item in range(pid, (H // BN) * S_O, P):  # o = attended Wo^T, K split in S_O ranges: fp32 partial sums
+            s = item // (H // BN)
             acc = gl.zeros([M, BN], gl.float32, acc_layout)
-            acc, xph, tc, f, pc, ti = _product(HQ // S // BK, x_smem, x_bars, xph, acc, tc, f, pc, ti, pid, ring,
-                                               bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN, BK, S)
-            gl.store(part_ptr + (s * M + rows[:, None]) * H + (nb * BN + cols)[None, :], acc)
+            acc, xi, xc, f, it, pc, ti, tc = _product(x_att, s * (HQ // S_O), HQ // S_O // BK, acc, xi, xc, x_smem,
+                                                      x_bars, f, it, pc, ti, tc, pid, P, ring, bars, d_o, d_gu,
+                                                      d_down, d_qkv, False, NJ, NS, XS, M, H, W, HQ, INTER, BN, BK,
+                                                      S_O, S_D)
+            gl.store(part_ptr + (s * M + rows[:, None]) * H + ((item % (H // BN)) * BN + cols)[None, :], acc)
         grid_barrier(sync_ptr, P)
-        norm_rows(part_ptr, res_in_ptr, res_ptr, post_norm_ptr, xn2_ptr, pid, P, eps, S, M, H, num_warps)
+        norm_rows(part_ptr, res_in_ptr, res_ptr, post_norm_ptr, xn2_ptr, pid, P, eps, S_O, M, H, num_warps)
         grid_barrier(sync_ptr, 2 * P)
 
-        if pid < INTER // BN:  # h = silu(xn2 Wg^T) * (xn2 Wu^T): the stream alternates gate and up tiles
-            load_input(x_xn2, 0, H // BK, x_smem, x_bars, M, BK)
+        for item in range(pid, INTER // BN, P):  # h = silu(xn2 Wg^T) * (xn2 Wu^T): gate and up tiles alternate
             g = gl.zeros([M, BN], gl.float32, acc_layout)
             u = gl.zeros([M, BN], gl.float32, acc_layout)
-            for c in range(H // BK):
-                mbarrier.wait(x_bars.index(c), (xph >> c) & 1)
-                mbarrier.wait(bars.index(tc % NS), (tc // NS) & 1)
-                g = warpgroup_mma(x_smem.index(c), ring.index(tc % NS).permute((1, 0)), g, is_async=True)
-                mbarrier.wait(bars.index((tc + 1) % NS), ((tc + 1) // NS) & 1)
-                u = warpgroup_mma(x_smem.index(c), ring.index((tc + 1) % NS).permute((1, 0)), u, is_async=True)
-                tc += 2
-                g, u = warpgroup_mma_wait(num_outstanding=2, deps=(g, u))
-                if c >= 1:
-                    for _twice in gl.static_range(2):
-                        f, pc, ti = _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ,
-                                           INTER, BN, BK, S)
-            g, u = warpgroup_mma_wait(num_outstanding=0, deps=(g, u))
-            for _twice in gl.static_range(2):
-                f, pc, ti = _issue(f, pc, ti, pid, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN,
-                                   BK, S)
-            xph ^= (1 << (H // BK)) - 1
+            gu, xi, xc, f, it, pc, ti, tc = _product(x_xn2, 0, H // BK, (g, u), xi, xc, x_smem, x_bars, f, it, pc,
+                                                     ti, tc, pid, P, ring, bars, d_o, d_gu, d_down, d_qkv, True, NJ,
+                                                     NS, XS, M, H, W, HQ, INTER, BN, BK, S_O, S_D)
+            g, u = gu
             act = g / (1.0 + gl.exp(-g)) * u
-            gl.store(h_ptr + rows[:, None] * INTER + (pid * BN + cols)[None, :], act.to(gl.bfloat16))
+            gl.store(h_ptr + rows[:, None] * INTER + (item * BN + cols)[None, :], act.to(gl.bfloat16))
         grid_barrier(sync_ptr, 3 * P)
 
-        if pid < (H // BN) * S:  # down, K split in S ranges
-            load_input(x_h, s * (INTER // S), INTER // S // BK, x_smem, x_bars, M, BK)
+        for item in range(pid, (H // BN) * S_D, P):  # down, K split in S_D ranges
+            s = item // (H // BN)
             acc = gl.zeros([M, BN], gl.float32, acc_layout)
-            acc, xph, tc, f, pc, ti = _product(INTER // S // BK, x_smem, x_bars, xph, acc, tc, f, pc, ti, pid, ring,
-                                               bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN, BK, S)
-            gl.store(part_ptr + (s * M + rows[:, None]) * H + (nb * BN + cols)[None, :], acc)
+            acc, xi, xc, f, it, pc, ti, tc = _product(x_h, s * (INTER // S_D), INTER // S_D // BK, acc, xi, xc,
+                                                      x_smem, x_bars, f, it, pc, ti, tc, pid, P, ring, bars, d_o,
+                                                      d_gu, d_down, d_qkv, False, NJ, NS, XS, M, H, W, HQ, INTER, BN,
+                                                      BK, S_O, S_D)
+            gl.store(part_ptr + (s * M + rows[:, None]) * H + ((item % (H // BN)) * BN + cols)[None, :], acc)
         grid_barrier(sync_ptr, 4 * P)
-        norm_rows(part_ptr, res_ptr, res_ptr, next_norm_ptr, xn_ptr, pid, P, eps, S, M, H, num_warps)
+        norm_rows(part_ptr, res_ptr, res_ptr, next_norm_ptr, xn_ptr, pid, P, eps, S_D, M, H, num_warps)
 
         if NEXT:  # the next layer's qkv = xn Wqkv^T
             grid_barrier(sync_ptr, 5 * P)
-            if pid < W // BN:
-                load_input(x_xn, 0, H // BK, x_smem, x_bars, M, BK)
+            for item in range(pid, W // BN, P):
                 acc = gl.zeros([M, BN], gl.float32, acc_layout)
-                acc, xph, tc, f, pc, ti = _product(H // BK, x_smem, x_bars, xph, acc, tc, f, pc, ti, pid, ring, bars,
-                                                   d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ, INTER, BN, BK, S)
-                gl.store(qkv_ptr + rows[:, None] * W + (pid * BN + cols)[None, :], acc.to(gl.bfloat16))
+                acc, xi, xc, f, it, pc, ti, tc = _product(x_xn, 0, H // BK, acc, xi, xc, x_smem, x_bars, f, it, pc,
+                                                          ti, tc, pid, P, ring, bars, d_o, d_gu, d_down, d_qkv, False,
+                                                          NJ, NS, XS, M, H, W, HQ, INTER, BN, BK, S_O, S_D)
+                gl.store(qkv_ptr + rows[:, None] * W + (item * BN + cols)[None, :], acc.to(gl.bfloat16))
         leave(sync_ptr, P)
