@@ -67,17 +67,19 @@ class LayerTail:
         self.programs = torch.cuda.get_device_properties(device).multi_processor_count
 
     def __call__(self, attended: torch.Tensor, res_in: torch.Tensor, res: torch.Tensor, w, next_w,
-                 next_norm: torch.Tensor, eps: float) -> torch.Tensor:
+                 next_norm: torch.Tensor, eps: float, times: torch.Tensor | None = None) -> torch.Tensor:
         """attended [64, Hq D] (the layer's attention output), res_in [64, H] fp32 (the residual stream before
         the layer's o product; may be res) -> res (written, fp32) and the next layer's qkv [64, W] (next_w given)
         or the stream normed by next_norm [64, H] (the decoder's output). w, next_w: FusedLayerWeights."""
-        args, consts, out = arguments(attended, res_in, res, w, next_w, next_norm, eps, self.sync, self.programs)
+        args, consts, out = arguments(attended, res_in, res, w, next_w, next_norm, eps, self.sync, self.programs,
+                                      times)
         _tail_kernel[(self.programs,)](*args, **consts, num_warps=4, launch_cooperative_grid=True)
         return out
 
 
-def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs):
-    """The kernel's arguments and constants, and the tensor it returns (its buffers allocated here)."""
+def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, times=None):
+    """The kernel's arguments and constants, and the tensor it returns (its buffers allocated here). times:
+    [programs, 6, 2] int64 for each program's clock at each phase's start and end (bench/layer_tail.py)."""
     M, H = res_in.shape
     bf, inter, hq = attended.dtype, w.down.shape[1], attended.shape[1]
     s_o, s_d = _split(H, hq, programs), _split(H, inter, programs)
@@ -89,9 +91,10 @@ def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs):
     qkv = torch.empty(M, qkv_w.shape[0], dtype=bf, device=res.device) if next_w is not None else xn
     weights = [_descriptor(t, [BN, BK]) for t in (w.o, w.gate_up, w.down, qkv_w)]
     inputs = [_descriptor(t, [M, BK]) for t in (attended, xn2, h, xn)]
-    args = (*weights, *inputs, res_in, res, xn2, h, xn, qkv, part, w.post_norm, next_norm, sync, eps)
+    args = (*weights, *inputs, res_in, res, xn2, h, xn, qkv, part, w.post_norm, next_norm, sync,
+            times if times is not None else sync, eps)
     consts = dict(M=M, H=H, HQ=hq, W=qkv_w.shape[0], INTER=inter, BN=BN, BK=BK, S_O=s_o, S_D=s_d, NS=STAGES,
-                  XS=INPUT_STAGES, NEXT=next_w is not None)
+                  XS=INPUT_STAGES, NEXT=next_w is not None, TIMING=times is not None)
     return args, consts, qkv
 
 
@@ -127,6 +130,14 @@ if gluon is not None:
         """Orders this thread's ordinary global accesses with the TMA's (the async proxy) on global memory."""
         gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
+
+    @gluon.jit
+    def _stamp(times_ptr, pid, phase, end, TIMING: gl.constexpr):
+        """TIMING: this SM's clock at a phase's start (end 0) or end (1), for bench/layer_tail.py."""
+        if TIMING:
+            clock = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False,
+                                              pack=1)
+            gl.store(times_ptr + (pid * 6 + phase) * 2 + end, clock)
 
     @gluon.jit
     def grid_barrier(sync_ptr, target):
@@ -279,10 +290,10 @@ if gluon is not None:
 
     @gluon.jit
     def _tail_kernel(d_o, d_gu, d_down, d_qkv, x_att, x_xn2, x_h, x_xn, res_in_ptr, res_ptr, xn2_ptr, h_ptr, xn_ptr,
-                     qkv_ptr, part_ptr, post_norm_ptr, next_norm_ptr, sync_ptr, eps, M: gl.constexpr,
+                     qkv_ptr, part_ptr, post_norm_ptr, next_norm_ptr, sync_ptr, times_ptr, eps, M: gl.constexpr,
                      H: gl.constexpr, HQ: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr,
                      BK: gl.constexpr, S_O: gl.constexpr, S_D: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr,
-                     NEXT: gl.constexpr, num_warps: gl.constexpr):
+                     NEXT: gl.constexpr, TIMING: gl.constexpr, num_warps: gl.constexpr):
         pid = gl.program_id(0)
         P = gl.num_programs(0)
         NJ: gl.constexpr = 4 if NEXT else 3  # products: o, gate/up, down (, the next qkv)
@@ -311,6 +322,7 @@ if gluon is not None:
         xi = 0  # input chunks asked for
         xc = 0  # input chunks consumed
 
+        _stamp(times_ptr, pid, 0, 0, TIMING)
         for item in range(pid, (H // BN) * S_O, P):  # o = attended Wo^T, K split in S_O ranges: fp32 partial sums
             s = item // (H // BN)
             acc = gl.zeros([M, BN], gl.float32, acc_layout)
@@ -319,9 +331,13 @@ if gluon is not None:
                                                       d_down, d_qkv, False, NJ, NS, XS, M, H, W, HQ, INTER, BN, BK,
                                                       S_O, S_D)
             gl.store(part_ptr + (s * M + rows[:, None]) * H + ((item % (H // BN)) * BN + cols)[None, :], acc)
+        _stamp(times_ptr, pid, 0, 1, TIMING)
         grid_barrier(sync_ptr, P)
+        _stamp(times_ptr, pid, 1, 0, TIMING)
         norm_rows(part_ptr, res_in_ptr, res_ptr, post_norm_ptr, xn2_ptr, pid, P, eps, S_O, M, H, num_warps)
+        _stamp(times_ptr, pid, 1, 1, TIMING)
         grid_barrier(sync_ptr, 2 * P)
+        _stamp(times_ptr, pid, 2, 0, TIMING)
 
         for item in range(pid, INTER // BN, P):  # h = silu(xn2 Wg^T) * (xn2 Wu^T): gate and up tiles alternate
             g = gl.zeros([M, BN], gl.float32, acc_layout)
@@ -332,7 +348,9 @@ if gluon is not None:
             g, u = gu
             act = g / (1.0 + gl.exp(-g)) * u
             gl.store(h_ptr + rows[:, None] * INTER + (item * BN + cols)[None, :], act.to(gl.bfloat16))
+        _stamp(times_ptr, pid, 2, 1, TIMING)
         grid_barrier(sync_ptr, 3 * P)
+        _stamp(times_ptr, pid, 3, 0, TIMING)
 
         for item in range(pid, (H // BN) * S_D, P):  # down, K split in S_D ranges
             s = item // (H // BN)
@@ -342,15 +360,20 @@ if gluon is not None:
                                                       d_gu, d_down, d_qkv, False, NJ, NS, XS, M, H, W, HQ, INTER, BN,
                                                       BK, S_O, S_D)
             gl.store(part_ptr + (s * M + rows[:, None]) * H + ((item % (H // BN)) * BN + cols)[None, :], acc)
+        _stamp(times_ptr, pid, 3, 1, TIMING)
         grid_barrier(sync_ptr, 4 * P)
+        _stamp(times_ptr, pid, 4, 0, TIMING)
         norm_rows(part_ptr, res_ptr, res_ptr, next_norm_ptr, xn_ptr, pid, P, eps, S_D, M, H, num_warps)
+        _stamp(times_ptr, pid, 4, 1, TIMING)
 
         if NEXT:  # the next layer's qkv = xn Wqkv^T
             grid_barrier(sync_ptr, 5 * P)
+            _stamp(times_ptr, pid, 5, 0, TIMING)
             for item in range(pid, W // BN, P):
                 acc = gl.zeros([M, BN], gl.float32, acc_layout)
                 acc, xi, xc, f, it, pc, ti, tc = _product(x_xn, 0, H // BK, acc, xi, xc, x_smem, x_bars, f, it, pc,
                                                           ti, tc, pid, P, ring, bars, d_o, d_gu, d_down, d_qkv, False,
                                                           NJ, NS, XS, M, H, W, HQ, INTER, BN, BK, S_O, S_D)
                 gl.store(qkv_ptr + rows[:, None] * W + (item * BN + cols)[None, :], acc.to(gl.bfloat16))
+            _stamp(times_ptr, pid, 5, 1, TIMING)
         leave(sync_ptr, P)
