@@ -80,6 +80,8 @@ class LayerTail:
 def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, times=None):
     """The kernel's arguments and constants, and the tensor it returns (its buffers allocated here). times:
     [programs, 6, 2] int64 for each program's clock at each phase's start and end (bench/layer_tail.py)."""
+    if STAGES < 4 or INPUT_STAGES < 1:  # (gate/up reads two tiles a chunk while the last chunk's two are in use)
+        raise ValueError(f"the rings need >= 4 weight slots and >= 1 input slot, not {STAGES} and {INPUT_STAGES}")
     M, H = res_in.shape
     bf, inter, hq = attended.dtype, w.down.shape[1], attended.shape[1]
     s_o, s_d = _split(H, hq, programs), _split(H, inter, programs)
