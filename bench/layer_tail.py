@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from functools import partial
 from pathlib import Path
@@ -20,6 +19,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from persistent_probe import graph_ms  # noqa: E402
+
 from q3tts.engine import kernels, persistent  # noqa: E402
 from q3tts.layers.attention import FusedLayerWeights  # noqa: E402
 
@@ -32,23 +34,6 @@ def layer(hidden: int, inter: int, g: torch.Generator) -> FusedLayerWeights:
     return FusedLayerWeights(qkv=rand(4096, hidden), o=rand(hidden, 2048), gate_up=rand(2 * inter, hidden),
                              down=rand(hidden, inter), input_norm=norm(hidden), post_norm=norm(hidden),
                              q_norm=norm(128), k_norm=norm(128))
-
-
-def graph_ms(fn, replays: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def per_kernels(attended, res, w, after, eps):
