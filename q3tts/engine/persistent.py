@@ -1,16 +1,15 @@
 """The rest of a decoder layer after its attention, at 64 rows, as one launch on Hopper (Gluon): the o product,
 add + RMSNorm, gate/up with SwiGLU, the down product, add + RMSNorm, and the next layer's qkv product
-(docs/perf-notes.md, entries 79-81).
+(docs/perf-notes.md, entries 79-82).
 
-At 64 rows a matrix product of the code predictor's (or the 0.6B talker's) shapes costs cuBLAS ~6 us whatever its
-size, most of it fixed cost (entries 74-75); this kernel runs the layer's products and norms in one launch of one
-program per SM, with grid barriers between the phases. Each program walks one stream of its weight tiles over all
-phases through a ring of shared-memory slots filled by TMA ahead of the products that read them, so the next
-phase's weights are on their way while the program finishes its phase and waits at the barrier; an item's input
-(its [64, K] activations, bf16) is asked for by TMA, all of it at once, right after the barrier; the products run on
-the tensor cores (warpgroup MMA). The o and down products split K over S programs into fp32 partial sums, which
-the norm phase adds to the residual stream in order (deterministic). Every phase has at most one item per
-program, so a program's stream of tiles follows from its id alone.
+At 64 rows a matrix product of these shapes costs cuBLAS ~6-20 us, most of it fixed cost (entries 74-75); this
+kernel runs the layer's products and norms in one cooperative launch of one program per SM, with grid barriers
+between the phases. Each program walks one stream of its weight tiles (its items of each phase: pid, pid + P, ...)
+over all phases through a ring of shared-memory slots filled by TMA ahead of the products that read them, so the
+next phase's weights are on their way while the program finishes its phase and waits at the barrier; an item's
+input (its [64, K] activations, bf16) comes by TMA through a second ring, asked for right after the barrier; the
+products run on the tensor cores (warpgroup MMA). The o and down products split K into fp32 partial sums, which
+the norm phases add to the residual stream in order (deterministic).
 """
 
 from __future__ import annotations
@@ -59,7 +58,9 @@ def _shared_bytes() -> int:
 
 
 class LayerTail:
-    """The kernel's launches for one decoder, and the barrier counters they share."""
+    """The kernel's launches for one decoder, and the barrier counters they share (a launch leaves them at zero;
+    sync[2] is raised if a barrier gave up waiting, which the cooperative launch, every program resident, rules
+    out)."""
 
     def __init__(self, device: torch.device):
         self.device = device
