@@ -24,11 +24,15 @@ import soundfile as sf
 import soxr
 import torch
 
+from .errors import RequestError
 from .fetch import FetchError, FetchPolicy, fetch
 
 SILENCE_THRESHOLD = 1e-6  # peak |x| below this carries no voice to clone
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000, 768_000  # Hz: outside, a mistake (sample rate 1 made 24,000 samples 6.7 h)
 MAX_REFERENCE_SECONDS = 600  # a voice reference's length (an in-context one must also fit the context: ~43 min)
+# Samples (frames x channels) a reference may decode to: 600 s of 48 kHz mono, 115 MB as float32. Seconds alone do not
+# bound it: a 222 KB FLAC of a tone (599 s, 96 kHz, stereo) took ~3 GB to decode and mix down.
+MAX_REFERENCE_SAMPLES = MAX_REFERENCE_SECONDS * 48_000
 URL_TIMEOUT_S = 30.0
 
 # Speaker-encoder mel front end (official `extract_speaker_embedding` arguments).
@@ -42,8 +46,12 @@ MEL_FMAX = 12000.0
 MEL_PAD = (MEL_N_FFT - MEL_HOP) // 2  # 384 reflect-padded samples on each side
 
 
-class AudioError(ValueError):
-    """Reference audio that cannot be used: unreadable, empty, silent, non-finite, or of an unsupported kind."""
+class AudioError(RequestError):
+    """Reference audio that cannot be used: unreadable, empty, silent, too long, non-finite, or of an unsupported
+    kind. A `RequestError` whose `param` is the reference audio's argument."""
+
+    def __init__(self, message: str, param: str | None = "ref_audio", code: str = "invalid_value"):
+        super().__init__(message, param, code)
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -117,7 +125,7 @@ def _from_tuple(source: tuple) -> tuple[np.ndarray, int]:
         raise AudioError(f"2-D audio must be channels-last [samples, channels], got shape {array.shape}; "
                          "transpose it")
     sr = _sample_rate(sr)
-    _check_length(array.shape[0], sr, "audio array")
+    _check_length(array.shape[0], array.shape[1] if array.ndim == 2 else 1, sr, "audio array")
     return array.astype(np.float32), sr
 
 
@@ -215,15 +223,15 @@ def _read_file(path: Path) -> tuple[np.ndarray, int]:
 
 
 def _read_sound(file: Any, what: str) -> tuple[np.ndarray, int]:
-    """`sf.read(file, dtype="float32", always_2d=False)`, once the header says the length is acceptable (a few
-    compressed megabytes can hold hours)."""
+    """`sf.read(file, dtype="float32", always_2d=False)`, once the header says the length and the decoded size are
+    acceptable (a few compressed kilobytes can hold hours)."""
     try:
         with sf.SoundFile(file) as f:
             try:
                 _sample_rate(f.samplerate)
             except AudioError as e:
                 raise AudioError(f"{what}: {e}") from None
-            _check_length(f.frames, f.samplerate, what)
+            _check_length(f.frames, f.channels, f.samplerate, what)
             return f.read(dtype="float32", always_2d=False), f.samplerate
     except AudioError:
         raise
@@ -231,10 +239,16 @@ def _read_sound(file: Any, what: str) -> tuple[np.ndarray, int]:
         raise AudioError(f"{what}: not a readable audio file (WAV, FLAC, OGG, MP3 ...): {_reason(e)}") from e
 
 
-def _check_length(samples: int, sr: int, what: str) -> None:
-    if samples > MAX_REFERENCE_SECONDS * sr:
-        raise AudioError(f"{what}: {samples / sr:.0f} s of audio; a voice reference may be at most "
+def _check_length(frames: int, channels: int, sr: int, what: str) -> None:
+    """Refuses what is too long to be a voice reference, or too large to decode (before any sample is decoded)."""
+    if frames > MAX_REFERENCE_SECONDS * sr:
+        raise AudioError(f"{what}: {frames / sr:.0f} s of audio; a voice reference may be at most "
                          f"{MAX_REFERENCE_SECONDS} s (a few seconds of clear speech is what cloning needs)")
+    if frames * channels > MAX_REFERENCE_SAMPLES:
+        raise AudioError(f"{what}: {frames / sr:.0f} s of {channels}-channel audio at {sr} Hz is "
+                         f"{frames * channels} samples; a voice reference may hold at most {MAX_REFERENCE_SAMPLES} "
+                         f"({MAX_REFERENCE_SECONDS} s of mono at 48 kHz; a few seconds of clear speech is what "
+                         "cloning needs)")
 
 
 def _reason(error: Exception) -> str:

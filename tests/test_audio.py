@@ -16,7 +16,9 @@ import pytest
 import soundfile as sf
 import torch
 
+import q3tts.audio
 from q3tts.audio import AudioError, load_audio, mel_filterbank, mel_spectrogram, resample, to_mono_24k
+from q3tts.errors import RequestError
 
 RESAMPLE_CASES = [  # (sample rate, shape with time last, dtype)
     (16000, (20817,), np.float32),
@@ -205,8 +207,13 @@ def _raises(source, *fragments: str) -> str:
     return message
 
 
-def test_audio_error_is_a_value_error():
-    assert issubclass(AudioError, ValueError)
+def test_audio_error_is_a_request_error_naming_ref_audio():
+    """As README says: bad reference audio raises q3tts.RequestError (a ValueError) whose .param names it."""
+    assert issubclass(AudioError, RequestError) and issubclass(AudioError, ValueError)
+    with pytest.raises(RequestError) as info:
+        load_audio(b"not audio at all")
+    assert isinstance(info.value, AudioError)
+    assert (info.value.param, info.value.code) == ("ref_audio", "invalid_value")
 
 
 def test_missing_file_names_the_path(tmp_path, monkeypatch):
@@ -315,3 +322,36 @@ def test_a_file_at_a_sample_rate_beyond_any_voice_reference_is_named(tmp_path):
     slow = tmp_path / "slow.wav"
     sf.write(slow, (0.3 * np.sin(np.arange(2000) / 5)).astype(np.float32), 1, format="WAV")
     _raises(str(slow), f"{slow}: sample rate 1 Hz is outside 1000..768000 Hz")
+
+
+def tone_flac(seconds: int, sample_rate: int, channels: int) -> bytes:
+    """A FLAC file of a constant level: a few hundred bytes a second, however many samples it decodes to."""
+    out = io.BytesIO()
+    second = np.full((sample_rate, channels), 1000, dtype=np.int16)
+    with sf.SoundFile(out, "w", sample_rate, channels, format="FLAC", subtype="PCM_16") as f:
+        for _ in range(seconds):
+            f.write(second)
+    return out.getvalue()
+
+
+def test_audio_that_decodes_to_too_many_samples_is_refused_unread(monkeypatch):
+    """Within 600 s and 768 kHz, a file can still decode to far too much (a 222 KB FLAC of 599 s at 96 kHz
+    stereo took ~3 GB): frames x channels beyond 600 s of 48 kHz mono are refused from the header, unread."""
+    flac = tone_flac(160, 96_000, 2)  # 30.7 M samples in 58 KB
+    monkeypatch.setattr(sf.SoundFile, "read", lambda *args, **kwargs: pytest.fail("decoded"))
+    limit = "a voice reference may hold at most 28800000 (600 s of mono at 48 kHz"
+    _raises(flac, "audio bytes: 160 s of 2-channel audio at 96000 Hz is 30720000 samples", limit)
+    _raises(base64.b64encode(flac).decode(), "base64 audio: 160 s of 2-channel audio", limit)
+    stereo = np.broadcast_to(np.float32(0.1), (14_400_001, 2))  # 300 s at 48 kHz, no memory behind it
+    _raises((stereo, 48_000), "audio array: 300 s of 2-channel audio at 48000 Hz is 28800002 samples", limit)
+
+
+def test_the_decoded_samples_limit_counts_every_channel(monkeypatch):
+    monkeypatch.setattr(q3tts.audio, "MAX_REFERENCE_SAMPLES", 4000)
+    tone = (0.3 * np.sin(np.arange(2000) / 5)).astype(np.float32)
+    wav, sr = load_audio((np.stack([tone, tone], axis=1), 16000))  # 4,000 samples: the limit itself is fine
+    assert (sr, wav.shape) == (16000, (2000,))
+    _raises((np.stack([tone, tone, tone], axis=1), 16000), "is 6000 samples", "at most 4000")
+    file = io.BytesIO()
+    sf.write(file, np.resize(tone, 4001), 16000, format="WAV")
+    _raises(file.getvalue(), "audio bytes: 0 s of 1-channel audio at 16000 Hz is 4001 samples")

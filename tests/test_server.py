@@ -71,6 +71,16 @@ def test_default_format_is_mp3_and_speed_stretches(client):
     assert abs(len(pcm_samples(fast)) - frames(MAX_NEW) * FRAME / 2) < 0.05 * frames(MAX_NEW) * FRAME
 
 
+@pytest.mark.parametrize("speed", [0.25, 0.5, 0.75, 1.5, 4.0])
+def test_speed_delivers_the_whole_length(server, speed):
+    """25 frames at speed 0.25 / 0.5 / 0.75 lost 55 / 34 / 16 ms of their end (time_stretch.py)."""
+    body = {"input": TEXT, "voice": "ryan", "response_format": "pcm", "speed": speed, "seed": SEED,
+            "max_new_tokens": 26}
+    response = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=60)
+    missing = frames(26) * FRAME / speed - len(pcm_samples(response.content))
+    assert response.status_code == 200 and abs(missing) <= 0.003 * 24000, f"{missing / 24:.1f} ms missing"
+
+
 def test_instructions_steer_a_1_7b_custom_voice(client):
     audio = client.audio.speech.create(**_speech(response_format="pcm", instructions="Speak slowly and warmly."))
     assert len(pcm_samples(audio.content)) == frames(MAX_NEW) * FRAME
@@ -155,6 +165,21 @@ def test_bad_requests_are_refused_before_any_audio(server, body, status, param, 
     assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error")
 
 
+def test_errors_quote_at_most_40_characters_of_an_unknown_field(server):
+    """An unknown key is its own location in the validation error: a megabyte-long one got a 2 MB answer (the key
+    in both `message` and `param`). Over HTTP and in the WebSocket's config alike."""
+    key = "k" * 1_000_000
+    response = httpx.post(server.url + "/v1/audio/speech", json={"input": TEXT, "voice": "ryan", key: 1})
+    assert response.status_code == 400 and len(response.content) < 500, len(response.content)
+    with connect(server.ws_url + "/v1/audio/speech/stream", max_size=None) as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", key: 1}))
+        events, _ = _session(ws)
+    for error in (response.json()["error"], events[0]["error"]):
+        assert error["param"] == f"'{'k' * 40}'... (1000000 characters)", error["param"][:100]
+        assert error["message"] == f"{error['param']}: Extra inputs are not permitted", error["message"][:100]
+        assert error["code"] == "invalid_value"
+
+
 def test_text_that_is_not_unicode_is_a_bad_request(server):
     """JSON can carry a lone surrogate ("\\ud800"), which no tokenizer takes: a 400 naming the field, not a 500."""
     for field, rest in (("input", {"voice": "ryan"}), ("instructions", {"voice": "ryan", "input": "Hello."})):
@@ -219,6 +244,22 @@ def test_websocket_streams_text_in_and_audio_out(server):
     final = events[-1]
     assert final["type"] == "session.done" and final["segments"] == 3
     assert final["usage"]["output_tokens"] == 3 * frames(6) and len(audio) == 2 * 3 * frames(6) * FRAME
+
+
+@pytest.mark.parametrize("speed", [0.5, 2.0])
+def test_websocket_audio_seconds_are_the_seconds_delivered(server, speed):
+    """`audio_seconds` counts the audio as sent, after `speed` (at 2.0 it said 1.2 s for 0.6 s delivered)."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 6,
+                            "speed": speed}))
+        ws.send(json.dumps({"type": "input.text", "text": "One sentence here. And another one."}))
+        ws.send(json.dumps({"type": "input.done"}))
+        events, audio = _session(ws)
+    done = [e for e in events if e["type"] == "segment.done"]
+    assert [e["audio_seconds"] for e in done] == [round(frames(6) * 0.08 / speed, 3)] * 2
+    delivered = len(audio) / 2 / 24000
+    assert events[-1]["type"] == "session.done" and abs(events[-1]["audio_seconds"] - delivered) <= 0.001
+    assert abs(delivered - 2 * frames(6) * 0.08 / speed) <= 0.001
 
 
 @pytest.mark.parametrize("first, code", [

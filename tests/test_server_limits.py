@@ -71,6 +71,66 @@ def test_websocket_needs_the_key(guarded):
         assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
 
 
+def test_query_keys_stay_out_of_the_request_log(tts, capfd):
+    """A browser's WebSocket can only send its key as `?api_key=`: uvicorn's request lines (WebSocket ones on
+    uvicorn.error, HTTP ones on uvicorn.access) printed it, and every wrong guess too."""
+    import signal
+
+    from q3tts.server.app import create_app, uvicorn_server
+    from tests.server_harness import _free_port
+
+    config = ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False, api_key="topsecret123",
+                          port=_free_port())
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        server = uvicorn_server(create_app(config, tts), config, "info", lambda: None)  # as `q3tts serve` runs it
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    _wait(lambda: server.started)
+    stream = f"ws://127.0.0.1:{config.port}/v1/audio/speech/stream"
+    try:
+        with connect(stream + "?api_key=topsecret123"):
+            pass
+        with contextlib.suppress(InvalidStatus), connect(stream + "?x=1&api_key=guess-one") as ws:
+            ws.recv(timeout=10)  # (servers without denial responses: an error event)
+        assert httpx.get(f"http://127.0.0.1:{config.port}/v1/models?api_key=guess-two").status_code == 401
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    log = "".join(capfd.readouterr())  # (uvicorn's access lines go to stdout, the others to stderr)
+    assert "topsecret123" not in log and "guess-" not in log, log
+    assert '"WebSocket /v1/audio/speech/stream?api_key=***" [accepted]' in log, log
+    assert '"WebSocket /v1/audio/speech/stream?x=1&api_key=***" 401' in log, log
+    assert '"GET /v1/models?api_key=*** HTTP/1.1" 401' in log, log
+
+
+def test_the_guards_refusals_are_counted(tts):
+    """401, 413 and 408 are answered before the app runs (guard.py; the WebSocket's 401 in auth.py): they had no
+    q3tts_errors_total series."""
+    import socket
+
+    config = ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False, api_key=KEY, max_body_bytes=1000,
+                          body_timeout_s=0.3)
+    with ServerThread(config, tts) as server:
+        assert httpx.get(server.url + "/v1/models").status_code == 401
+        with contextlib.suppress(InvalidStatus), connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+            ws.recv(timeout=10)
+        assert httpx.post(server.url + "/v1/audio/speech", headers=_auth(), content=b"x" * 1001).status_code == 413
+        with socket.create_connection(("127.0.0.1", config.port)) as s:  # 10 of 100 bytes, then nothing
+            s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+                      + b"\r\nContent-Length: 100\r\n\r\n{\"input\": ")
+            s.settimeout(10)
+            assert b" 408 " in s.recv(4096).split(b"\r\n")[0]
+        text = httpx.get(server.url + "/metrics").text
+    counts = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("q3tts_errors_total{")}
+    assert counts == {'q3tts_errors_total{code="invalid_api_key"}': 2.0,
+                      'q3tts_errors_total{code="request_too_large"}': 1.0,
+                      'q3tts_errors_total{code="request_timeout"}': 1.0}, counts
+
+
 def test_queue_full_is_429_and_disconnects_free_rows(guarded):
     """A runs in the only row, B waits in the only queue slot, C is refused; closing A and B mid-stream
     cancels both and the engine ends idle."""

@@ -19,6 +19,7 @@ import soundfile as sf  # noqa: E402
 from q3tts.server import ServerConfig  # noqa: E402
 from q3tts.server.voice_store import VoiceStore  # noqa: E402
 from tests.server_harness import FRAME, SEED, ServerThread, frames, load_tiny, pcm_samples  # noqa: E402
+from tests.test_audio import tone_flac  # noqa: E402
 
 MAX_NEW = 7
 
@@ -121,6 +122,22 @@ def test_unreadable_audio_and_duplicate_names(server, reference_wav):
     assert duplicate.status_code == 409 and duplicate.json()["error"]["code"] == "voice_exists"
 
 
+def test_audio_that_decodes_to_too_many_samples_is_refused(server):
+    """58 KB of FLAC (160 s of a tone at 96 kHz, stereo: 30.7 M samples) is refused from its header, uploaded or
+    inline, with the limit named (the 222 KB file of 599 s made the server allocate ~3 GB)."""
+    flac = tone_flac(160, 96_000, 2)
+    limit = "is 30720000 samples; a voice reference may hold at most 28800000"
+    upload = httpx.post(server.url + "/v1/audio/voices", files={"file": ("tone.flac", flac, "audio/flac")},
+                        data={"x_vector_only_mode": "true"}, timeout=60)
+    assert upload.status_code == 400, upload.text
+    assert upload.json()["error"]["param"] == "file" and limit in upload.json()["error"]["message"]
+    for ref_audio in (base64.b64encode(flac).decode(), "data:audio/flac;base64," + base64.b64encode(flac).decode()):
+        inline = httpx.post(server.url + "/v1/audio/speech", timeout=60, json={
+            "input": "Hi.", "ref_audio": ref_audio, "x_vector_only_mode": True, "response_format": "pcm"})
+        assert inline.status_code == 400, inline.text
+        assert inline.json()["error"]["param"] == "ref_audio" and limit in inline.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("body, status, param", [
     ({"voice": "voice_doesnotexist"}, 404, "voice"),
     ({}, 400, "voice"),
@@ -182,6 +199,7 @@ def test_ref_audio_urls_are_off_by_default_and_limited_when_on(server, reference
 
     (tmp_path / "ref.wav").write_bytes(reference_wav)
     (tmp_path / "big.wav").write_bytes(b"x" * 300_000)
+    (tmp_path / "tone.flac").write_bytes(tone_flac(160, 96_000, 2))  # 58 KB, 30.7 M samples
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=tmp_path)
     handler.log_message = lambda *args: None
     files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -203,4 +221,7 @@ def test_ref_audio_urls_are_off_by_default_and_limited_when_on(server, reference
         assert ok.status_code == 200 and len(pcm_samples(ok.content)) == frames(MAX_NEW) * FRAME
         big = httpx.post(other.url + "/v1/audio/speech", json={**body, "ref_audio": f"{url}/big.wav"}, timeout=60)
         assert big.status_code == 400 and "the limit is 200000" in big.json()["error"]["message"]
+        tone = httpx.post(other.url + "/v1/audio/speech", json={**body, "ref_audio": f"{url}/tone.flac"}, timeout=60)
+        assert tone.status_code == 400 and tone.json()["error"]["param"] == "ref_audio"
+        assert "may hold at most 28800000" in tone.json()["error"]["message"]
     files.shutdown()

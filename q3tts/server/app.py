@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from . import errors, playground, speech, status, voices, websocket
+from .auth import HideQueryKeys
 from .config import ServerConfig
 from .core import CoreServer
 from .guard import RequestGuard
@@ -28,6 +29,7 @@ from .service import SpeechService
 from .voice_store import VoiceStore
 
 log = logging.getLogger("q3tts.server")
+_HIDE_QUERY_KEYS = HideQueryKeys()
 
 
 def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False) -> FastAPI:
@@ -39,7 +41,18 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         front = asyncio.create_task(_exit_with_front(os.getppid())) if config.core_socket else None
-        model = tts if tts is not None else await asyncio.to_thread(_load, config)
+        try:
+            model = tts if tts is not None else await asyncio.to_thread(_load, config)
+        except (ValueError, OSError, RuntimeError, MemoryError) as e:  # a checkpoint that does not load, no memory
+            give_up = getattr(app.state, "give_up", None)
+            if start_ready or give_up is None:
+                raise
+            log.error("the model did not load: %s", e)  # (one line, and serve() exits 1)
+            if front is not None:
+                front.cancel()
+            give_up()
+            yield
+            return
         service = SpeechService(model, config, VoiceStore(config.voices_dir), observer=metrics)
         metrics.engine_source = lambda: service.engine
         app.state.service, app.state.speak = service, service.speak
@@ -66,7 +79,7 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
     app = FastAPI(title="q3tts", summary="Qwen3-TTS speech server", lifespan=lifespan)
     app.state.config, app.state.metrics, app.state.started_at = config, metrics, int(time.time())
     errors.install_handlers(app, on_error=metrics.count_error)
-    app.add_middleware(RequestGuard, config=config)
+    app.add_middleware(RequestGuard, config=config, on_error=metrics.count_error)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)  # outermost: ids and counts for every answer
     for module in (speech, voices, websocket, status, playground):
         app.include_router(module.router)
@@ -91,8 +104,9 @@ def _load(config: ServerConfig) -> Any:
 
 
 def serve(config: ServerConfig, log_level: str = "info") -> None:
-    """Runs the server until SIGINT/SIGTERM: then new requests are refused (503, /ready 503), streams in flight
-    finish for up to `drain_timeout_s`, and the process exits 0. If the engine fails for good, it exits 1."""
+    """Runs the server until SIGINT/SIGTERM: then it stops accepting connections, streams in flight finish for up
+    to `drain_timeout_s`, and the process exits 0. If the model does not load, or the engine fails for good, it
+    exits 1."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(config)
 
@@ -117,7 +131,8 @@ def uvicorn_server(app: Any, config: ServerConfig, log_level: str, on_signal: Ca
     """uvicorn's server for `app` on config.host:port, draining for up to config.drain_timeout_s on SIGINT/SIGTERM
     (after `on_signal()`); `give_up()` stops it, `gave_up` then says so (the caller exits 1 for its supervisor).
     uvicorn drains on SIGTERM, then raises the signal again under the handler it found: a no-op one is installed,
-    so that a clean drain exits 0 (supervisors read a signal death as a crash)."""
+    so that a clean drain exits 0 (supervisors read a signal death as a crash). Its request lines show no
+    `?api_key=` value."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -132,5 +147,7 @@ def uvicorn_server(app: Any, config: ServerConfig, log_level: str, on_signal: Ca
 
     server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                                    timeout_graceful_shutdown=config.drain_timeout_s, **options))
+    for name in ("uvicorn.access", "uvicorn.error"):  # (after uvicorn.Config has configured its loggers)
+        logging.getLogger(name).addFilter(_HIDE_QUERY_KEYS)  # (once: addFilter skips a filter it holds)
     signal.signal(signal.SIGTERM, lambda *_: None)
     return server

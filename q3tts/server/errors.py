@@ -11,6 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from ..errors import quote
+
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
 RATE_LIMIT = "rate_limit_error"
@@ -74,11 +76,17 @@ def from_validation(exc: Exception) -> APIError:
         where = (first.get("loc") or ("?",))[-1]
         reason = (first.get("ctx") or {}).get("error", "JSON decode error")
         return bad_request(f"the request body is not valid JSON: {reason} at character {where}", code="invalid_json")
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
+    # A location can hold what the client sent (an unknown key is its own location): cut as every quote is.
+    loc = [_field(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
     param = ".".join(loc) or None
     code = "missing" if first.get("type") == "missing" else "invalid_value"
     message = first.get("msg", "invalid value")
     return bad_request(f"{param}: {message}" if param else message, param=param, code=code)
+
+
+def _field(part: object) -> str:
+    text = str(part)
+    return text if len(text) <= 40 else quote(text)
 
 
 def install_handlers(app: FastAPI, on_error: Callable[[str | None], None] = lambda code: None) -> None:

@@ -7,12 +7,13 @@
 - the body's pace: each part must arrive within `body_timeout_s`, else 408 (a client that trickles its body holds
   no worker and, not yet submitted, no row).
 The body is read here, whole (it is bounded), and handed to the app from memory: FastAPI would turn a failure
-while it reads the body into a 400.
+while it reads the body into a 400. Its refusals are counted by `on_error(code)`, as the app's own are.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,23 +24,28 @@ from .errors import APIError
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, config: ServerConfig):
-        self.app, self.config = app, config
+    def __init__(self, app: ASGIApp, config: ServerConfig,
+                 on_error: Callable[[str | None], None] = lambda code: None):
+        self.app, self.config, self.on_error = app, config, on_error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
         if scope["path"].startswith("/v1/") and not is_authorized(self.config.api_key, headers.get("authorization")):
-            return await unauthorized().response()(scope, receive, send)
+            return await self._refuse(unauthorized(), scope, receive, send)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.config.max_body_bytes):
-            return await self._too_large().response()(scope, receive, send)
+            return await self._refuse(self._too_large(), scope, receive, send)
         try:
             body = await self._read_body(receive)
         except _Refused as e:
-            return await e.error.response()(scope, receive, send)
+            return await self._refuse(e.error, scope, receive, send)
         await self.app(scope, _replay(body, receive), send)
+
+    async def _refuse(self, error: APIError, scope: Scope, receive: Receive, send: Send) -> None:
+        self.on_error(error.code)
+        await error.response()(scope, receive, send)
 
     async def _read_body(self, receive: Receive) -> list[Message]:
         """The request's body messages, read within the limits (the app then reads them from memory)."""

@@ -218,7 +218,7 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     app.state.config, app.state.metrics, app.state.draining = config, metrics, False
     app.state.speak = backends.speak
     errors.install_handlers(app, on_error=metrics.count_error)
-    app.add_middleware(RequestGuard, config=config)
+    app.add_middleware(RequestGuard, config=config, on_error=metrics.count_error)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     app.include_router(playground.router)
     app.include_router(speech.router)

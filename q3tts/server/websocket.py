@@ -16,7 +16,8 @@ Server -> client:
 - Binary frames: the session's audio as ONE continuous stream in `response_format` (pcm: 16-bit LE mono at
   `sample_rate`; other formats: one file/stream across all segments), in order.
 - `{"type": "segment.done", "segment": i, "text", "frames", "audio_seconds"}` after the segment's audio (a lossy
-  encoder may hold back a few ms of it until the next segment or the end).
+  encoder or the time stretch may hold back a few ms of it until the next segment or the end); `audio_seconds`,
+  here and in `session.done`, is the audio as delivered, after `speed`.
 - `{"type": "session.done", "segments", "audio_seconds", "usage": {"input_tokens", "output_tokens",
   "total_tokens"}}`, then the server closes with 1000.
 - `{"type": "error", "error": {"message", "type", "param", "code"}}`, then the server closes: 1008 for bad
@@ -158,7 +159,7 @@ class StreamSession:
         usage = {"input_tokens": self.input_tokens, "output_tokens": self.frames,
                  "total_tokens": self.input_tokens + self.frames}
         await self.websocket.send_json({"type": "session.done", "segments": self.num_segments,
-                                        "audio_seconds": round(self.frames * FRAME_SECONDS, 3), "usage": usage})
+                                        "audio_seconds": self._seconds(self.frames), "usage": usage})
 
     async def _speak(self, text: str) -> None:
         index, frames = self.num_segments, 0
@@ -178,8 +179,12 @@ class StreamSession:
             stream.cancel()
         self.frames += frames
         await self.websocket.send_json({"type": "segment.done", "segment": index, "text": text, "frames": frames,
-                                        "audio_seconds": round(frames * FRAME_SECONDS, 3),
+                                        "audio_seconds": self._seconds(frames),
                                         "finish_reason": stream.finish_reason})
+
+    def _seconds(self, frames: int) -> float:
+        """The seconds `frames` last as delivered, time-stretched by `speed` (time_stretch.py: to the sample)."""
+        return round(frames * FRAME_SECONDS / self.config.speed, 3)
 
 
 async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
