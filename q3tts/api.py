@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import resolve_model_dir
+from .checkpoint import CheckpointError, resolve_model_dir
 from .config import GenerationConfig, ModelConfig
 from .engine import Engine, EngineConfig, QueueFull, RequestStream
 from .engine.sequence import Prompt
@@ -60,29 +60,35 @@ class TTS(OfficialAPI):
         self._prompt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device | None = None,
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, device: str | torch.device | None = None,
                         dtype: torch.dtype | str | None = None, *, device_map: str | torch.device | None = None,
                         torch_dtype: torch.dtype | str | None = None, revision: str | None = None,
-                        cache_dir: str | Path | None = None, attn_implementation: str | None = None,
+                        cache_dir: str | Path | None = None, local_files_only: bool = False,
+                        token: str | bool | None = None, attn_implementation: str | None = None,
+                        trust_remote_code: bool | None = None, low_cpu_mem_usage: bool | None = None,
                         max_rows: int | None = None, max_context: int | None = None,
                         kv_cache_gb: float | None = None, gpu_memory_utilization: float | None = None,
                         engine_config: EngineConfig | None = None, reference: bool = False) -> TTS:
         """Loads a local checkpoint folder, a hub id (fetched through huggingface_hub, `HF_HUB_OFFLINE`
         respected) or a built-in tiny random model (`"tiny"`, `"tiny-base"`, ...; noise only).
 
-        `device_map`, `torch_dtype`/`dtype` and `attn_implementation` are accepted as the official
-        `from_pretrained` accepts them; attention always runs on q3tts's own kernels. The default dtype is
-        bfloat16 on a GPU and float32 on the CPU. The engine's size: `max_rows` (requests decoded together,
-        default 64), `max_context` (positions per request, default the model's 32,768), and its KV cache's
-        memory, `kv_cache_gb` or `gpu_memory_utilization` (the fraction of the GPU this process may hold); or an
+        The official `from_pretrained(pretrained_model_name_or_path, **kwargs)` keywords are accepted: `device_map`,
+        `torch_dtype`/`dtype`; for a hub id `revision`, `cache_dir`, `local_files_only` (only the local hub
+        cache) and `token` are used as huggingface_hub uses them. `attn_implementation`, `trust_remote_code` and
+        `low_cpu_mem_usage` only tune how transformers builds its model and are ignored: q3tts builds its own,
+        with its own attention kernels. Any other keyword is a TypeError. The default dtype is bfloat16 on a GPU
+        and float32 on the CPU. The engine's size: `max_rows` (requests decoded together, default 64),
+        `max_context` (positions per request, default the model's 32,768), and its KV cache's memory,
+        `kv_cache_gb` or `gpu_memory_utilization` (the fraction of the GPU this process may hold); or an
         `engine_config` with every setting (see `q3tts.engine.EngineConfig`)."""
-        del attn_implementation
+        del attn_implementation, trust_remote_code, low_cpu_mem_usage
         options = {k: v for k, v in dict(max_rows=max_rows, max_context=max_context, kv_cache_gb=kv_cache_gb,
                                          gpu_memory_utilization=gpu_memory_utilization).items() if v is not None}
         engine_config = replace(engine_config or EngineConfig(), **options)
-        folder = _resolve(name_or_path, revision, cache_dir)
         device = resolve_device(device if device is not None else device_map)
         dtype = resolve_dtype(dtype if dtype is not None else torch_dtype, device)
+        folder = resolve_checkpoint(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
+                                    local_files_only=local_files_only, token=token)
         config = ModelConfig.from_file(folder / "config.json")
         model = Qwen3TTSModel.from_folder(folder, config, device=device, dtype=dtype)
         speech_tokenizer = SpeechTokenizer.from_pretrained(folder / "speech_tokenizer", device=device, dtype=dtype,
@@ -315,12 +321,33 @@ def _loop_running() -> bool:
         return False
 
 
-def _resolve(name_or_path: str | Path, revision: str | None, cache_dir: str | Path | None) -> Path:
+def resolve_checkpoint(name_or_path: str | Path, revision: str | None = None, cache_dir: str | Path | None = None,
+                       local_files_only: bool = False, token: str | bool | None = None) -> Path:
+    """The folder of a checkpoint folder, hub id (fetched) or built-in tiny model name, without loading it."""
     from .tiny import TINY_NAMES, tiny_checkpoint
 
     if str(name_or_path) in TINY_NAMES:
         return tiny_checkpoint(str(name_or_path))
-    return resolve_model_dir(name_or_path, revision=revision, cache_dir=cache_dir)
+    return resolve_model_dir(name_or_path, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only,
+                             token=token)
+
+
+def check_checkpoint(name_or_path: str | Path) -> ModelConfig:
+    """A checkpoint's config, checked without loading its weights (seconds sooner than `from_pretrained` fails):
+    the folder is there (a hub id is fetched), its config.json reads, and its safetensors files are whole."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = resolve_checkpoint(name_or_path)
+    config = ModelConfig.from_file(folder / "config.json")
+    for path in (folder / "model.safetensors", folder / "speech_tokenizer" / "model.safetensors"):
+        if not path.is_file():
+            raise CheckpointError(f"{path}: file not found")
+        try:
+            with safe_open(str(path), framework="pt"):  # (reads the header: a truncated file fails here)
+                pass
+        except SafetensorError as e:
+            raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from e
+    return config
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -333,6 +360,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from e
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(device)!r} is not supported: use cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(device)!r} asked for, but this machine has no usable CUDA GPU "
                          f"(torch {torch.__version__}); use device 'cpu'")

@@ -19,9 +19,11 @@ class CheckpointError(ValueError):
 
 
 def resolve_model_dir(name_or_path: str | os.PathLike, revision: str | None = None,
-                      cache_dir: str | os.PathLike | None = None) -> Path:
+                      cache_dir: str | os.PathLike | None = None, local_files_only: bool = False,
+                      token: str | bool | None = None) -> Path:
     """A local checkpoint folder, or a hub id (`Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice`) fetched into the
-    huggingface_hub cache. `HF_HUB_OFFLINE=1` is respected: then only the cache is consulted."""
+    huggingface_hub cache. `HF_HUB_OFFLINE=1` or `local_files_only` consult only the cache; `token` is
+    huggingface_hub's."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
@@ -32,10 +34,11 @@ def resolve_model_dir(name_or_path: str | os.PathLike, revision: str | None = No
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(text, revision=revision, cache_dir=cache_dir))
+        return Path(snapshot_download(text, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only,
+                                      token=token))
     except LocalEntryNotFoundError as e:
-        raise CheckpointError(f"{text}: not in the local hub cache and the hub cannot be reached ({e}); "
-                              f"{TINY_HINT}") from e
+        where = "with local_files_only=True" if local_files_only else "and the hub cannot be reached"
+        raise CheckpointError(f"{text}: not in the local hub cache {where} ({e}); {TINY_HINT}") from e
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise CheckpointError(f"{text}: could not fetch it from the hub ({e}); {TINY_HINT}") from e
 

@@ -40,13 +40,31 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except RequestError as e:
-        print(f"q3tts: error: {e.renamed(FLAG_NAMES)}", file=sys.stderr)
+        print(f"q3tts: error: {_flag_message(e)}", file=sys.stderr)
     except (ValueError, TypeError, OSError, MemoryError) as e:  # AudioError, CheckpointError, ConfigError, ...
         print(f"q3tts: error: {e}", file=sys.stderr)
     except KeyboardInterrupt:
         print("q3tts: interrupted", file=sys.stderr)
         return 130
     return 1
+
+
+def _flag_message(e: RequestError) -> str:
+    """The error's message in this command line's terms: argument names as flags, also the bare leading one
+    ("temperature must be > 0" -> "--temperature must be > 0")."""
+    message = e.renamed(FLAG_NAMES)
+    if e.param in FLAG_NAMES and message.startswith(f"{e.param} "):
+        message = FLAG_NAMES[e.param] + message[len(e.param):]
+    return message
+
+
+def _help(parser: argparse.ArgumentParser):
+    """A command of subcommands run without one: its own help (as argparse does for a missing argument, exit 2)."""
+    def run(args) -> int:
+        parser.print_help()
+        return 2
+
+    return run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,7 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     sampling.add_argument("--seed", type=int, help="makes sampled output reproducible")
     say.set_defaults(run=_say)
 
-    bench = sub.add_parser("bench", help="benchmarks on the GPU").add_subparsers(title="benchmarks")
+    bench_parser = sub.add_parser("bench", help="benchmarks on the GPU")
+    bench_parser.set_defaults(run=_help(bench_parser))
+    bench = bench_parser.add_subparsers(title="benchmarks")
     decode = bench.add_parser("decode", help="decode speed per model and batch size (random weights, EOS off)")
     decode.add_argument("--sizes", default="0.6B-Base,1.7B-Base", help="comma-separated names from q3tts/configs")
     decode.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
@@ -186,7 +206,9 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--max-rows", type=int, default=64, help="requests decoded together (default: 64)")
     batch.set_defaults(run=_batch)
 
-    voice = sub.add_parser("voice", help="manage cloned voices").add_subparsers(title="voice commands")
+    voice_parser = sub.add_parser("voice", help="manage cloned voices")
+    voice_parser.set_defaults(run=_help(voice_parser))
+    voice = voice_parser.add_subparsers(title="voice commands")
     create = voice.add_parser("create", help="clone a voice from reference audio and save it")
     create.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
     _model_args(create, default="Qwen/Qwen3-TTS-12Hz-0.6B-Base")
@@ -227,15 +249,36 @@ def _load(args, **engine):
     return TTS.from_pretrained(args.model, device=args.device, dtype=args.dtype, **engine)
 
 
+def _check_model(args, devices: list[str | None] | None = None):
+    """What can be checked before the model loads: --device (or each of `devices`), --dtype, and --model (its
+    folder, config.json and whole safetensors files). Returns the checkpoint's ModelConfig."""
+    from .api import check_checkpoint, resolve_device, resolve_dtype
+
+    for device in devices or [args.device]:
+        resolve_dtype(args.dtype, resolve_device(device))
+    return check_checkpoint(args.model)
+
+
+def _engine_options(args, max_rows: int) -> dict:
+    """The engine's settings from the memory flags, checked before the model loads (errors name the flags)."""
+    from .engine import EngineConfig
+
+    options = dict(max_rows=max_rows, max_context=args.max_context, kv_cache_gb=args.kv_cache_gb,
+                   gpu_memory_utilization=args.gpu_memory_utilization)
+    try:
+        EngineConfig(**options)
+    except ValueError as e:
+        raise ValueError(renamed(str(e), FLAG_NAMES)) from None
+    return options
+
+
 def _say(args) -> int:
     """Everything that needs no model is checked first; then the model loads and the audio streams to the file
     (and with --play to the speakers) as it is generated."""
     import numpy as np
     import soundfile as sf
 
-    from .api import resolve_device, resolve_dtype
     from .request import check_text
-    from .sampling import SamplingParams
     from .voice import Voice
 
     text = check_text(_read_text(args))
@@ -243,19 +286,13 @@ def _say(args) -> int:
     if not sf.check_format(output.suffix[1:].upper()):
         raise ValueError(f"-o {args.output}: the file's extension names no audio format that can be written; use "
                          ".wav (or .flac, .ogg, .mp3 ...)")
-    sampling = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
-    if args.greedy:
-        sampling.update(do_sample=False, subtalker_dosample=False)
-    SamplingParams(**sampling, seed=args.seed)  # bad numbers are refused before the model loads
-    resolve_dtype(args.dtype, resolve_device(args.device))
+    sampling = _sampling(args)
+    engine = _engine_options(args, max_rows=2)
+    _check_cloning_flags(args, _check_model(args).tts_model_type)
     voice = Voice.load(args.voice) if args.voice else None
-    tts = _load(args, max_rows=2, max_context=args.max_context, kv_cache_gb=args.kv_cache_gb,
-                gpu_memory_utilization=args.gpu_memory_utilization)
+    tts = _load(args, **engine)
     kind = tts.config.tts_model_type
     if kind == "base" and voice is None:
-        if not args.ref_audio:
-            raise RequestError("this Base checkpoint clones a voice: give --ref-audio (and --ref-text) or --voice",
-                               "voice")
         voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
     speaker = args.speaker or (DEFAULT_SPEAKER if kind == "custom_voice" else None)
     kwargs = dict(speaker=speaker, voice=voice, instruct=args.instruct, language=args.language,
@@ -273,10 +310,42 @@ def _say(args) -> int:
     if player is not None:
         player.stop()
     wav = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
-    sf.write(output, wav, tts.sample_rate)
+    try:
+        sf.write(output, wav, tts.sample_rate)
+    except (sf.SoundFileError, OSError) as e:  # (a full disk, a file removed or locked since the check)
+        raise OSError(f"-o {args.output}: could not write the audio: {e}") from e
     print(f"wrote {args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
           + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
     return 0
+
+
+def _sampling(args) -> dict:
+    """The sampling flags given, checked (a bad number is refused before the model loads)."""
+    from .request import MIN_FRAMES
+    from .sampling import SamplingParams
+
+    if args.max_new_tokens is not None and args.max_new_tokens < MIN_FRAMES:
+        raise ValueError(f"--max-new-tokens must be at least {MIN_FRAMES} (the last step ends the audio: N gives "
+                         f"at most N-1 frames), got {args.max_new_tokens}")
+    sampling = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    if args.greedy:
+        sampling.update(do_sample=False, subtalker_dosample=False)
+    SamplingParams(**sampling, seed=args.seed)
+    return sampling
+
+
+def _check_cloning_flags(args, kind: str) -> None:
+    """The cloning flags fit the checkpoint (`kind`: its tts_model_type) and each other."""
+    given = [flag for flag, value in (("--ref-audio", args.ref_audio), ("--ref-text", args.ref_text),
+                                      ("--x-vector-only", args.x_vector_only)) if value]
+    if kind != "base" and (given or args.voice):
+        flags = " and ".join(given + ["--voice"] * bool(args.voice))
+        hint = "choose a voice with --speaker" if kind == "custom_voice" else "describe the voice with --instruct"
+        raise ValueError(f"{flags}: voice cloning needs a Base checkpoint; this one is {kind} ({hint})")
+    if args.voice and given:
+        raise ValueError(f"--voice is a voice already cloned: give it or {' and '.join(given)}, not both")
+    if kind == "base" and not args.voice and not args.ref_audio:
+        raise ValueError("this Base checkpoint clones a voice: give --ref-audio (and --ref-text) or --voice")
 
 
 def _read_text(args) -> str:
@@ -313,8 +382,9 @@ def _batch(args) -> int:
 
     if not args.jobs.is_file():
         raise FileNotFoundError(f"{args.jobs}: no such file")
-    tts = _load(args, max_rows=args.max_rows, max_context=args.max_context, kv_cache_gb=args.kv_cache_gb,
-                gpu_memory_utilization=args.gpu_memory_utilization)
+    engine = _engine_options(args, max_rows=args.max_rows)
+    _check_model(args)
+    tts = _load(args, **engine)
     counts = run(tts, args.jobs, args.out_dir, window=2 * args.max_rows,
                  log=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"{counts['rendered']} rendered, {counts['skipped']} already there, {counts['bad_lines']} bad lines; "
@@ -322,13 +392,22 @@ def _batch(args) -> int:
     return 0
 
 
-def _output_path(output: str) -> Path:
-    """-o's path, checked before any work: its folder exists and it is not a folder itself."""
+def _output_path(output: str | Path) -> Path:
+    """-o's path, checked before any work: its folder exists, it is not a folder itself, and it can be written
+    (opened for appending, which leaves a file already there as it is; a file made here is removed again)."""
     path = Path(output)
     if path.is_dir():
         raise IsADirectoryError(f"-o {output}: that is a folder; give a file name")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"-o {output}: the folder {str(path.parent)!r} does not exist")
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise type(e)(f"-o {output}: cannot write there ({e.strerror or e})") from None
+    if not existed:
+        path.unlink()
     return path
 
 
@@ -336,6 +415,9 @@ def _voice_create(args) -> int:
     from .voice import size_name
 
     _output_path(args.output)
+    kind = _check_model(args).tts_model_type
+    if kind != "base":
+        raise ValueError(f"voice cloning needs a Base checkpoint; {args.model} is {kind}")
     tts = _load(args)
     voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
     voice.save(args.output)
@@ -365,6 +447,7 @@ def _serve(args) -> int:
     except ValueError as e:  # (the settings' names in its message -> this command's flags)
         raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
     devices = _serve_devices(args)
+    _check_model(args, devices)  # (the engine starts in the server, where a failure would be a traceback)
     if devices:
         from .server.router import serve_devices
 

@@ -23,14 +23,15 @@ class RequestError(ValueError):
 
 def renamed(message: str, names: dict[str, str]) -> str:
     """`message` with each argument name in `names` (backticked, or a bare name with an underscore, e.g.
-    max_new_tokens, optionally with "=value") replaced by its value."""
+    max_new_tokens, optionally with "=value") replaced by its value; not inside a path or file name
+    ("/data/ref_audio.wav" stays)."""
     def swap(match: re.Match) -> str:
         name, value = match.group(1) or match.group(2), match.group(3) or ""
         if name + value in names:  # e.g. "do_sample=False" -> "--greedy"
             return names[name + value]
         return names[name] + value if name in names else match.group(0)
 
-    return re.sub(r"`([A-Za-z_]+)`|\b([a-z]+(?:_[a-z0-9]+)+)\b(=\w+)?", swap, message)
+    return re.sub(r"`([A-Za-z_]+)`|(?<![\w/.\\-])([a-z]+(?:_[a-z0-9]+)+)(?![\w/\\-]|\.\w)(=\w+)?", swap, message)
 
 
 def quote(value: object, limit: int = 40) -> str:

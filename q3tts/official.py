@@ -1,6 +1,8 @@
 """The official `qwen_tts.Qwen3TTSModel` API, as a drop-in: the same methods, arguments, defaults and return
 values (`from q3tts import Qwen3TTSModel`). `TTS` inherits these methods; they build requests with
-`TTS.request`'s builder and run them on the engine like every other entry point.
+`TTS.request`'s builder and run them on the engine like every other entry point. Loading is the official
+`from_pretrained(pretrained_model_name_or_path, **kwargs)` too, with the keywords its callers pass (see
+`TTS.from_pretrained`: which are used and which ignored).
 
 Official behaviours kept: lists for batches (scalars broadcast), `language=None`/"auto", per-mode text feeding
 (`non_streaming_mode=True` for custom voice and voice design, False for cloning), an empty voice-design

@@ -7,13 +7,15 @@ The field names are those of the official `VoiceClonePromptItem`, which is an al
 from __future__ import annotations
 
 import json
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from .audio import load_audio, resample
 from .config import ModelConfig
@@ -23,6 +25,8 @@ from .models.speaker_encoder import compute_speaker_embedding
 FORMAT = "q3tts.voice.v1"
 HOW_TO_MAKE = ("; a voice file comes from Voice.save or `q3tts voice create` (a recording is cloned from ref_audio "
                "instead)")
+META_TYPES = {"x_vector_only_mode": bool, "icl_mode": bool, "ref_text": (str, type(None)),
+              "model_size": (str, type(None))}  # a voice file's metadata (absent: None)
 SIZE_NAMES = {"0b6": "0.6B", "1b7": "1.7B"}  # config.json's tts_model_size -> what users call the model
 
 
@@ -40,29 +44,48 @@ class Voice:
     model_size: str | None = None  # "0b6" / "1b7": the checkpoint family the embedding belongs to
 
     def save(self, path: str | Path) -> None:
+        """Writes the voice to `path` (a safetensors file); OSError naming `path` if it cannot be written."""
+        path = Path(path)
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"{path}: cannot save the voice: the folder {str(path.parent)!r} does not exist")
         tensors = {"ref_spk_embedding": self.ref_spk_embedding.detach().float().cpu().contiguous()}
         if self.ref_code is not None:
             tensors["ref_code"] = self.ref_code.detach().long().cpu().contiguous()
         meta = {"format": FORMAT, "x_vector_only_mode": self.x_vector_only_mode, "icl_mode": self.icl_mode,
                 "ref_text": self.ref_text, "model_size": self.model_size}
-        save_file(tensors, str(path), metadata={"q3tts": json.dumps(meta)})
+        data = save(tensors, metadata={"q3tts": json.dumps(meta)})  # (in memory: a voice is kilobytes)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:  # whole or not at all: a reader never sees half a file
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise type(e)(f"{path}: cannot save the voice: {e.strerror or e}") from e
 
     @classmethod
     def load(cls, path: str | Path) -> Voice:
+        """Reads a voice file written by `save`; RequestError (param "voice") if it is missing or not one."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: voice file not found")
+            raise RequestError(f"{path}: voice file not found{HOW_TO_MAKE}", "voice", code="not_found")
         try:
             tensors = load_file(str(path))
             with safe_open(str(path), framework="pt") as f:
                 meta = json.loads((f.metadata() or {}).get("q3tts", "{}"))
         except (SafetensorError, json.JSONDecodeError, OSError) as e:
             raise RequestError(f"{path}: not a q3tts voice file ({e}){HOW_TO_MAKE}", "voice") from e
-        if meta.get("format") != FORMAT or "ref_spk_embedding" not in tensors:
-            raise RequestError(f"{path}: not a q3tts voice file (format {meta.get('format')!r}){HOW_TO_MAKE}",
-                               "voice")
+        version = meta.get("format") if isinstance(meta, dict) else None
+        if isinstance(version, str) and version.startswith("q3tts.voice.") and version != FORMAT:
+            raise RequestError(f"{path}: a voice file of an unsupported version ({version}; this q3tts reads "
+                               f"{FORMAT}): save it again with this version", "voice")
+        if version != FORMAT or "ref_spk_embedding" not in tensors:
+            raise RequestError(f"{path}: not a q3tts voice file (format {version!r}){HOW_TO_MAKE}", "voice")
+        garbled = [k for k, kinds in META_TYPES.items() if not isinstance(meta.get(k), kinds)]
+        if garbled:
+            raise RequestError(f"{path}: a damaged voice file (its metadata lacks or garbles {', '.join(garbled)})"
+                               f"{HOW_TO_MAKE}", "voice")
         return cls(ref_code=tensors.get("ref_code"), ref_spk_embedding=tensors["ref_spk_embedding"],
-                   x_vector_only_mode=bool(meta["x_vector_only_mode"]), icl_mode=bool(meta["icl_mode"]),
+                   x_vector_only_mode=meta["x_vector_only_mode"], icl_mode=meta["icl_mode"],
                    ref_text=meta.get("ref_text"), model_size=meta.get("model_size"))
 
 

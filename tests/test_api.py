@@ -11,6 +11,7 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file, save_file
 
+import q3tts
 import q3tts.api
 from q3tts import TTS, Qwen3TTSModel, Voice, VoiceClonePromptItem
 from q3tts.audio import AudioError
@@ -147,6 +148,39 @@ def test_official_keywords_are_accepted(tiny_root):
     assert Qwen3TTSModel is TTS and VoiceClonePromptItem is Voice
 
 
+
+def test_from_pretrained_takes_the_official_signature(tiny_root, tmp_path, monkeypatch):
+    """The official `from_pretrained(pretrained_model_name_or_path, **kwargs)`: its keyword name and the common
+    Hugging Face keywords; those about fetching reach the hub, those about transformers' model building are
+    ignored, and unknown ones are refused."""
+    folder = tiny_checkpoint("tiny", tiny_root)
+    tts = TTS.from_pretrained(pretrained_model_name_or_path=folder, device_map="cpu", local_files_only=True,
+                              token="hf_unused", revision="main", trust_remote_code=True, low_cpu_mem_usage=True,
+                              attn_implementation="flash_attention_2")
+    assert tts.config.tts_model_type == "custom_voice"
+    with pytest.raises(TypeError, match="quantization_config"):
+        TTS.from_pretrained(folder, quantization_config={"load_in_8bit": True})
+    import huggingface_hub
+
+    asked = []
+
+    def snapshot_download(repo_id, **kwargs):
+        asked.append({"repo_id": repo_id, **kwargs})
+        raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    with pytest.raises(CheckpointError, match="Qwen/X: not in the local hub cache with local_files_only=True"):
+        TTS.from_pretrained("Qwen/X", local_files_only=True, token="hf_abc", revision="r1", cache_dir=tmp_path)
+    assert asked == [{"repo_id": "Qwen/X", "revision": "r1", "cache_dir": tmp_path, "local_files_only": True,
+                      "token": "hf_abc"}]
+
+
+@pytest.mark.parametrize("device", ["mps", "meta", "xpu:0"])
+def test_devices_other_than_cpu_and_cuda_are_refused(device):
+    """(mps and meta were accepted, then failed with a traceback while loading.)"""
+    with pytest.raises(ValueError, match=f"device '{device}' is not supported: use cpu, cuda or cuda:N"):
+        q3tts.api.resolve_device(device)
+
 # ---- every mode, basic shape of the output ---------------------------------------------------------------
 
 def test_modes_produce_audio(custom, design, base, ref_wav):
@@ -276,6 +310,46 @@ def test_voice_round_trip(base, ref_wav, tmp_path):
     with pytest.raises(ValueError, match="not a q3tts voice file .*; a voice file comes from Voice.save"):
         Voice.load(tmp_path / "junk.voice")
 
+
+
+def _voice_file(path: Path, meta: str) -> Path:
+    save_file({"ref_spk_embedding": torch.zeros(64)}, path, metadata={"q3tts": meta})
+    return path
+
+
+@pytest.mark.parametrize("meta, message", [
+    ('{"format": "q3tts.voice.v1"}', "a damaged voice file .*lacks or garbles x_vector_only_mode, icl_mode"),
+    ("[1, 2]", r"not a q3tts voice file \(format None\)"),
+    ('{"format": "q3tts.voice.v1", "x_vector_only_mode": true, "icl_mode": false, "model_size": [1]}',
+     "garbles model_size"),
+    ('{"format": "q3tts.voice.v2"}', r"a voice file of an unsupported version \(q3tts.voice.v2; this q3tts reads "
+                                     r"q3tts.voice.v1\)"),
+], ids=["no-modes", "a-list", "bad-size", "v2"])
+def test_a_damaged_or_newer_voice_file_is_a_request_error(base, tmp_path, meta, message, no_compute):
+    """(These raised KeyError and AttributeError, and a newer version was called not a voice file.)"""
+    path = _voice_file(tmp_path / "v.voice", meta)
+    for load in (lambda: Voice.load(path), lambda: base.synthesize("Hello.", voice=path)):
+        with pytest.raises(q3tts.RequestError, match=message) as caught:
+            load()
+        assert caught.value.param == "voice" and str(path) in str(caught.value)
+
+
+def test_a_missing_voice_file_is_a_request_error(base, tmp_path, no_compute):
+    with pytest.raises(q3tts.RequestError, match="nope.voice: voice file not found") as caught:
+        base.synthesize("Hello.", voice="nope.voice")
+    assert (caught.value.param, caught.value.code) == ("voice", "not_found")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (Linux): a folder no file can be made in")
+def test_voice_save_names_the_path_it_cannot_write(tmp_path):
+    """(safetensors' error named a temporary file of its own, not the path given.)"""
+    voice = Voice(None, torch.zeros(64), True, False)
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}/nodir/x.voice: cannot save the voice: the folder "):
+        voice.save(tmp_path / "nodir" / "x.voice")
+    with pytest.raises(OSError, match="^/proc/x.voice: cannot save the voice: No such file or directory$"):
+        voice.save("/proc/x.voice")
+    voice.save(tmp_path / "x.voice")
+    assert Voice.load(tmp_path / "x.voice").x_vector_only_mode and [p.name for p in tmp_path.iterdir()] == ["x.voice"]
 
 def test_seed_reproducible_and_independent_of_batch(custom):
     sample = {"max_new_tokens": 12, "seed": 11}

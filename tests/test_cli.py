@@ -141,3 +141,144 @@ def test_an_output_that_is_a_folder_is_refused_before_any_work(tmp_path, capsys)
     assert f"-o {tmp_path}: that is a folder; give a file name" in capsys.readouterr().err
     assert main(["say", "Hello.", "--model", "tiny", "-o", str(tmp_path)]) == 1
     assert f"-o {tmp_path}: that is a folder" in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if the model starts loading: what can be checked without it must be refused first."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("q3tts.cli._load", refuse)
+
+
+@pytest.fixture
+def truncated_checkpoint(tmp_path) -> Path:
+    import shutil
+
+    from q3tts.tiny import tiny_checkpoint
+
+    folder = shutil.copytree(tiny_checkpoint("tiny"), tmp_path / "truncated")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return folder
+
+
+@pytest.mark.parametrize("args, message", [
+    (["/nonexistent"], "/nonexistent: no such checkpoint folder"),
+    (["tiny", "--dtype", "int8"], "dtype torch.int8 is not supported"),
+    (["tiny", "--device", "mps"], "device 'mps' is not supported"),
+    (["TRUNCATED"], "model.safetensors: not a readable safetensors file"),
+], ids=["no-folder", "int8", "mps", "truncated"])
+def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, truncated_checkpoint, capsys,
+                                                              monkeypatch):
+    """(These once started the server, whose lifespan failed with uvicorn's traceback and exit 3.)"""
+    import q3tts.server
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the server was started")
+
+    monkeypatch.setattr(q3tts.server, "serve", refuse)
+    args = [str(truncated_checkpoint) if a == "TRUNCATED" else a for a in args]
+    assert main(["serve", *args, "--port", "18765"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("q3tts: error: ") and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-new-tokens", "1"], "--max-new-tokens must be at least 2"),
+    (["--kv-cache-gb", "-1"], "--kv-cache-gb must be > 0"),
+    (["--max-context", "5"], "--max-context must be an integer >= 64"),
+    (["--temperature", "0"], "--temperature must be > 0"),
+    (["--seed", "-1"], "--seed must be a non-negative integer"),
+    (["--device", "mps"], "device 'mps' is not supported"),
+    (["--device", "meta"], "device 'meta' is not supported"),
+    (["--ref-audio", "me.wav"], "--ref-audio: voice cloning needs a Base checkpoint; this one is custom_voice"),
+    (["--ref-text", "Hi.", "--x-vector-only"], "--ref-text and --x-vector-only: voice cloning needs a Base"),
+    (["--model", "tiny-voice-design", "--instruct", "Calm.", "--x-vector-only"],
+     "--x-vector-only: voice cloning needs a Base checkpoint; this one is voice_design"),
+    (["--model", "tiny-base", "--voice", "me.voice", "--ref-audio", "me.wav"],
+     "--voice is a voice already cloned: give it or --ref-audio, not both"),
+    (["--model", "tiny-base", "--voice", "nowhere.voice"], "nowhere.voice: voice file not found"),
+], ids=["max-new-tokens", "kv-cache", "max-context", "temperature", "seed", "mps", "meta", "ref-audio-on-custom",
+        "ref-text-on-custom", "x-vector-on-design", "voice-and-ref-audio", "voice-missing"])
+def test_say_refuses_before_loading_the_model(args, message, tmp_path, capsys, no_model_load):
+    """Flags that cannot work are refused in one line naming the flag, before the model loads (once some were
+    refused only after "loading ...", some were silently ignored, and --max-new-tokens 1 wrote an empty file)."""
+    out = tmp_path / "out.wav"
+    argv = ["say", "Hello.", "--model", "tiny", "--max-new-tokens", "3", "-o", str(out), *args]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"q3tts: error: {message}") and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (Linux): a folder no file can be made in")
+def test_an_unwritable_output_is_refused_before_any_work(capsys, no_model_load):
+    """(`say -o /proc/x.wav` once generated all the audio, then ended in a LibsndfileError traceback; `voice
+    create` in a SafetensorError one.)"""
+    assert main(["say", "Hello.", "--model", "tiny", "--max-new-tokens", "3", "-o", "/proc/x.wav"]) == 1
+    assert capsys.readouterr().err == "q3tts: error: -o /proc/x.wav: cannot write there (No such file or directory)\n"
+    assert main(["voice", "create", "--model", "tiny-base", "--ref-audio", "me.wav", "-o", "/proc/x.voice"]) == 1
+    assert "-o /proc/x.voice: cannot write there" in capsys.readouterr().err
+
+
+def test_a_failed_write_is_one_line_naming_the_output(tmp_path, capsys, monkeypatch):
+    """A write that fails after the checks (a full disk ...) is one line naming -o, not libsndfile's traceback; the
+    check leaves no file behind when the run fails, and a file already there untouched."""
+    out = tmp_path / "out.wav"
+    assert main(["say", "Hello.", "--model", "tiny", "--speaker", "nobody", "-o", str(out)]) == 1
+    assert not out.exists()
+    out.write_bytes(b"before")
+    assert main(["say", "Hello.", "--model", "tiny", "--speaker", "nobody", "-o", str(out)]) == 1
+    assert out.read_bytes() == b"before"
+    capsys.readouterr()
+
+    def full_disk(*args, **kwargs):
+        raise sf.LibsndfileError(9, "Error opening file: ")
+
+    monkeypatch.setattr(sf, "write", full_disk)
+    assert main(["say", "Hello.", "--model", "tiny", "--max-new-tokens", "3", "-o", str(out)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith(f"q3tts: error: -o {out}: could not write the audio"), err
+
+
+@pytest.mark.parametrize("command", ["voice", "bench"])
+def test_a_command_without_its_subcommand_prints_its_own_help(command, capsys):
+    assert main([command]) == 2
+    assert capsys.readouterr().out.startswith(f"usage: q3tts {command} ")
+
+
+def test_a_reference_file_name_keeps_its_spelling_in_errors(tmp_path, capsys):
+    """Argument names in messages become flags, but not inside a path: a reference audio that cannot be read is
+    named as it was given."""
+    bad = tmp_path / "ref_audio.wav"
+    bad.write_bytes(b"not audio")
+    assert main(["say", "Hello.", "--model", "tiny-base", "--ref-audio", str(bad), "--x-vector-only",
+                 "--max-new-tokens", "3", "-o", str(tmp_path / "out.wav")]) == 1
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(f"q3tts: error: {bad}: not a readable audio file")
+
+
+def test_serve_exits_1_in_one_line_when_the_model_does_not_load(tmp_path):
+    """Whole files whose weights do not load (a tensor missing) pass the command's own checks; the server then
+    says why in one line and exits 1 (it was uvicorn's start-up traceback and exit 3)."""
+    import shutil
+    import socket
+
+    from safetensors.torch import load_file, save_file
+
+    from q3tts.tiny import tiny_checkpoint
+
+    folder = Path(shutil.copytree(tiny_checkpoint("tiny", tmp_path / "cache"), tmp_path / "ckpt"))
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["talker.codec_head.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, "-m", "q3tts.cli", "serve", str(folder), "--port", str(port)],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "the model did not load" in done.stderr and "talker.codec_head.weight" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -303,15 +303,26 @@ def test_two_engines_behind_one_endpoint(tmp_path):
 
 
 def test_an_engine_that_cannot_start_stops_the_front(tmp_path):
-    """A checkpoint that does not load fails every start of an engine alike: the front does not start it again,
-    and with no engine left it exits 1 with the engine's reason in its log (as one process does)."""
-    cmd = [sys.executable, "-m", "q3tts.cli", "serve", str(tmp_path / "missing"), "--devices", "cpu", "--port",
+    """A checkpoint that does not load (a tensor missing: whole files, so the command's own checks pass it) fails
+    every start of an engine alike: the front does not start it again, and with no engine left it exits 1 with
+    the engine's reason in its log (as one process does)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from q3tts.tiny import tiny_checkpoint
+
+    folder = Path(shutil.copytree(tiny_checkpoint("tiny", tmp_path / "cache"), tmp_path / "ckpt"))
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["talker.codec_head.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    cmd = [sys.executable, "-m", "q3tts.cli", "serve", str(folder), "--devices", "cpu", "--port",
            str(_free_port()), "--log-level", "warning"]
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TMPDIR": str(tmp_path)})
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "no such checkpoint folder" in done.stderr and "before it was ready" in done.stderr
+    assert "talker.codec_head.weight" in done.stderr and "before it was ready" in done.stderr
     assert done.stderr.count("exited with") == 1  # not started again
     assert time.monotonic() - started < 60 and not list(tmp_path.glob("q3tts-*"))
 
