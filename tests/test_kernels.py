@@ -744,3 +744,50 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
     _close(outs[1], outs[0], torch.bfloat16)
     _close(caches[1].k, caches[0].k, torch.bfloat16)
     _close(caches[1].v, caches[0].v, torch.bfloat16)
+
+
+def test_a_persistent_kernel_that_does_not_launch_leaves_the_kernels_per_step(monkeypatch, tmp_path, caplog):
+    """If the layer tail's first launch fails (a GPU shared under MPS cannot hold a cooperative launch of every SM,
+    say), the decoder says so once and serves that step and the later ones with its kernels per step, with their
+    results."""
+    from q3tts import TTS
+    from q3tts.engine import persistent
+    from q3tts.engine.decoder import FlatDecoder, PagedCache
+    from q3tts.tiny import tiny_checkpoint
+
+    if DEVICE == "cpu":  # (the PyTorch twins: the interpreter is slow at 64 rows, and the kernels are not the point)
+        monkeypatch.setattr(kernels, "use_triton", lambda t: False)
+    tts = TTS.from_pretrained(tiny_checkpoint("tiny", tmp_path), device=DEVICE, dtype=torch.float32)
+    talker, tc = tts.model.talker, tts.config.talker_config
+    decoder = FlatDecoder(talker.model.layers, talker.model.norm.weight, tc.rms_norm_eps, tc.num_attention_heads,
+                          tc.head_dim, talker.model.inv_freq)
+    g = torch.Generator(DEVICE).manual_seed(0)
+    x = torch.randn(64, tc.hidden_size, generator=g, device=DEVICE)
+    rows = torch.arange(64, dtype=torch.int32, device=DEVICE)
+    positions = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+
+    def step():
+        cache = PagedCache.allocate(tc.num_hidden_layers, 65, 16, tc.num_key_value_heads, tc.head_dim, 64, 1,
+                                    torch.float32, torch.device(DEVICE))
+        cache.block_table.copy_(torch.arange(1, 65, dtype=torch.int32).view(64, 1))
+        with torch.no_grad():
+            return decoder(x, rows, positions, cache, decode=True)
+
+    expected = step()  # (the kernels per step: this decoder's shapes are not the kernel's)
+    launches = []
+
+    class Refused:
+        def __init__(self, device):
+            pass
+
+        def __call__(self, *args, **kwargs):
+            launches.append(1)
+            raise RuntimeError("too many blocks in cooperative launch")
+
+    monkeypatch.setattr(persistent, "applies", lambda *args: True)
+    monkeypatch.setattr(persistent, "LayerTail", Refused)
+    with caplog.at_level("WARNING", logger="q3tts.engine.decoder"):
+        assert torch.equal(step(), expected)
+        assert torch.equal(step(), expected)
+    assert launches == [1] and decoder.tail is False
+    assert sum("did not launch" in r.getMessage() for r in caplog.records) == 1

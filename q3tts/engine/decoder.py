@@ -11,6 +11,7 @@ launch (persistent.py).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,8 @@ from .kernels import (
     row_squares,
     silu_mul,
 )
+
+log = logging.getLogger(__name__)
 
 # Calls of up to GEMV_MAX_ROWS tokens take the matrix-vector kernel, calls of more, up to FUSED_MAX_ROWS (a decoder
 # may leave some out, `unfused_rows`), the tensor-core kernel, each product handing the next norm its rows' sums
@@ -66,7 +69,8 @@ class FlatDecoder:
         self.num_heads, self.head_dim = num_heads, head_dim
         self.inv_freq = inv_freq.float()
         self.unfused_rows = unfused_rows
-        self.tail: persistent.LayerTail | None = None  # (built on the first call it serves)
+        # (built on the first call it serves; False once its first launch failed: the kernels per step serve)
+        self.tail: persistent.LayerTail | bool | None = None
 
     def fuses(self, num_tokens: int, fused: bool = False) -> bool:
         """Whether a call over `num_tokens` tokens with `fused` takes the fused products: up to FUSED_MAX_ROWS tokens
@@ -87,7 +91,9 @@ class FlatDecoder:
         if not final_norm:
             raise ValueError("final_norm=False is for the fused products (see fuses)")
         if decode and self._tail_applies(x):
-            return self._with_tail(x, rows, positions, cache)
+            out = self._with_tail(x, rows, positions, cache)
+            if out is not None:
+                return out
         dtype = self.final_norm.dtype
         h, residual = x, None
         for i, w in enumerate(self.layers):
@@ -100,15 +106,25 @@ class FlatDecoder:
 
     def _tail_applies(self, x: torch.Tensor) -> bool:
         w = self.layers[0]
-        return persistent.applies(x, w.qkv.dtype, w.o.shape[0], w.o.shape[1], w.qkv.shape[0], w.down.shape[1])
+        return self.tail is not False and persistent.applies(x, w.qkv.dtype, w.o.shape[0], w.o.shape[1],
+                                                             w.qkv.shape[0], w.down.shape[1])
 
     def _with_tail(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-                   cache: PagedCache) -> torch.Tensor:
+                   cache: PagedCache) -> torch.Tensor | None:
         """A 64-row decode step on Hopper: per layer its attention, then the rest of the layer and the next
         layer's qkv product (the last: the final norm) as one launch (persistent.LayerTail): 2 launches per layer
-        instead of 8 (docs/perf-notes.md, entry 81)."""
+        instead of 8 (docs/perf-notes.md, entry 81). None if the first launch fails (a GPU shared under MPS with
+        fewer SMs than it reports cannot hold the cooperative launch, say): the decoder then keeps its kernels per
+        step (they rewrite what the attempt stored)."""
         if self.tail is None:
             self.tail = persistent.LayerTail(x.device)
+            try:
+                return self._with_tail(x, rows, positions, cache)
+            except RuntimeError as e:
+                log.warning("the persistent layer kernel did not launch (%s); the decoder keeps its kernels per step",
+                            e)
+                self.tail = False
+                return None
         first = self.layers[0]
         y, res_in = add_rmsnorm(x, None, first.input_norm, self.eps, self.final_norm.dtype)
         qkv = F.linear(y, first.qkv)
