@@ -6,7 +6,8 @@ values (`from q3tts import Qwen3TTSModel`). `TTS` inherits these methods; they b
 
 Official behaviours kept: lists for batches (scalars broadcast), `language=None`/"auto", per-mode text feeding
 (`non_streaming_mode=True` for custom voice and voice design, False for cloning), an empty voice-design
-instruction allowed, a 0.6B CustomVoice dropping `instruct` (with a warning), and the in-context cut of the
+instruction allowed, a custom-voice speaker of None or "" allowed (no speaker in the prompt, no dialect tag, no
+warning), a 0.6B CustomVoice dropping `instruct` (with a warning), and the in-context cut of the
 reference's share of the audio by float truncation (which can keep one sample of the reference's audio).
 """
 
@@ -34,10 +35,11 @@ class OfficialAPI:
     def get_supported_languages(self: TTS) -> list[str]:
         return self.config.supported_languages
 
-    def generate_custom_voice(self: TTS, text: str | list[str], speaker: str | list[str],
+    def generate_custom_voice(self: TTS, text: str | list[str], speaker: str | list[str | None] | None,
                               language: str | list[str] | None = None, instruct: str | list[str] | None = None,
                               non_streaming_mode: bool = True, **kwargs: Any) -> tuple[list[np.ndarray], int]:
-        """Preset speaker (CustomVoice checkpoints), with an optional instruction on 1.7B."""
+        """Preset speaker (CustomVoice checkpoints), with an optional instruction on 1.7B. A speaker of None or ""
+        leaves the speaker out of the prompt, as the official method does."""
         self.require("custom_voice", "generate_custom_voice")
         texts = _as_list(text, "text")
         items = zip(texts, _broadcast(speaker, len(texts), "speaker"), _broadcast(language, len(texts), "language"),

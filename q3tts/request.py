@@ -88,8 +88,8 @@ class RequestBuilder:
               seed: int | None = None, sampling: dict[str, Any] | None = None, official: bool = False,
               runaway_guard: RunawayGuard | None = None) -> Request:
         """One request in whatever mode the checkpoint offers. `official`: the official API's leniencies (an
-        empty voice-design instruction; a 0.6B CustomVoice drops `instruct` with a warning instead of refusing
-        it)."""
+        empty voice-design instruction; a CustomVoice request without a speaker; a 0.6B CustomVoice drops
+        `instruct` with a warning instead of refusing it)."""
         if isinstance(voice, (str, Path)):
             voice = Voice.load(voice)
         instruct = self.check_mode(speaker, voice is not None, instruct, official)
@@ -98,8 +98,9 @@ class RequestBuilder:
         elif isinstance(non_streaming_mode, str) or non_streaming_mode not in (True, False):
             raise RequestTypeError(f"non_streaming_mode must be True, False or None, got {quote(non_streaming_mode)}",
                                    "non_streaming_mode")
-        spec = self._spec(text, self.language(language), bool(non_streaming_mode), instruct,
-                          self.speaker(speaker) if speaker else None, self.voice(voice) if voice else None)
+        speaker = None if _is_no_speaker(speaker) else self.speaker(speaker)
+        spec = self._spec(text, self.language(language), bool(non_streaming_mode), instruct, speaker,
+                          self.voice(voice) if voice else None)
         length = prompt_length(self.config, spec)
         return Request(spec, self.sampling({**(sampling or {}), "seed": seed}, length), length, runaway_guard)
 
@@ -112,10 +113,12 @@ class RequestBuilder:
                                "missing")
         if kind != "base" and has_voice:
             raise RequestError(f"this {kind} checkpoint cannot clone voices; use a Base checkpoint", "voice")
-        if kind == "custom_voice" and not speaker:
+        # The official `generate_custom_voice` takes None or "" for a speaker and builds the prompt without a
+        # speaker position (the voice then comes from the instruction alone, as in VoiceDesign): the drop-in does too.
+        if kind == "custom_voice" and _is_no_speaker(speaker) and not official:
             raise RequestError(f"this CustomVoice checkpoint needs `speaker`, one of {self.config.supported_speakers}",
                                "speaker", "missing")
-        if kind != "custom_voice" and speaker:
+        if kind != "custom_voice" and not _is_no_speaker(speaker):
             raise RequestError(f"`speaker` needs a CustomVoice checkpoint (this one is {kind})", "speaker")
         if instruct is not None and not isinstance(instruct, str):
             raise RequestTypeError(f"instruct must be a string, got {type(instruct).__name__}", "instruct")
@@ -231,6 +234,11 @@ class RequestBuilder:
             speaker_embedding=voice.ref_spk_embedding if voice is not None else None,
             ref_ids=self.text_tokenizer.encode(ref_text(voice.ref_text)) if icl else None,
             ref_codes=voice.ref_code if icl else None)
+
+
+def _is_no_speaker(speaker: Any) -> bool:
+    """The official validator's test for "no speaker": None or "" (not any false value: 0 is an unknown speaker)."""
+    return speaker is None or (isinstance(speaker, str) and not speaker)
 
 
 def _describe(value: Any) -> str:

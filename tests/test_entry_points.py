@@ -9,6 +9,7 @@ import contextlib
 import gc
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -105,6 +106,32 @@ def check_custom_voice(ours: TTS, ref: TTS, sampled: bool) -> None:
 
     same([asyncio.run(collect())], [expected])
     assert ours.engine.metrics.max_batch >= 3  # the list ran as rows of one batch
+
+
+def test_custom_voice_without_a_speaker(pairs):
+    """The drop-in `generate_custom_voice`, as the official one, takes speaker None or "" (no speaker position in
+    the prompt: the voice comes from the instruction alone) without a warning; our own API still asks for a
+    speaker, and a speaker that is neither a name nor None/"" is refused, as the official validator refuses it.
+    (tests/test_equivalence.py compares the codes with the official implementation's.)"""
+    ours, ref = pairs("tiny")
+    kw = {"max_new_tokens": 10, "seed": 3} | GREEDY
+    texts, speakers = ["Hello world.", "Thank you very much.", "Good morning."], [None, "", "ryan"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wavs = ours.generate_custom_voice(texts, speakers, instruct="Slowly.", **kw)[0]
+    same(wavs, ref.generate_custom_voice(texts, speakers, instruct="Slowly.", **kw)[0])
+    same(ours.generate_custom_voice(texts[0], None, **kw)[0], ref.generate_custom_voice(texts[0], "", **kw)[0])
+    with_speaker = ours.generate_custom_voice(texts[0], "ryan", instruct="Slowly.", **kw)[0][0]
+    assert not np.array_equal(wavs[0], with_speaker)
+    for tts in (ours, ref):
+        for speaker in (None, ""):
+            with pytest.raises(RequestError, match="needs `speaker`") as missing:
+                tts.request(texts[0], speaker=speaker, **kw)
+            assert missing.value.param == "speaker" and missing.value.code == "missing"
+    for speaker in (0, False, " "):
+        with pytest.raises(RequestError, match="unknown speaker") as unknown:
+            ours.generate_custom_voice(texts[0], speaker, **kw)
+        assert unknown.value.param == "speaker"
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])

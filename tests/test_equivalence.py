@@ -58,10 +58,16 @@ CASES: dict[str, tuple[str, str, float, list[dict]]] = {
              speaker=["eric", "dylan"], language="auto", non_streaming_mode=False, max_new_tokens=12),
         call("generate_custom_voice", text="Good morning, seven bright stars.", speaker="dylan", language="chinese",
              non_streaming_mode=False, max_new_tokens=10),
+        # No speaker (None or ""): the official code builds the prompt without a speaker position and with no
+        # dialect tag, beside a row that has one.
+        call("generate_custom_voice", text=["Hello world.", "Good morning, seven bright stars.", "Thank you."],
+             speaker=[None, "", "eric"], language="auto", instruct="Speak slowly and warmly.", max_new_tokens=12),
     ]),
     "custom-0b6": ("custom_voice", "0b6", 1.0, [
         call("generate_custom_voice", text="The quick brown fox.", speaker="vivian", language="english",
              max_new_tokens=10),
+        call("generate_custom_voice", text="Good morning, seven bright stars.", speaker=None, language="chinese",
+             non_streaming_mode=False, max_new_tokens=10),
     ]),
     "design-1b7": ("voice_design", "1b7", 1.0, [
         call("generate_voice_design", text="Thank you very much.", instruct="A calm old man, whisper.",
