@@ -191,6 +191,82 @@ def test_text_that_is_not_unicode_is_a_bad_request(server):
         assert error["param"] == field and "not valid Unicode" in error["message"], error
 
 
+def test_messages_name_the_http_fields(server):
+    """The request builder names its arguments as Python spells them (`text`, `instruct`); the API's messages name
+    the fields the client sent, as `param` does."""
+    blank = httpx.post(server.url + "/v1/audio/speech", json={"input": "   ", "voice": "ryan"}).json()["error"]
+    assert (blank["param"], blank["message"]) == ("input", "input is empty"), blank
+    body = json.dumps({"input": "Hello.", "voice": "ryan", "instructions": "\udfff"}).encode()
+    bad = httpx.post(server.url + "/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+    error = bad.json()["error"]
+    assert error["param"] == "instructions" and error["message"].startswith("instructions is not valid Unicode")
+
+
+@pytest.mark.parametrize("voice, says, code", [
+    ({"id": ""}, 'voice: "id" is empty', "invalid_value"),
+    ({"id": 5}, 'voice: "id" must be a string, not a number', "invalid_value"),
+    ({"id": "vivian", "x": 1}, "voice: unknown key 'x'", "invalid_value"),
+    ({}, 'voice: an object voice needs "id"', "missing"),
+    (5, 'voice: must be a string (a voice name or id) or {"id": ...}, not a number', "invalid_value"),
+    (["ryan"], 'voice: must be a string (a voice name or id) or {"id": ...}, not an array', "invalid_value"),
+])
+def test_a_bad_voice_is_refused_for_what_is_wrong_with_it(server, voice, says, code):
+    """`voice` is a string or {"id": ...}: pydantic reported the union's first member, "voice.str: Input should be
+    a valid string", whatever was wrong. Over HTTP and in the WebSocket's config alike."""
+    response = httpx.post(server.url + "/v1/audio/speech", json={"input": TEXT, "voice": voice})
+    assert response.status_code == 400, response.text
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": voice}))
+        events, _ = _session(ws)
+    for error in (response.json()["error"], events[0]["error"]):
+        assert (error["param"], error["code"]) == ("voice", code) and error["message"].startswith(says), error
+
+
+JSON_BODY = json.dumps({"input": TEXT, "voice": "ryan"}).encode()
+
+
+@pytest.mark.parametrize("content, content_type, status, code, says", [
+    (JSON_BODY, "text/plain", 415, "unsupported_media_type", "must be JSON (Content-Type: application/json)"),
+    (JSON_BODY, "application/x-www-form-urlencoded", 415, "unsupported_media_type", "must be JSON"),
+    (JSON_BODY, None, 415, "unsupported_media_type", "came with no Content-Type"),
+    (b"", "application/json", 400, "empty_body", "the request body is empty"),
+    (b"", None, 415, "unsupported_media_type", "must be JSON"),
+    (b'{"input": "caf\xe9", "voice": "ryan"}', "application/json", 400, "invalid_encoding", "not valid UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "application/json", 400, "invalid_json", "nested too deeply"),
+    (b'["hi"]', "application/json", 400, "invalid_value", "must be a JSON object, not an array"),
+], ids=["text/plain", "form-urlencoded", "no content type", "empty", "empty, no content type", "not UTF-8",
+        "deep", "an array"])
+def test_a_body_that_is_not_json_is_refused_for_its_reason(server, content, content_type, status, code, says):
+    """A JSON body sent as text/plain, form-urlencoded or without a content type was refused with "Input should be
+    a valid dictionary", an empty one with "Field required", one that is not UTF-8 with a null code."""
+    headers = {"content-type": content_type} if content_type else {}
+    response = httpx.post(server.url + "/v1/audio/speech", content=content, headers=headers)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == (None, code) and says in error["message"], error
+
+
+def test_a_key_sent_twice_is_refused(server):
+    """{"input": "a", "input": "b"} kept the last value silently (json.loads does), over HTTP and in the
+    WebSocket's messages."""
+    body = b'{"input": "First text.", "voice": "ryan", "input": "Second text."}'
+    response = httpx.post(server.url + "/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send('{"type": "session.config", "voice": "ryan", "voice": "vivian"}')
+        events, _ = _session(ws)
+    for error, key in ((response.json()["error"], "input"), (events[0]["error"], "voice")):
+        assert (error["param"], error["code"]) == (key, "duplicate_key"), error
+        assert f"the key '{key}' appears more than once" in error["message"], error
+
+
+def test_json_with_a_charset_is_json(server):
+    body = json.dumps({"input": TEXT, "voice": "ryan", "max_new_tokens": MAX_NEW, "response_format": "pcm"})
+    response = httpx.post(server.url + "/v1/audio/speech", content=body.encode(),
+                          headers={"content-type": "application/json; charset=utf-8"})
+    assert response.status_code == 200 and len(pcm_samples(response.content)) == frames(MAX_NEW) * FRAME
+
+
 def test_malformed_json_and_unknown_routes_use_the_error_shape(server):
     bad = httpx.post(server.url + "/v1/audio/speech", content=b"{not json",
                      headers={"content-type": "application/json"})

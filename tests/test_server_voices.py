@@ -114,6 +114,42 @@ def test_bad_uploads(server, reference_wav, fields, status, param):
     assert response.status_code == status and response.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize("fields, files, param, says", [
+    ({"foo": "bar"}, None, "foo", "unknown field 'foo'"),
+    ({"nam": "alice"}, None, "nam", "unknown field 'nam'"),  # a typo: the voice got no name
+    ({}, [("file", ("a.wav", b"A", "audio/wav")), ("file", ("b.wav", b"B", "audio/wav"))], "file", "2 times"),
+    ({"name": ["alice", "bob"]}, None, "name", "name is sent 2 times"),
+    ({"x_vector_only_mode": "yes"}, None, "x_vector_only_mode", "must be true or false, not 'yes'"),
+    ({"x_vector_only_mode": "1"}, None, "x_vector_only_mode", "must be true or false"),
+    ({"x_vector_only_mode": ["true", "false"]}, None, "x_vector_only_mode", "2 times"),
+    ({"file": "ref.wav"}, [], "file", "a file part"),
+])
+def test_upload_form_fields_are_strict(server, reference_wav, fields, files, param, says):
+    """As JSON bodies refuse unknown fields: an unknown or repeated form field, or a boolean other than true/false,
+    is refused naming the field (FastAPI's form parameters ignored the first, kept the last of the second and read
+    "yes" as true), and nothing is stored."""
+    before = len(httpx.get(server.url + "/v1/audio/voices").json()["data"])
+    files = [("file", ("ref.wav", reference_wav, "audio/wav"))] if files is None else files
+    response = httpx.post(server.url + "/v1/audio/voices", files=files or None,
+                          data={"x_vector_only_mode": "true", **fields}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["type"]) == (param, "invalid_request_error") and says in error["message"], error
+    assert len(httpx.get(server.url + "/v1/audio/voices").json()["data"]) == before
+
+
+def test_upload_booleans_are_true_or_false(server, reference_wav):
+    for flag, expected in (("true", True), ("false", False), ("True", True)):
+        created = _upload(server, reference_wav, x_vector_only_mode=flag, ref_text="Hello, this is my voice.")
+        assert created.status_code == 201 and created.json()["x_vector_only_mode"] is expected, created.text
+
+
+def test_upload_errors_name_the_http_fields(server, reference_wav):
+    """The request builder's message in the API's spelling: `false`, not Python's `False`."""
+    error = _upload(server, reference_wav, x_vector_only_mode="false").json()["error"]
+    assert error["param"] == "ref_text" and "(x_vector_only_mode=false)" in error["message"], error
+
+
 def test_unreadable_audio_and_duplicate_names(server, reference_wav):
     garbage = _upload(server, b"not audio at all", x_vector_only_mode="true")
     assert garbage.status_code == 400 and garbage.json()["error"]["param"] == "file"

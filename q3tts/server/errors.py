@@ -76,15 +76,16 @@ def from_validation(exc: Exception) -> APIError:
         where = (first.get("loc") or ("?",))[-1]
         reason = (first.get("ctx") or {}).get("error", "JSON decode error")
         return bad_request(f"the request body is not valid JSON: {reason} at character {where}", code="invalid_json")
-    # A location can hold what the client sent (an unknown key is its own location): cut as every quote is.
-    loc = [_field(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
+    # A location can hold what the client sent (an unknown key is its own location).
+    loc = [field(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
     param = ".".join(loc) or None
     code = "missing" if first.get("type") == "missing" else "invalid_value"
     message = first.get("msg", "invalid value")
     return bad_request(f"{param}: {message}" if param else message, param=param, code=code)
 
 
-def _field(part: object) -> str:
+def field(part: object) -> str:
+    """A field's name, which a client chose (an unknown key), as `param`: cut as every quote is."""
     text = str(part)
     return text if len(text) <= 40 else quote(text)
 

@@ -7,10 +7,13 @@ on the loaded checkpoint (speaker names, languages, task type) is checked by the
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
+from ..errors import quote
+from .body import json_type
 from .time_stretch import MAX_SPEED, MIN_SPEED
 
 AudioFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
@@ -23,13 +26,35 @@ class VoiceRef(BaseModel):
     id: str = Field(min_length=1)
 
 
+def check_voice(value: object) -> object:
+    """`voice` as a name or id, or {"id": ...}, with the actual fault named: pydantic reports a union's first
+    member's error ("voice.str: Input should be a valid string") whatever was wrong."""
+    if value is None or isinstance(value, (str, VoiceRef)):
+        return value
+    if not isinstance(value, dict):
+        raise PydanticCustomError("invalid_value", 'must be a string (a voice name or id) or {"id": ...}, not '
+                                  + json_type(value))
+    unknown = [key for key in value if key != "id"]
+    if unknown:
+        raise PydanticCustomError("invalid_value", f'unknown key {quote(unknown[0])} (an object voice takes only '
+                                  f'"id")')
+    if "id" not in value:
+        raise PydanticCustomError("missing", 'an object voice needs "id" (a voice name or id)')
+    if not isinstance(value["id"], str):
+        raise PydanticCustomError("invalid_value", f'"id" must be a string, not {json_type(value["id"])}')
+    if not value["id"]:
+        raise PydanticCustomError("invalid_value", '"id" is empty')
+    return value
+
+
 class SpeechSettings(BaseModel):
     """Everything about how to speak, shared by HTTP requests and WebSocket sessions. Strict: a value of the wrong
     JSON type is refused, never converted ("yes" is not True, "5" is not 5)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    voice: str | VoiceRef | None = None  # CustomVoice: preset speaker; Base: stored voice id or name
+    # CustomVoice: a preset speaker; Base: a stored voice's id or name
+    voice: Annotated[str | VoiceRef | None, BeforeValidator(check_voice)] = None
     instructions: str | None = None  # -> instruct (style on 1.7B CustomVoice, the voice itself on VoiceDesign)
     response_format: AudioFormat = "mp3"
     speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED)

@@ -45,6 +45,10 @@ MAX_RESTARTS = 3  # engine rebuilds after failures before the server gives up
 PREPARE_THREADS = 2
 T = TypeVar("T")
 HTTP_NAMES = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # Python argument -> HTTP field
+HTTP_VALUES = {"x_vector_only_mode=False": "x_vector_only_mode=false",  # a Python value in JSON's spelling
+               "x_vector_only_mode=True": "x_vector_only_mode=true"}
+SERVER_FLAGS = {"max_context": "--max-context", "kv_cache_gb": "--kv-cache-gb",
+                "gpu_memory_utilization": "--gpu-memory-utilization"}
 
 
 @dataclass
@@ -71,11 +75,19 @@ class PreparedSpeech:
 def api_error(e: RequestError) -> errors.APIError:
     """A RequestError in the API's shape: its parameter as the HTTP field, unknown names as 404."""
     param = HTTP_NAMES.get(e.param, e.param)
-    message = e.renamed({**HTTP_NAMES, "max_context": "--max-context", "kv_cache_gb": "--kv-cache-gb",
-                         "gpu_memory_utilization": "--gpu-memory-utilization"})
+    message = _http_message(e)
     if e.code == "not_found":
         return errors.not_found(message, param=param, code=f"{param}_not_found")
     return errors.bad_request(message, param=param, code=e.code)
+
+
+def _http_message(e: RequestError) -> str:
+    """The error's message in the API's terms: argument names as HTTP fields, also the bare leading one ("text is
+    empty" -> "input is empty"), as the command line does with its flags (cli.py)."""
+    message = e.renamed({**HTTP_NAMES, **HTTP_VALUES, **SERVER_FLAGS})
+    if e.param in HTTP_NAMES and message.startswith(f"{e.param} "):
+        message = HTTP_NAMES[e.param] + message[len(e.param):]
+    return message
 
 
 class SpeechService:

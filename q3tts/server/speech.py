@@ -24,6 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 from ..engine import EngineError
 from ..engine.stream import FRAME_SAMPLES
 from .audio_encoding import MEDIA_TYPES, AudioEncoder, encode_async, flush_async, make_encoder
+from .body import openapi_body, read_json
 from .core import Speech
 from .errors import SERVER, error_body
 from .middleware import request_id_of
@@ -57,10 +58,11 @@ class CancellingStreamingResponse(StreamingResponse):
             self.on_close()
 
 
-@router.post("/v1/audio/speech")
-async def create_speech(body: SpeechRequest, request: Request) -> StreamingResponse:
+@router.post("/v1/audio/speech", openapi_extra=openapi_body(SpeechRequest, "/v1/audio/speech"))
+async def create_speech(request: Request) -> StreamingResponse:
     """Validate everything, submit, then stream; no byte is sent before the request is accepted. `speak` is the
     speech service's (one process) or the front's, which hands the request to an engine process (core.py)."""
+    body = read_json(SpeechRequest, request.headers.get("content-type"), await request.body())
     speech: Speech = await request.app.state.speak(body, request_id_of(request.scope))
     stream, state = speech.stream, request.app.state
     encoder = make_encoder(body.response_format, speech.sample_rate, body.speed)

@@ -8,7 +8,8 @@ import asyncio
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from starlette.datastructures import UploadFile as StarletteUploadFile
 
 from ..errors import quote
 from . import errors
@@ -16,6 +17,7 @@ from .service import SpeechService
 
 router = APIRouter()  # authentication: guard.py
 _NAME = re.compile(r"[\w.\- ]{1,64}")
+UPLOAD_FIELDS = ("file", "ref_text", "name", "x_vector_only_mode")
 
 
 @router.get("/v1/audio/voices")
@@ -27,7 +29,26 @@ async def list_voices(request: Request) -> dict:
     return {"object": "list", "task_type": service.task_type, "data": presets + stored}
 
 
-@router.post("/v1/audio/voices", status_code=201)
+async def strict_form(request: Request) -> None:
+    """Refuses what FastAPI's form parameters let through: an unknown field (ignored), a repeated one (the last
+    kept), a boolean other than true/false ("yes", "on" and "1" read as true), text where a file belongs."""
+    form = await request.form()
+    names = [name for name, _ in form.multi_items()]
+    for name in names:
+        if name not in UPLOAD_FIELDS:
+            raise errors.bad_request(f"unknown field {quote(name)}; a voice upload takes {', '.join(UPLOAD_FIELDS)}",
+                                     param=errors.field(name))
+        if names.count(name) > 1:
+            raise errors.bad_request(f"{name} is sent {names.count(name)} times; send it once", param=name)
+    if "file" in form and not isinstance(form["file"], StarletteUploadFile):
+        raise errors.bad_request("file must be a file part (curl -F file=@voice.wav)", param="file")
+    flag = form.get("x_vector_only_mode")
+    if flag is not None and (not isinstance(flag, str) or flag.lower() not in ("true", "false")):
+        shown = quote(flag) if isinstance(flag, str) else "a file"
+        raise errors.bad_request(f"x_vector_only_mode must be true or false, not {shown}", param="x_vector_only_mode")
+
+
+@router.post("/v1/audio/voices", status_code=201, dependencies=[Depends(strict_form)])
 async def create_voice(request: Request, file: Annotated[UploadFile, File()],
                        ref_text: Annotated[str | None, Form()] = None, name: Annotated[str | None, Form()] = None,
                        x_vector_only_mode: Annotated[bool, Form()] = False) -> dict:

@@ -47,6 +47,7 @@ from ..text_segmenter import TextSegmenter
 from . import errors
 from .audio_encoding import encode_async, flush_async, make_encoder
 from .auth import websocket_authorized
+from .body import loads
 from .middleware import request_id_of
 from .schemas import StreamConfig
 from .service import SpeechService, VoiceChoice
@@ -192,7 +193,7 @@ async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
     if message["type"] == "websocket.disconnect":
         raise WebSocketDisconnect(message.get("code", 1000))
     try:
-        data = json.loads(message.get("text") or "")
+        data = loads(message.get("text") or "")
     except json.JSONDecodeError as e:
         raise errors.bad_request("messages must be JSON text frames") from e
     if not isinstance(data, dict):
