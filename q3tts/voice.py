@@ -99,8 +99,9 @@ def clone_voices(speech_tokenizer, speaker_encoder, config: ModelConfig, ref_aud
     codes and transcript."""
     for i, (text, xvec) in enumerate(zip(ref_texts, x_vector_only)):
         if not xvec and (text is None or not str(text).strip()):
-            raise RequestError(f"ref_text is required for in-context voice cloning (x_vector_only_mode=False); "
-                               f"missing for reference {i}", "ref_text")
+            which = f"; missing for reference {i}" if len(ref_texts) > 1 else ""
+            raise RequestError(f"ref_text is required for in-context voice cloning (x_vector_only_mode=False){which}",
+                               "ref_text")
     loaded = [load_audio(a) for a in ref_audio]
     rate = speech_tokenizer.sample_rate
     # The official code encodes same-rate references as one padded batch (which can change the last reference

@@ -17,6 +17,7 @@ from q3tts import TTS, Qwen3TTSModel, Voice, VoiceClonePromptItem
 from q3tts.audio import AudioError
 from q3tts.checkpoint import CheckpointError
 from q3tts.config import ConfigError
+from q3tts.errors import RequestError
 from q3tts.tiny import tiny_checkpoint
 from tests.test_equivalence import speech_like
 
@@ -384,3 +385,13 @@ def test_synthesize_needs_the_right_voice_inputs(custom, design, base, no_comput
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match="needs a CustomVoice checkpoint"):
             design.synthesize("Hello.", speaker="ryan", instruct="calm")
+
+
+def test_a_missing_transcript_names_the_reference_only_among_several(base, ref_wav):
+    """One recording: the message says what is missing, with no index that means nothing to the caller (over HTTP
+    there is one recording); a list: which of them."""
+    with pytest.raises(RequestError, match=r"x_vector_only_mode=False\)$") as one:
+        base.create_voice(str(ref_wav))
+    assert one.value.param == "ref_text"
+    with pytest.raises(RequestError, match="missing for reference 1"):
+        base.create_voice_clone_prompt([str(ref_wav), str(ref_wav)], ref_text=["Good morning.", None])
