@@ -166,13 +166,6 @@ if gluon is not None:
             gl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
-    def load_input(x_desc, k0, n_chunks, x_smem, x_bars, M: gl.constexpr, BK: gl.constexpr):
-        """Asks for an item's input, x[:, k0:k0 + n_chunks * BK], chunk c into x_smem[c] (x_bars[c] signals)."""
-        for c in range(n_chunks):
-            mbarrier.expect(x_bars.index(c), M * BK * 2)
-            tma.async_copy_global_to_shared(x_desc, [0, k0 + c * BK], x_bars.index(c), x_smem.index(c))
-
-    @gluon.jit
     def norm_rows(part_ptr, res_in_ptr, res_ptr, norm_ptr, xn_ptr, pid, P, eps, S: gl.constexpr, M: gl.constexpr,
                   H: gl.constexpr, num_warps: gl.constexpr):
         """res = res_in + the S partial sums, in order; xn = rmsnorm(res) * norm, one row per program."""
