@@ -17,6 +17,8 @@ from .kernels import triton, use_triton
 if triton is not None:
     import triton.language as tl
 
+SAMPLE_WARPS = 8  # warps per row's program (for A/B runs: bench/frame_parts.py --set sampler.SAMPLE_WARPS=4)
+
 
 def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Tensor, counters: torch.Tensor,
                   talker: TalkerProcessors | None = None, offset: int = 0,
@@ -52,7 +54,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Ten
         t.seen if t else logits, t.penalty if t else logits, t.steps if t else logits,
         t.suppress if t else logits, t.eos_id if t else 0, t.min_new_tokens if t else 0, t1, o1, d1, t2, o2, d2,
         HAS_PROCESSORS=t is not None, GATHER=len(gather), BLOCK_V=triton.next_power_of_2(V),
-        BLOCK_D1=triton.next_power_of_2(d1), BLOCK_D2=triton.next_power_of_2(d2), num_warps=8)
+        BLOCK_D1=triton.next_power_of_2(d1), BLOCK_D2=triton.next_power_of_2(d2), num_warps=SAMPLE_WARPS)
     return out
 
 
