@@ -195,6 +195,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="on a GPU, serve HTTP from the engine's own process (default: a front process does the "
                             "HTTP work and hands requests to an engine process, which lifts the capacity)")
     serve.add_argument("--core-socket", help=argparse.SUPPRESS)  # an engine process behind a front (server/core.py)
+    serve.add_argument("--front-pid", type=int, help=argparse.SUPPRESS)  # that front's process (server/app.py)
     serve.set_defaults(run=_serve)
 
     batch = sub.add_parser("batch", help="render many requests from a JSON-lines file into a folder (resumable)")
@@ -438,7 +439,7 @@ def _serve(args) -> int:
                               max_input_chars=args.max_input_chars, max_context=args.max_context,
                               kv_cache_gb=args.kv_cache_gb, gpu_memory_utilization=args.gpu_memory_utilization,
                               prefix_cache_gb=args.prefix_cache_gb, api_key=args.api_key or None,
-                              voices_dir=args.voices_dir, core_socket=args.core_socket,
+                              voices_dir=args.voices_dir, core_socket=args.core_socket, front_pid=args.front_pid,
                               served_model_name=args.served_model_name, allow_ref_audio_urls=args.allow_ref_audio_urls,
                               ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
                               send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,

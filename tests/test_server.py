@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ pytest.importorskip("fastapi")
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
@@ -360,6 +362,38 @@ def test_websocket_bad_message_mid_session(server):
         events, _ = _session(ws)
         assert ws.close_code == 1008
     assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "invalid_request_error"
+
+
+def _sessions_counted(url: str) -> dict[str, float]:
+    """q3tts_requests_total of the WebSocket route, by status."""
+    text = httpx.get(url + "/metrics").text
+    return {s.labels["status"]: s.value for f in text_string_to_metric_families(text) if f.name == "q3tts_requests"
+            for s in f.samples if s.name == "q3tts_requests_total" and s.labels["method"] == "WS"
+            and s.labels["route"] == "/v1/audio/speech/stream"}
+
+
+def test_websocket_sessions_are_counted_once_by_how_they_ended(server):
+    """Each session counts once in q3tts_requests_total, with the close code it ended with (a session that ran to
+    its end had no series at all)."""
+    before = _sessions_counted(server.url)
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:  # to the end: 1000
+        for message in ({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 3},
+                        {"type": "input.text", "text": "Hi."}, {"type": "input.done"}):
+            ws.send(json.dumps(message))
+        assert _session(ws)[0][-1]["type"] == "session.done" and ws.close_code == 1000
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:  # refused config: 1008
+        ws.send(json.dumps({"type": "session.config", "voice": "nobody"}))
+        _session(ws)
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:  # the client leaves: its code
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan"}))
+        ws.recv(timeout=30)
+        ws.close(code=1001)
+    expected = {status: before.get(status, 0) + 1 for status in ("1000", "1008", "1001")}
+    deadline = time.monotonic() + 10
+    while sum((counted := _sessions_counted(server.url)).values()) < sum(before.values()) + 3:  # (as each ends)
+        assert time.monotonic() < deadline, counted
+        time.sleep(0.05)
+    assert counted == {**before, **expected}
 
 
 def test_cli_serve_builds_the_server_config(monkeypatch, tmp_path):

@@ -297,6 +297,50 @@ def test_sigterm_drains_streams_in_flight(tmp_path, front):
     assert results == [(200, 2 * 39 * FRAME)] * 2
 
 
+def test_streams_cut_at_the_drain_timeout_end_in_one_line(tmp_path, front):
+    """SIGTERM with a stream that outlasts --drain-timeout: the stream is cut (no final chunk: the client sees an
+    incomplete body), a WebSocket session is closed with 1012 at once, the log says so in one line each (it had a
+    CancelledError traceback per stream), and the process exits 0."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    with serve(tmp_path, "--drain-timeout", "1", "--no-runaway-guard", front=front) as (url, proc):
+        outcome = {}
+
+        def endless() -> None:
+            body = speech(max_new_tokens=2000)
+            try:
+                with httpx.stream("POST", url + SPEECH, json=body, headers={"x-request-id": "endless-1"},
+                                  timeout=60) as r:
+                    outcome["audio"] = f"complete {sum(len(c) for c in r.iter_bytes())}"
+            except httpx.RemoteProtocolError as e:
+                outcome["audio"] = f"cut: {e}"
+
+        stream = threading.Thread(target=endless)
+        stream.start()
+        with connect(url.replace("http", "ws") + "/v1/audio/speech/stream",
+                     additional_headers={"x-request-id": "session-1"}) as ws:
+            for message in ({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 2000},
+                            {"type": "input.text", "text": "A long one."}, {"type": "input.done"}):
+                ws.send(json.dumps(message))
+            while not isinstance(ws.recv(timeout=60), bytes):  # the session's audio has started
+                pass
+            while gauges(url).get("q3tts_running_streams", 0) < 2:
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
+            with suppress(ConnectionClosed):
+                while ws.recv(timeout=30) is not None:
+                    pass
+            assert ws.close_code == 1012
+        stream.join()
+        assert proc.wait(timeout=60) == 0
+    assert outcome["audio"].startswith("cut: peer closed connection without sending complete message body"), outcome
+    log = next(tmp_path.glob("serve-*.log")).read_text()
+    assert "Traceback" not in log and "CancelledError" not in log, log
+    assert log.count("cancelled before it ended") == 1 and "POST /v1/audio/speech [endless-1]" in log, log
+    assert log.count("/v1/audio/speech/stream [session-1]: closed with 1012, the server is shutting down") == 1, log
+
+
 def test_soak(tmp_path, front):
     """A few minutes of mixed traffic (full streams, SSE, clients that leave, bad requests): the memory and open
     files of the server's processes (a front's engine process too) stay flat."""

@@ -129,6 +129,8 @@ def test_the_guards_refusals_are_counted(tts):
     assert counts == {'q3tts_errors_total{code="invalid_api_key"}': 2.0,
                       'q3tts_errors_total{code="request_too_large"}': 1.0,
                       'q3tts_errors_total{code="request_timeout"}': 1.0}, counts
+    # The refused WebSocket is one session in q3tts_requests_total (counted as it ends, not also as it is refused).
+    assert 'q3tts_requests_total{method="WS",route="/v1/audio/speech/stream",status="401"} 1.0' in text, text
 
 
 def test_queue_full_is_429_and_disconnects_free_rows(guarded):

@@ -24,12 +24,13 @@ from .config import ServerConfig
 from .core import CoreServer
 from .guard import RequestGuard
 from .metrics import ServerMetrics
-from .middleware import RequestContextMiddleware
+from .middleware import HideCancelledTracebacks, RequestContextMiddleware
 from .service import SpeechService
 from .voice_store import VoiceStore
 
 log = logging.getLogger("q3tts.server")
 _HIDE_QUERY_KEYS = HideQueryKeys()
+_HIDE_CANCELLED_TRACEBACKS = HideCancelledTracebacks()
 
 
 def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False) -> FastAPI:
@@ -40,7 +41,7 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        front = asyncio.create_task(_exit_with_front(os.getppid())) if config.core_socket else None
+        front = asyncio.create_task(_exit_with_front(config.front_pid)) if config.front_pid else None
         try:
             model = tts if tts is not None else await asyncio.to_thread(_load, config)
         except (ValueError, OSError, RuntimeError, MemoryError) as e:  # a checkpoint that does not load, no memory
@@ -78,6 +79,7 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
 
     app = FastAPI(title="q3tts", summary="Qwen3-TTS speech server", lifespan=lifespan)
     app.state.config, app.state.metrics, app.state.started_at = config, metrics, int(time.time())
+    app.state.draining = False  # True from SIGTERM on (serve(); the front sets its own: router.py)
     errors.install_handlers(app, on_error=metrics.count_error)
     app.add_middleware(RequestGuard, config=config, on_error=metrics.count_error)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)  # outermost: ids and counts for every answer
@@ -88,7 +90,8 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
 
 async def _exit_with_front(front: int) -> None:
     """An engine process ends when its front does: a front killed before it could stop its engines would otherwise
-    leave them holding their GPUs. (It becomes another process's child then.)"""
+    leave them holding their GPUs. (It becomes another process's child then. The front passes its id: the parent
+    read here would already be that other process if the front died while this one was still starting.)"""
     while os.getppid() == front:
         await asyncio.sleep(1.0)
     log.error("the front (process %d) is gone: this engine process stops", front)
@@ -111,6 +114,7 @@ def serve(config: ServerConfig, log_level: str = "info") -> None:
     app = create_app(config)
 
     def draining() -> None:
+        app.state.draining = True
         service = getattr(app.state, "service", None)
         if service is not None:
             service.draining = True
@@ -132,7 +136,7 @@ def uvicorn_server(app: Any, config: ServerConfig, log_level: str, on_signal: Ca
     (after `on_signal()`); `give_up()` stops it, `gave_up` then says so (the caller exits 1 for its supervisor).
     uvicorn drains on SIGTERM, then raises the signal again under the handler it found: a no-op one is installed,
     so that a clean drain exits 0 (supervisors read a signal death as a crash). Its request lines show no
-    `?api_key=` value."""
+    `?api_key=` value; a stream cut at the drain timeout is one line (middleware.py), not a traceback."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -149,5 +153,6 @@ def uvicorn_server(app: Any, config: ServerConfig, log_level: str, on_signal: Ca
                                    timeout_graceful_shutdown=config.drain_timeout_s, **options))
     for name in ("uvicorn.access", "uvicorn.error"):  # (after uvicorn.Config has configured its loggers)
         logging.getLogger(name).addFilter(_HIDE_QUERY_KEYS)  # (once: addFilter skips a filter it holds)
+    logging.getLogger("uvicorn.error").addFilter(_HIDE_CANCELLED_TRACEBACKS)
     signal.signal(signal.SIGTERM, lambda *_: None)
     return server

@@ -27,6 +27,7 @@ class ServerConfig:
     served_model_name: str | None = None  # the id /v1/models reports (default: `model`)
     warmup: bool = True  # run one request through the engine before /ready says yes
     core_socket: str | None = None  # an engine process behind a front (router.py): its speech requests come here
+    front_pid: int | None = None  # that front's process: the engine process stops when it is gone
     # Limits on what a client sends, checked before any work (README: "Limits").
     max_input_chars: int = 4096
     max_instructions_chars: int = 2000

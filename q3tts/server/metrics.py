@@ -10,6 +10,9 @@
 - `q3tts_real_time_factor`: wall seconds (submission -> end) per second of audio, per finished request; below 1
   is faster than real time.
 - `q3tts_requests_total{route,method,status}`, `q3tts_errors_total{code}`: HTTP answers and refusals/failures.
+  A WebSocket session counts once, as it ends, with method "WS" and as status the close code it ended with (the
+  server's, else the client's: 1000 done, 1008 bad input, 1011 server failure, 1013 queue full, 1012 closed at
+  shutdown), or the HTTP status of a refused handshake (401).
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ class ServerMetrics:
         """`engine=False`: the HTTP counters alone, named `<namespace>_...` (the `--devices` front's own)."""
         self.registry = CollectorRegistry()
         self.engine_source: Callable[[], Any] = lambda: None  # the AsyncEngine, once it exists
-        self.requests = Counter(f"{namespace}_requests", "HTTP responses", ["route", "method", "status"],
-                                registry=self.registry)
+        self.requests = Counter(f"{namespace}_requests", "HTTP responses and WebSocket sessions",
+                                ["route", "method", "status"], registry=self.registry)
         self.errors = Counter(f"{namespace}_errors", "Refused or failed requests, by error code", ["code"],
                               registry=self.registry)
         if not engine:

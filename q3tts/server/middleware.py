@@ -1,9 +1,12 @@
 """Per-request context as plain ASGI middleware (no buffering, so streams and disconnects pass through):
-an `x-request-id` on every response (an incoming one is honoured when it is sane), the request counter, and a
-last-resort 500 in the standard error shape for failures before a response started."""
+an `x-request-id` on every response (an incoming one is honoured when it is sane), the request counter (HTTP
+requests and WebSocket sessions, each once), a last-resort 500 in the standard error shape for failures before a
+response started, and one line for a request the server cancelled (at the drain timeout) instead of uvicorn's
+traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -17,10 +20,20 @@ from .metrics import ServerMetrics
 log = logging.getLogger("q3tts.server")
 HEADER = "x-request-id"
 _SANE_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+SERVICE_RESTART = 1012  # the close code of the WebSocket sessions open at SIGTERM (uvicorn closes them at once)
 
 
 def request_id_of(scope: Scope) -> str:
     return scope.get("state", {}).get("request_id", "")
+
+
+class HideCancelledTracebacks(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" for a request it cancelled (still running at the drain
+    timeout): its traceback says no more than the line RequestContextMiddleware logged for that request."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError)
+                    and str(record.msg).startswith("Exception in ASGI application"))
 
 
 class RequestContextMiddleware:
@@ -33,30 +46,85 @@ class RequestContextMiddleware:
         incoming = Headers(scope=scope).get(HEADER, "")
         request_id = incoming if _SANE_ID.fullmatch(incoming) else f"req_{uuid.uuid4().hex}"
         scope.setdefault("state", {})["request_id"] = request_id
+        try:
+            if scope["type"] == "websocket":
+                return await self._session(scope, receive, send, request_id)
+            await self._request(scope, receive, send, request_id)
+        except asyncio.CancelledError as e:  # (uvicorn's, at the drain timeout: HideCancelledTracebacks drops its own)
+            log.warning("%s %s [%s] cancelled before it ended (%s): its connection is closed",
+                        scope.get("method", "WebSocket"), scope.get("path"), request_id, e or "no reason given")
+            raise
+
+    async def _request(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+        """An HTTP request, counted as its response starts."""
         started = False
 
         async def send_with_id(message: Message) -> None:
             nonlocal started
-            if message["type"] in ("http.response.start", "websocket.http.response.start"):
+            if message["type"] == "http.response.start":
                 started = True
                 MutableHeaders(scope=message).append(HEADER, request_id)
                 self._count(scope, message["status"])
-            elif message["type"] == "websocket.accept":
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (HEADER.encode(), request_id.encode())]
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
-            if started or scope["type"] != "http":
+            if started:
                 raise  # the stream is cut (the client sees an incomplete response)
             log.exception("unhandled error in %s %s [%s]", scope.get("method"), scope.get("path"), request_id)
             self.metrics.count_error("internal_error")
             error = APIError(500, "internal server error", type=SERVER, code="internal_error")
             await error.response()(scope, receive, send_with_id)
 
+    async def _session(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+        """A WebSocket session, counted once as it ends: with the close code it ended with (the server's, else the
+        client's), or the HTTP status of a refused handshake."""
+        status: int | None = None
+        accepted = False
+
+        async def receive_noting_close() -> Message:
+            nonlocal status
+            message = await receive()
+            if message["type"] == "websocket.disconnect" and status is None:
+                status = message.get("code", 1005)
+            return message
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, accepted
+            if message["type"] == "websocket.accept":
+                accepted = True
+                message["headers"] = [*message.get("headers", []), (HEADER.encode(), request_id.encode())]
+            elif message["type"] == "websocket.http.response.start":
+                MutableHeaders(scope=message).append(HEADER, request_id)
+                status = message["status"]
+            elif message["type"] == "websocket.close" and status is None:
+                status = message.get("code", 1000) if accepted else 403  # (before the handshake: uvicorn's 403)
+            await send(message)
+
+        failed = True
+        try:
+            await self.app(scope, receive_noting_close, send_with_id)
+            failed = False
+        finally:
+            status = status or _unclosed_status(scope, accepted, failed)
+            self._count(scope, status)
+            if status == SERVICE_RESTART:
+                log.warning("WebSocket %s [%s]: closed with 1012, the server is shutting down", scope["path"],
+                            request_id)
+
     def _count(self, scope: Scope, status: int) -> None:
         route = scope.get("route")
         path = getattr(route, "path", None) or "unmatched"
         self.metrics.requests.labels(path, scope.get("method", "WS"), str(status)).inc()
+
+
+def _unclosed_status(scope: Scope, accepted: bool, failed: bool) -> int:
+    """How a WebSocket session ended that the app saw no close of: refused before the handshake (uvicorn answers
+    500); closed by uvicorn at SIGTERM while the app did not read (1012); the app failed (1011); or it returned with
+    the session open (uvicorn drops the connection: 1006)."""
+    if not accepted:
+        return 500
+    if getattr(scope["app"].state, "draining", False):
+        return SERVICE_RESTART
+    return 1011 if failed else 1006

@@ -390,7 +390,7 @@ def start_backends(config: ServerConfig, devices: list[str], log_level: str, scr
         port, core_path = _free_port(), os.path.join(scratch, f"engine{index}.sock")
         cmd = [sys.executable, "-m", "q3tts.cli", "serve", config.model, *engine_args(config, log_level),
                "--device", device, "--host", "127.0.0.1", "--port", str(port), "--voices-dir", str(voices_dir),
-               "--core-socket", core_path]
+               "--core-socket", core_path, "--front-pid", str(os.getpid())]
         backend = Backend(index, device, f"http://127.0.0.1:{port}", core_path, command=cmd, env=env)
         log.info("engine %d (%s): starting its process (requests reach it through this front)", index, device)
         backend.start()

@@ -22,6 +22,8 @@ Server -> client:
   "total_tokens"}}`, then the server closes with 1000.
 - `{"type": "error", "error": {"message", "type", "param", "code"}}`, then the server closes: 1008 for bad
   input, 1013 when the queue is full, 1011 for server failures.
+- On SIGTERM the server closes the sessions open with 1012 (service restart) at once: unlike HTTP streams they
+  are not drained (uvicorn's shutdown).
 
 Segments are cut at sentence and clause boundaries (text_segmenter.py) and spoken one after another with the
 same voice and the same seed (drawn once per session unless given). A client that disconnects cancels the
