@@ -145,6 +145,7 @@ def test_a_server_on_the_gpu_runs_its_threads_cpu_ops_on_one_thread(cache, tmp_p
     import asyncio
     import threading
 
+    pytest.importorskip("fastapi")  # (the server's extra: q3tts[server])
     from q3tts.server.config import ServerConfig
     from q3tts.server.service import SpeechService
     from q3tts.server.voice_store import VoiceStore
