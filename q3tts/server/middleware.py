@@ -110,8 +110,8 @@ class RequestContextMiddleware:
             status = status or _unclosed_status(scope, accepted, failed)
             self._count(scope, status)
             if status == SERVICE_RESTART:
-                log.warning("WebSocket %s [%s]: closed with 1012, the server is shutting down", scope["path"],
-                            request_id)
+                log.warning("WebSocket %s [%s]: closed with %d, the server is shutting down", scope["path"],
+                            request_id, SERVICE_RESTART)
 
     def _count(self, scope: Scope, status: int) -> None:
         route = scope.get("route")
