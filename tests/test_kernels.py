@@ -310,7 +310,7 @@ def _params() -> list[SamplingParams]:
 @pytest.mark.parametrize("with_processors", [False, True])
 def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
     """The kernel draws the twin's tokens: greedy, temperature, top-k (with and without ties at the boundary),
-    top-p, and the talker's processors; its noise counters offset, and the drawn ids' rows gathered from two
+    top-p, and the talker's processors; its noise counters offset, and the drawn ids' rows gathered from three
     tables in the same launch."""
     V = 3072 if with_processors else 2048
     params = _params()
@@ -323,7 +323,8 @@ def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
             logits = logits.round()
         counters = torch.full((B,), trial * 16, device=DEVICE)
         offset = 3 * trial  # (the twin's counters are counters + offset)
-        tables = [torch.randn(V, 24, device=DEVICE).to(DTYPES[-1]), torch.randn(V, 40, device=DEVICE)]
+        tables = [torch.randn(V, 24, device=DEVICE).to(DTYPES[-1]), torch.randn(V, 40, device=DEVICE),
+                  torch.randn(V, 96, device=DEVICE).to(DTYPES[-1])]
         gathered = [torch.zeros(B, t.shape[1], dtype=t.dtype, device=DEVICE) for t in tables]
         procs = twin_procs = None
         if with_processors:
@@ -610,11 +611,11 @@ def test_which_calls_take_the_fused_products():
 def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind):
     """The frame on the fused products (one or two streams; fp32 here, where the runner keeps them off, so that
     the interpreter can run them and the reference is exact): the code predictor's first pass and steps and the
-    heads with the final norm inside their products, and ("tiny": a code predictor narrower than the talker)
-    its inputs looked up projected, give the reference model's teacher-forced logits, and the codes of two streams
-    are the reference loop's."""
+    heads with the final norm inside their products, ("tiny": a code predictor narrower than the talker) its
+    inputs looked up projected, and its steps' first qkv products looked up, give the reference model's
+    teacher-forced logits, and the codes of two streams are the reference loop's."""
     from q3tts import TTS
-    from q3tts.engine import EngineConfig
+    from q3tts.engine import EngineConfig, decoder
     from q3tts.engine.runner import ModelRunner
     from q3tts.prompt import build_prompt
     from q3tts.reference import generate_codes
@@ -633,15 +634,19 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind):
     runner._decode = {"decode": True, "fused": True}
     runner.cp_input_tables = runner._project_cp_inputs()
     assert (runner.cp_input_tables is not None) == (kind == "tiny")
+    runner.cp_qkv_tables = runner._cp_qkv_tables()
     if DEVICE == "cpu":  # one program per product (the interpreter runs programs one by one)
         monkeypatch.setattr(kernels, "_gemv_tiles", lambda N, K, swiglu, rows: (triton.next_power_of_2(N),
                                                                                 triton.next_power_of_2(K), 4, 1))
     calls, fused_linear = [], kernels.fused_linear
-    monkeypatch.setattr(kernels, "fused_linear", lambda *a, **k: calls.append(k) or fused_linear(*a, **k))
+    for module in (kernels, decoder):
+        monkeypatch.setattr(module, "fused_linear", lambda *a, **k: calls.append((a, k)) or fused_linear(*a, **k))
     ours = runner.teacher_forced_logits(prompts[0], reference[0])
     for a, b in zip(ours, teacher_forced_logits(talker, prompts[0], reference[0])):
         assert a.shape == b.shape and float((a - b).abs().max() / b.abs().max()) < 1e-5
-    assert any(k.get("fp32_out") and k.get("norm") is not None for k in calls)  # the heads norm their input
+    assert any(k.get("fp32_out") and k.get("norm") is not None for _, k in calls)  # the heads norm their input
+    # the code predictor's first qkv product runs in each frame's first pass only: its steps look theirs up
+    assert sum(a[1] is runner.cp.layers[0].qkv for a, _ in calls) == len(reference[0])
     for a, b in zip(_run_engine(runner, prompts, params), reference):
         assert torch.equal(a, b)
 
@@ -679,7 +684,8 @@ def _layer_weights(device: str, hidden: int = 1024, inter: int = 3072):
 
 def test_the_persistent_layer_tail_compiles_for_hopper():
     """The Gluon kernel (Hopper only, no interpreter) compiles for sm_90 at the code predictor's and the 1.7B
-    talker's shapes, with and without the next layer's qkv product, within a program's shared memory; what it
+    talker's shapes, with and without the next layer's qkv product, the residual stream coming in as fp32 or as
+    the bf16 input rows (the code predictor's looked-up first layer), within a program's shared memory; what it
     computes is checked on a GPU (below). In a process of its own: this one's Triton interprets (conftest)."""
     import subprocess
     import sys
@@ -701,8 +707,8 @@ def compile_tail():
     for hidden, inter in ((1024, 3072), (2048, 6144)):
         w, after = _layer_weights("cpu", hidden, inter), _layer_weights("cpu", hidden, inter)
         attended, res = torch.zeros(64, 2048, dtype=torch.bfloat16), torch.zeros(64, hidden)
-        for next_w in (after, None):
-            args, consts, out = persistent.arguments(attended, res, res, w, next_w, after.input_norm, 1e-6,
+        for next_w, res_in in ((after, res), (None, res), (after, res.bfloat16())):
+            args, consts, out = persistent.arguments(attended, res_in, res, w, next_w, after.input_norm, 1e-6,
                                                      torch.zeros(3, dtype=torch.int32), 132)
             assert out.shape == ((64, 4096) if next_w is not None else (64, hidden))
             kernel = persistent.compile_for_hopper(persistent._tail_kernel, args, consts)
@@ -714,11 +720,15 @@ def compile_tail():
 def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, layers, hidden, inter):
     """A 64-row decode step of a decoder at the code predictor's shapes (5 layers; 28: the 0.6B talker's) and the
     1.7B talker's, every row with its own history: with the rest of each layer in one launch it gives the hidden
-    states and caches of the kernels per step, within bf16; the barriers never gave up."""
+    states and caches of the kernels per step, within bf16, also with the first layer's qkv product given and the
+    input rows in bf16 (the code predictor's steps); the barriers never gave up."""
+    import torch.nn.functional as F
+
     from q3tts.engine import persistent
     from q3tts.engine.decoder import FlatDecoder, PagedCache
 
-    x = torch.randn(64, hidden, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
+    # (values that bf16 holds exactly: the step with its input in bf16 starts from the same stream)
+    x = torch.randn(64, hidden, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0)).bfloat16().float()
     if not persistent.applies(x, torch.bfloat16, hidden, 2048, 4096, inter):
         pytest.skip("not a Hopper GPU")
     decoder = FlatDecoder([], torch.ones(hidden, device=DEVICE, dtype=torch.bfloat16), 1e-6, 16, 128,
@@ -732,18 +742,23 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
     step_rows = torch.arange(64, dtype=torch.int32, device=DEVICE)
     step_positions = torch.tensor(history, dtype=torch.int32, device=DEVICE)
     outs, caches = [], []
+    first = decoder.layers[0]
     with torch.no_grad():
-        for enabled in (False, True):
+        qkv0 = F.linear(kernels.add_rmsnorm(x, None, first.input_norm, 1e-6, torch.bfloat16)[0], first.qkv)
+        for enabled, looked_up in ((False, False), (True, False), (True, True)):
             monkeypatch.setattr(persistent, "ENABLED", enabled)
             cache = PagedCache.allocate(layers, 64 * 3 + 1, 16, 8, 128, 64, 3, torch.bfloat16, torch.device(DEVICE))
             cache.block_table.copy_(torch.arange(1, 64 * 3 + 1, dtype=torch.int32).view(64, 3))
-            decoder(past, rows, positions, cache)  # the same history in both (the prefill kernels)
-            outs.append(decoder(x, step_rows, step_positions, cache, decode=True))
+            decoder(past, rows, positions, cache)  # the same history in each (the prefill kernels)
+            step_x, step_qkv0 = (x.bfloat16(), qkv0) if looked_up else (x, None)
+            outs.append(decoder(step_x, step_rows, step_positions, cache, decode=True, qkv0=step_qkv0))
             caches.append(cache)
     assert decoder.tail is not None and decoder.tail.sync.tolist() == [0, 0, 0]
-    _close(outs[1], outs[0], torch.bfloat16)
-    _close(caches[1].k, caches[0].k, torch.bfloat16)
-    _close(caches[1].v, caches[0].v, torch.bfloat16)
+    for out, cache in zip(outs[1:], caches[1:]):
+        _close(out, outs[0], torch.bfloat16)
+        _close(cache.k, caches[0].k, torch.bfloat16)
+        _close(cache.v, caches[0].v, torch.bfloat16)
+    assert torch.equal(outs[2], outs[1])  # (the same products: the looked-up qkv is the one computed)
 
 
 def test_a_persistent_kernel_that_does_not_launch_leaves_the_kernels_per_step(monkeypatch, tmp_path, caplog):

@@ -78,27 +78,33 @@ class FlatDecoder:
         return fused and num_tokens <= FUSED_MAX_ROWS and num_tokens not in self.unfused_rows
 
     def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-                 decode: bool = False, fused: bool = False,
-                 final_norm: bool = True) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+                 decode: bool = False, fused: bool = False, final_norm: bool = True,
+                 qkv0: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         """x: [N, hidden] (any float dtype; the residual stream is fp32) -> normed hidden [N, hidden] in the
         weights' dtype. Writes each token's keys and values at its (row, position). `decode`: every token is the
         only new one of its row, so q/k norm, RoPE, the KV store and attention run as one kernel; `fused` (see
         `fuses`): the matrix products take their neighbours in too, and `final_norm` False returns (the residual
         stream (fp32) before the final norm, its rows' sums of squares or None) for a product that norms its input
-        itself (fused_linear(norm=self.final_norm, squares=...)): one kernel fewer."""
+        itself (fused_linear(norm=self.final_norm, squares=...)): one kernel fewer. `qkv0`: the first layer's input
+        norm and qkv product of x [N, (Hq + 2 Hkv) D], looked up by the caller instead of computed here (the code
+        predictor's decode inputs are embedding rows: runner.cp_qkv_tables)."""
         if self.fuses(x.shape[0], fused):
-            return self._fused(x, rows, positions, cache, decode, final_norm)
+            return self._fused(x, rows, positions, cache, decode, final_norm, qkv0)
         if not final_norm:
             raise ValueError("final_norm=False is for the fused products (see fuses)")
         if decode and self._tail_applies(x):
-            out = self._with_tail(x, rows, positions, cache)
+            out = self._with_tail(x, rows, positions, cache, qkv0)
             if out is not None:
                 return out
         dtype = self.final_norm.dtype
         h, residual = x, None
         for i, w in enumerate(self.layers):
-            y, residual = add_rmsnorm(h, residual, w.input_norm, self.eps, dtype)
-            attended = self._attend(i, F.linear(y, w.qkv), rows, positions, cache, decode)
+            if i == 0 and qkv0 is not None:
+                residual, qkv = x, qkv0  # (the next add reads the stream as fp32)
+            else:
+                y, residual = add_rmsnorm(h, residual, w.input_norm, self.eps, dtype)
+                qkv = F.linear(y, w.qkv)
+            attended = self._attend(i, qkv, rows, positions, cache, decode)
             h = F.linear(attended, w.o)
             y, residual = add_rmsnorm(h, residual, w.post_norm, self.eps, dtype)
             h = F.linear(silu_mul(F.linear(y, w.gate_up)), w.down)
@@ -109,8 +115,8 @@ class FlatDecoder:
         return self.tail is not False and persistent.applies(x, w.qkv.dtype, w.o.shape[0], w.o.shape[1],
                                                              w.qkv.shape[0], w.down.shape[1])
 
-    def _with_tail(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-                   cache: PagedCache) -> torch.Tensor | None:
+    def _with_tail(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
+                   qkv0: torch.Tensor | None = None) -> torch.Tensor | None:
         """A 64-row decode step on Hopper: per layer its attention, then the rest of the layer and the next
         layer's qkv product (the last: the final norm) as one launch (persistent.LayerTail): 2 launches per layer
         instead of 8 (docs/perf-notes.md, entry 81). None if the first launch fails (a GPU shared under MPS with
@@ -119,16 +125,18 @@ class FlatDecoder:
         if self.tail is None:
             self.tail = persistent.LayerTail(x.device)
             try:
-                return self._with_tail(x, rows, positions, cache)
+                return self._with_tail(x, rows, positions, cache, qkv0)
             except RuntimeError as e:
                 log.warning("the persistent layer kernel did not launch (%s); the decoder keeps its kernels per step",
                             e)
                 self.tail = False
                 return None
-        first = self.layers[0]
-        y, res_in = add_rmsnorm(x, None, first.input_norm, self.eps, self.final_norm.dtype)
-        qkv = F.linear(y, first.qkv)
-        res = torch.empty_like(res_in)
+        if qkv0 is None:
+            y, res_in = add_rmsnorm(x, None, self.layers[0].input_norm, self.eps, self.final_norm.dtype)
+            qkv = F.linear(y, self.layers[0].qkv)
+        else:
+            res_in, qkv = x, qkv0  # (the launch reads the stream as fp32)
+        res = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         for i, w in enumerate(self.layers):
             attended = self._attend(i, qkv, rows, positions, cache, decode=True)
             after = self.layers[i + 1] if i + 1 < len(self.layers) else None
@@ -148,12 +156,16 @@ class FlatDecoder:
         return paged_attention(q, cache.k[i], cache.v[i], cache.block_table, rows, positions, dtype)
 
     def _fused(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-               decode: bool, final_norm: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+               decode: bool, final_norm: bool,
+               qkv0: torch.Tensor | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         residual = x  # (read as fp32 by the first norm and residual add: no cast kernel for a bf16 input)
         pdl = x.shape[0] == 1  # (PDL pays at one token and costs at two: docs/perf-notes.md, entries 51-52)
-        squares = row_squares(x) if x.shape[0] > GEMV_MAX_ROWS else None  # (see fused_linear)
+        squares = row_squares(x) if x.shape[0] > GEMV_MAX_ROWS and qkv0 is None else None  # (see fused_linear)
         for i, w in enumerate(self.layers):
-            qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps, squares=squares, pdl=pdl)
+            if i == 0 and qkv0 is not None:
+                qkv = qkv0
+            else:
+                qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps, squares=squares, pdl=pdl)
             attended = self._attend(i, qkv, rows, positions, cache, decode, pdl=pdl)
             residual, squares = fused_linear(attended, w.o, residual=residual, squares_out=True, pdl=pdl)
             act = fused_linear(residual, w.gate_up, norm=w.post_norm, eps=self.eps, swiglu=True, squares=squares,

@@ -172,7 +172,7 @@ if gluon is not None:
         layout: gl.constexpr = gl.BlockedLayout([H // (32 * num_warps)], [32], [num_warps], [0])
         cols = gl.arange(0, H, layout=layout)
         for r in range(pid, M, P):
-            row = gl.load(res_in_ptr + r * H + cols)
+            row = gl.load(res_in_ptr + r * H + cols).to(gl.float32)  # (res_in: fp32, or bf16 input rows)
             for s in range(S):
                 row += gl.load(part_ptr + (s * M + r) * H + cols)
             gl.store(res_ptr + r * H + cols, row)

@@ -121,6 +121,9 @@ class ModelRunner:
         # instead of run: the projected embedding rows of its codebooks 1-14, computed once (the sampler gathers
         # them; the same products, summed in another order). The fp32 and unfused paths run it as the reference.
         self.cp_input_tables = self._project_cp_inputs() if self._decode["fused"] else None
+        # Likewise the code predictor's first layer (input norm, qkv product) over those inputs: its decode steps
+        # look their qkv up (docs/perf-notes.md, entry 89).
+        self.cp_qkv_tables = self._cp_qkv_tables() if self._decode["fused"] else None
         self.cache: PagedCache | None = None
         self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
         self.prefix_cache = PrefixCache(int(cfg.prefix_cache_gb * 2**30)) if cfg.prefix_cache_gb else None
@@ -133,6 +136,16 @@ class ModelRunner:
         if not isinstance(cp.small_to_mtp_projection, torch.nn.Linear):
             return None
         return [cp.small_to_mtp_projection(e.weight).contiguous() for e in cp.model.codec_embedding[:-1]]
+
+    @torch.no_grad()
+    def _cp_qkv_tables(self) -> list[torch.Tensor]:
+        """cp_qkv_tables: the code predictor's first qkv product (input norm, then the product: the kernels of its
+        64-row steps) of each of its decode inputs, codebooks 1-14's embedding rows (projected where it projects):
+        14 x [2,048, 4,096] (235 MB in bf16 at the real sizes)."""
+        first = self.cp.layers[0]
+        inputs = self.cp_input_tables or [e.weight for e in self.model.talker.code_predictor.model.codec_embedding[:-1]]
+        return [F.linear(kernels.add_rmsnorm(x, None, first.input_norm, self.cp.eps, self.dtype)[0], first.qkv)
+                for x in inputs]
 
     @property
     def kv_bytes_per_block(self) -> int:
@@ -396,39 +409,49 @@ class ModelRunner:
                                        keep=slice(1, None, 2))
         codes = [c0]
         for g in range(cp.config.num_code_groups - 1):
-            gather, projected = self._cp_gather(g, embeds)
+            gather, x, step = self._cp_gather(g, embeds)
             codes.append(sample_tokens(self._head(h, cp.lm_head[g].weight, norm), sampler, seeds, counters,
                                        offset=g + 1, gather=gather))
             if g < cp.config.num_code_groups - 2:
-                h, norm = self._code_predictor(embeds[g + 1] if projected is None else projected, self.row_ids[:B],
-                                               self.cp_positions[g + 2, :B], projected=projected is not None)
+                h, norm = self._code_predictor(x, self.row_ids[:B], self.cp_positions[g + 2, :B], **step)
         return codes
 
-    def _cp_gather(self, g: int, embeds: torch.Tensor) -> tuple[list, torch.Tensor | None]:
-        """What the code predictor's draw g gathers (sample_tokens' `gather`): its code's embedding row into
-        embeds[g + 1], and with cp_input_tables (but for the last draw) the next step's input, projected, into a
-        new buffer, returned too (else None)."""
+    def _cp_gather(self, g: int, embeds: torch.Tensor) -> tuple[list, torch.Tensor, dict]:
+        """What the code predictor's draw g gathers (sample_tokens' `gather`) and what its next step takes: the
+        code's embedding row into embeds[g + 1]; but for the last draw, with cp_input_tables the next step's input
+        projected into a buffer of its own, with cp_qkv_tables that input's first qkv product into another ->
+        (gather, the next step's input, _code_predictor's keywords for it)."""
         cp = self.model.talker.code_predictor
         gather = [(cp.model.codec_embedding[g].weight, embeds[g + 1])]
-        if self.cp_input_tables is None or g == cp.config.num_code_groups - 2:
-            return gather, None
-        projected = torch.empty(embeds.shape[1], self.cp_input_tables[g].shape[1], dtype=self.dtype,
-                                device=self.device)
-        return [*gather, (self.cp_input_tables[g], projected)], projected
+        x, step = embeds[g + 1], {}
+        if g == cp.config.num_code_groups - 2:
+            return gather, x, step
+
+        def into_buffer(table: torch.Tensor) -> torch.Tensor:
+            gather.append((table, torch.empty(embeds.shape[1], table.shape[1], dtype=self.dtype, device=self.device)))
+            return gather[-1][1]
+
+        if self.cp_input_tables is not None:
+            x, step["projected"] = into_buffer(self.cp_input_tables[g]), True
+        if self.cp_qkv_tables is not None:
+            step["qkv0"] = into_buffer(self.cp_qkv_tables[g])
+        return gather, x, step
 
     def _code_predictor(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, decode: bool = True,
-                        keep: slice = slice(None), projected: bool = False) -> tuple[torch.Tensor, tuple | None]:
-        """The code predictor over x (talker width, or its own with `projected`: looked up in cp_input_tables),
-        the tokens `keep` of its output -> (h, None) with h normed, or on the fused products (residual stream,
-        (final norm, its sums of squares or None)): the heads' products apply the norm."""
+                        keep: slice = slice(None), projected: bool = False,
+                        qkv0: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple | None]:
+        """The code predictor over x (talker width, or its own with `projected`: looked up in cp_input_tables; with
+        `qkv0` its first qkv product, looked up in cp_qkv_tables), the tokens `keep` of its output -> (h, None)
+        with h normed, or on the fused products (residual stream, (final norm, its sums of squares or None)): the
+        heads' products apply the norm."""
         if not projected:
             x = self.model.talker.code_predictor.small_to_mtp_projection(x)
         fused = self._decode["fused"]
         decode = decode and self._decode["decode"]
         if self.cp.fuses(x.shape[0], fused):
-            h, squares = self.cp(x, rows, positions, self.cp_cache, decode, fused, final_norm=False)
+            h, squares = self.cp(x, rows, positions, self.cp_cache, decode, fused, final_norm=False, qkv0=qkv0)
             return h[keep], (self.cp.final_norm, None if squares is None else squares[:, keep])
-        return self.cp(x, rows, positions, self.cp_cache, decode, fused)[keep], None
+        return self.cp(x, rows, positions, self.cp_cache, decode, fused, qkv0=qkv0)[keep], None
 
     def _talker_step(self, B: int, c0: torch.Tensor, codes: list[torch.Tensor], frame: torch.Tensor) -> None:
         """Feeds the frame plus this step's trailing text (TTS_PAD once used up) and updates the row state."""
@@ -486,10 +509,11 @@ class ModelRunner:
             for g in range(cp.config.num_code_groups - 1):
                 logits.append(self._head(h, cp.lm_head[g].weight, norm))
                 if g < cp.config.num_code_groups - 2:
-                    tables = self.cp_input_tables
-                    x = embeds[g + 1][t:t + 1] if tables is None else tables[g][codes[t:t + 1, g + 1]]
+                    tables, code = self.cp_input_tables, codes[t:t + 1, g + 1]
+                    x = embeds[g + 1][t:t + 1] if tables is None else tables[g][code]
+                    qkv0 = None if self.cp_qkv_tables is None else self.cp_qkv_tables[g][code]
                     h, norm = self._code_predictor(x, self.row_ids[:1], self.cp_positions[g + 2, :1],
-                                                   projected=tables is not None)
+                                                   projected=tables is not None, qkv0=qkv0)
             cp_logits.append(torch.stack(logits, dim=1))
         return talker_logits, torch.cat(cp_logits)
 

@@ -25,11 +25,11 @@ def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Ten
                   gather: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
     """logits: [B, V] fp32 raw. With `talker`, the repetition penalty / min-new-tokens / suppression are
     applied first and the drawn ids are marked in `talker.seen`. The draws' noise counters are counters + offset.
-    `gather`: up to two (table [V', D], out [B, D]) pairs: out[b] = table[ids[b]] (the ids' embedding rows, in the
-    same launch). Returns ids [B] int64."""
+    `gather`: up to three (table [V', D], out [B, D]) pairs: out[b] = table[ids[b]] (the ids' embedding rows, in
+    the same launch). Returns ids [B] int64."""
     B, V = logits.shape
-    if len(gather) > 2:
-        raise ValueError("sample_tokens gathers from at most two tables")
+    if len(gather) > 3:
+        raise ValueError("sample_tokens gathers from at most three tables")
     if not use_triton(logits):
         if talker is not None:
             logits = apply_talker_processors(logits, talker.seen[:B], talker.penalty, talker.steps, talker.eos_id,
@@ -48,13 +48,14 @@ def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Ten
     for table, rows, _ in tables:
         if not (table.is_contiguous() and rows.is_contiguous() and rows.shape == (B, table.shape[1])):
             raise ValueError("sample_tokens gathers contiguous table rows into a contiguous [B, D] output")
-    (t1, o1, d1), (t2, o2, d2) = (tables + [(logits, logits, 1)] * 2)[:2]
+    (t1, o1, d1), (t2, o2, d2), (t3, o3, d3) = (tables + [(logits, logits, 1)] * 3)[:3]
     _sample_kernel[(B,)](
         logits, V, params.do_sample, params.temperature, params.top_k, params.top_p, seeds, counters, offset, out,
         t.seen if t else logits, t.penalty if t else logits, t.steps if t else logits,
         t.suppress if t else logits, t.eos_id if t else 0, t.min_new_tokens if t else 0, t1, o1, d1, t2, o2, d2,
-        HAS_PROCESSORS=t is not None, GATHER=len(gather), BLOCK_V=triton.next_power_of_2(V),
-        BLOCK_D1=triton.next_power_of_2(d1), BLOCK_D2=triton.next_power_of_2(d2), num_warps=SAMPLE_WARPS)
+        t3, o3, d3, HAS_PROCESSORS=t is not None, GATHER=len(gather), BLOCK_V=triton.next_power_of_2(V),
+        BLOCK_D1=triton.next_power_of_2(d1), BLOCK_D2=triton.next_power_of_2(d2),
+        BLOCK_D3=triton.next_power_of_2(d3), num_warps=SAMPLE_WARPS)
     return out
 
 
@@ -70,9 +71,9 @@ class TalkerProcessors:
 if triton is not None:
     @triton.jit
     def _mix32(x):
-        x = x & 0xFFFFFFFF
-        x = ((x ^ (x >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
-        x = ((x ^ (x >> 15)) * 0x5BD1E995) & 0xFFFFFFFF
+        """The twin's 32-bit mixing (sampling._mix32, in int64 there) on uint32: products wrap, shifts are logical."""
+        x = (x ^ (x >> 16)) * 0x7FEB352D
+        x = (x ^ (x >> 15)) * 0x5BD1E995
         return x ^ (x >> 16)
 
     @triton.jit
@@ -84,8 +85,9 @@ if triton is not None:
     @triton.jit
     def _sample_kernel(logits_ptr, V, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr, offset,
                        out_ptr, seen_ptr, penalty_ptr, steps_ptr, suppress_ptr, eos_id, min_new,
-                       t1_ptr, o1_ptr, D1, t2_ptr, o2_ptr, D2, HAS_PROCESSORS: tl.constexpr, GATHER: tl.constexpr,
-                       BLOCK_V: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr):
+                       t1_ptr, o1_ptr, D1, t2_ptr, o2_ptr, D2, t3_ptr, o3_ptr, D3, HAS_PROCESSORS: tl.constexpr,
+                       GATHER: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr,
+                       BLOCK_D3: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_V)
         valid = cols < V
@@ -97,8 +99,9 @@ if triton is not None:
             too_early = (cols == eos_id) & (tl.load(steps_ptr + b) < min_new)
             suppressed = tl.load(suppress_ptr + cols, mask=valid, other=0).to(tl.int1)
             x = tl.where(too_early | suppressed | ~valid, float("-inf"), x)
-        token = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int64)
-        if tl.load(do_sample_ptr + b).to(tl.int1):
+        if not tl.load(do_sample_ptr + b).to(tl.int1):
+            token = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int64)
+        else:
             x = x / tl.load(temp_ptr + b)
             k = tl.load(top_k_ptr + b)
             if (k > 0) & (k < V):
@@ -135,9 +138,9 @@ if triton is not None:
                     cut = tl.where(mass <= limit, candidate, cut)
                 probs = tl.where(key <= cut, 0.0, probs)
             seed = tl.load(seed_ptr + b)
-            h = _mix32(((tl.load(counter_ptr + b) + offset) & 0xFFFFFFFF) ^ _mix32(cols.to(tl.int64) + 0x3C6EF372))
-            h = _mix32(h ^ (seed & 0xFFFFFFFF))
-            h = _mix32(h ^ ((seed >> 32) & 0xFFFFFFFF) ^ 0x1B873593)
+            h = _mix32((tl.load(counter_ptr + b) + offset).to(tl.uint32) ^ _mix32(cols.to(tl.uint32) + 0x3C6EF372))
+            h = _mix32(h ^ seed.to(tl.uint32))
+            h = _mix32(h ^ (seed >> 32).to(tl.uint32) ^ 0x1B873593)
             u = ((h >> 9).to(tl.float32) + 0.5) / 8388608.0  # strictly inside (0, 1), as the twin
             race = tl.where(valid & (probs > 0), probs / -tl.log(u), -1.0)
             token = tl.argmax(race, axis=0, tie_break_left=True).to(tl.int64)
@@ -150,3 +153,6 @@ if triton is not None:
         if GATHER >= 2:
             d = tl.arange(0, BLOCK_D2)
             tl.store(o2_ptr + b * D2 + d, tl.load(t2_ptr + token * D2 + d, mask=d < D2), mask=d < D2)
+        if GATHER >= 3:
+            d = tl.arange(0, BLOCK_D3)
+            tl.store(o3_ptr + b * D3 + d, tl.load(t3_ptr + token * D3 + d, mask=d < D3), mask=d < D3)
