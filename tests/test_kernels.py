@@ -152,6 +152,26 @@ def test_decode_attention_equals_store_then_attend(monkeypatch, dtype, case):
     assert torch.equal(args["v_cache"][written], ref["v_cache"][written])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_heads", [4, 6])
+def test_pair_attention_equals_store_then_attend(monkeypatch, dtype, num_heads):
+    """The one-launch attention of rows' first two positions in pairs (the code predictor's first pass) against the
+    twin of the two kernels it replaces: shuffled blocks, the rest of each cache unwritten (NaN: never read), two
+    or three query heads per KV head."""
+    args = _paged_setup(dtype, [2] * 5, num_heads=num_heads, seed=4)
+    ref = {**args, "k_cache": args["k_cache"].clone(), "v_cache": args["v_cache"].clone()}
+    out = kernels.pair_attention(**args, out_dtype=dtype)
+    out_ref = _twin(monkeypatch, kernels.pair_attention, **ref, out_dtype=dtype)
+    _close(out, out_ref, dtype)
+    written = ~torch.isnan(ref["k_cache"])
+    assert torch.equal(written, ~torch.isnan(args["k_cache"]))
+    _close(args["k_cache"][written], ref["k_cache"][written], dtype)
+    assert torch.equal(args["v_cache"][written], ref["v_cache"][written])
+    with pytest.raises(ValueError, match="pairs"):
+        kernels.pair_attention(**{**args, "qkv": args["qkv"][:3], "rows": args["rows"][:3],
+                                  "positions": args["positions"][:3]}, out_dtype=dtype)
+
+
 def test_attention_twin_matches_sdpa():
     """The twin itself against PyTorch's attention on contiguous keys."""
     args = _paged_setup(torch.float32, [9])
@@ -612,7 +632,8 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind):
     """The frame on the fused products (one or two streams; fp32 here, where the runner keeps them off, so that
     the interpreter can run them and the reference is exact): the code predictor's first pass and steps and the
     heads with the final norm inside their products, ("tiny": a code predictor narrower than the talker) its
-    inputs looked up projected, and its steps' first qkv products looked up, give the reference model's
+    inputs looked up projected, its steps' first qkv products looked up, and its first pass's attention in pairs
+    (pair_attention), give the reference model's
     teacher-forced logits, and the codes of two streams are the reference loop's."""
     from q3tts import TTS
     from q3tts.engine import EngineConfig, decoder
@@ -641,12 +662,15 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind):
     calls, fused_linear = [], kernels.fused_linear
     for module in (kernels, decoder):
         monkeypatch.setattr(module, "fused_linear", lambda *a, **k: calls.append((a, k)) or fused_linear(*a, **k))
+    pairs = []
+    monkeypatch.setattr(decoder, "pair_attention", lambda *a, **k: pairs.append(1) or kernels.pair_attention(*a, **k))
     ours = runner.teacher_forced_logits(prompts[0], reference[0])
     for a, b in zip(ours, teacher_forced_logits(talker, prompts[0], reference[0])):
         assert a.shape == b.shape and float((a - b).abs().max() / b.abs().max()) < 1e-5
     assert any(k.get("fp32_out") and k.get("norm") is not None for _, k in calls)  # the heads norm their input
     # the code predictor's first qkv product runs in each frame's first pass only: its steps look theirs up
     assert sum(a[1] is runner.cp.layers[0].qkv for a, _ in calls) == len(reference[0])
+    assert len(pairs) == len(reference[0]) * len(runner.cp.layers)  # (the first passes' attention)
     for a, b in zip(_run_engine(runner, prompts, params), reference):
         assert torch.equal(a, b)
 

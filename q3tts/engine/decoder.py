@@ -25,6 +25,7 @@ from .kernels import (
     decode_attention,
     fused_linear,
     paged_attention,
+    pair_attention,
     qk_norm_rope_store,
     row_squares,
     silu_mul,
@@ -79,7 +80,8 @@ class FlatDecoder:
 
     def __call__(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
                  decode: bool = False, fused: bool = False, final_norm: bool = True,
-                 qkv0: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+                 qkv0: torch.Tensor | None = None,
+                 pairs: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         """x: [N, hidden] (any float dtype; the residual stream is fp32) -> normed hidden [N, hidden] in the
         weights' dtype. Writes each token's keys and values at its (row, position). `decode`: every token is the
         only new one of its row, so q/k norm, RoPE, the KV store and attention run as one kernel; `fused` (see
@@ -87,9 +89,10 @@ class FlatDecoder:
         stream (fp32) before the final norm, its rows' sums of squares or None) for a product that norms its input
         itself (fused_linear(norm=self.final_norm, squares=...)): one kernel fewer. `qkv0`: the first layer's input
         norm and qkv product of x [N, (Hq + 2 Hkv) D], looked up by the caller instead of computed here (the code
-        predictor's decode inputs are embedding rows: runner.cp_qkv_tables)."""
+        predictor's decode inputs are embedding rows: runner.cp_qkv_tables). `pairs`: the tokens are their rows'
+        first two positions, in pairs (the code predictor's first pass): their attention as one kernel."""
         if self.fuses(x.shape[0], fused):
-            return self._fused(x, rows, positions, cache, decode, final_norm, qkv0)
+            return self._fused(x, rows, positions, cache, decode, final_norm, qkv0, pairs)
         if not final_norm:
             raise ValueError("final_norm=False is for the fused products (see fuses)")
         if decode and self._tail_applies(x):
@@ -104,7 +107,7 @@ class FlatDecoder:
             else:
                 y, residual = add_rmsnorm(h, residual, w.input_norm, self.eps, dtype)
                 qkv = F.linear(y, w.qkv)
-            attended = self._attend(i, qkv, rows, positions, cache, decode)
+            attended = self._attend(i, qkv, rows, positions, cache, decode, pairs=pairs)
             h = F.linear(attended, w.o)
             y, residual = add_rmsnorm(h, residual, w.post_norm, self.eps, dtype)
             h = F.linear(silu_mul(F.linear(y, w.gate_up)), w.down)
@@ -145,9 +148,12 @@ class FlatDecoder:
         return qkv  # (after the last layer: the normed hidden states)
 
     def _attend(self, i: int, qkv: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-                decode: bool, pdl: bool = False) -> torch.Tensor:
+                decode: bool, pdl: bool = False, pairs: bool = False) -> torch.Tensor:
         """Layer i's q/k norm, RoPE, KV store and attention over qkv [N, (Hq + 2 Hkv) D] -> [N, Hq D]."""
         w, dtype = self.layers[i], self.final_norm.dtype
+        if pairs:
+            return pair_attention(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions, cache.block_table,
+                                  cache.k[i], cache.v[i], self.num_heads, dtype)
         if decode:
             return decode_attention(qkv, w.q_norm, w.k_norm, self.eps, self.inv_freq, rows, positions,
                                     cache.block_table, cache.k[i], cache.v[i], self.num_heads, dtype, pdl=pdl)
@@ -156,8 +162,8 @@ class FlatDecoder:
         return paged_attention(q, cache.k[i], cache.v[i], cache.block_table, rows, positions, dtype)
 
     def _fused(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-               decode: bool, final_norm: bool,
-               qkv0: torch.Tensor | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+               decode: bool, final_norm: bool, qkv0: torch.Tensor | None,
+               pairs: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         residual = x  # (read as fp32 by the first norm and residual add: no cast kernel for a bf16 input)
         pdl = x.shape[0] == 1  # (PDL pays at one token and costs at two: docs/perf-notes.md, entries 51-52)
         squares = row_squares(x) if x.shape[0] > GEMV_MAX_ROWS and qkv0 is None else None  # (see fused_linear)
@@ -166,7 +172,7 @@ class FlatDecoder:
                 qkv = qkv0
             else:
                 qkv = fused_linear(residual, w.qkv, norm=w.input_norm, eps=self.eps, squares=squares, pdl=pdl)
-            attended = self._attend(i, qkv, rows, positions, cache, decode, pdl=pdl)
+            attended = self._attend(i, qkv, rows, positions, cache, decode, pdl=pdl, pairs=pairs)
             residual, squares = fused_linear(attended, w.o, residual=residual, squares_out=True, pdl=pdl)
             act = fused_linear(residual, w.gate_up, norm=w.post_norm, eps=self.eps, swiglu=True, squares=squares,
                                pdl=pdl)

@@ -447,6 +447,104 @@ if triton is not None:
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=in_group[:, None])
 
 
+# ---- the first two positions of rows, in pairs: q/k norm + RoPE + KV store + attention in one kernel ---------
+
+def pair_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+                   inv_freq: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    """`qk_norm_rope_store` then `paged_attention`, in one launch, for tokens in pairs that are their row's first
+    two positions (tokens 2i and 2i + 1: positions 0 and 1 of one row, nothing before them; the code predictor's
+    first pass): one program per (pair, KV head) stores the pair's keys and values and attends to them from its
+    registers. Returns [N, Hq * D]. (Measured: docs/perf-notes.md, entry 91.)"""
+    N = qkv.shape[0]
+    _, block_size, num_kv, D = k_cache.shape
+    if not use_triton(qkv):
+        q = _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache,
+                                    v_cache, num_heads)
+        return _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
+    if N % 2 or block_size < 2:
+        raise ValueError("pair_attention takes tokens in pairs and cache blocks of at least two positions")
+    out = torch.empty(N, num_heads * D, dtype=out_dtype, device=qkv.device)
+    group = num_heads // num_kv
+    _pair_attention_kernel[(N // 2, num_kv)](
+        qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
+        block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), NUM_HEADS=num_heads,
+        NUM_KV=num_kv, GROUP=group, GROUP_P2=triton.next_power_of_2(group), D=D, BLOCK_SIZE=block_size,
+        IEEE=k_cache.dtype == torch.float32, num_warps=1)
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _pair_token(qkv_ptr, qn, qn_p, kn, kn_p, inv_freq_ptr, pos_ptr, table_ptr, k_ptr, v_ptr, t, row, kv_head,
+                    eps, table_stride, cache_s0, cache_s1, cache_s2, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr,
+                    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+        """Token t's key and value for kv_head normed, rotated and stored; returns (its GROUP query heads normed and
+        rotated [GROUP_P2, D], its key and value [D], in the cache's dtype)."""
+        width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV) * D
+        d = tl.arange(0, D)
+        partner = (d + D // 2) % D
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        pos = tl.load(pos_ptr + t)
+        freqs = pos.to(tl.float32) * tl.load(inv_freq_ptr + d % (D // 2))
+        cos, sin = tl.cos(freqs), tl.sin(freqs)
+        k_base = qkv_ptr + t * width + (NUM_HEADS + kv_head) * D
+        k = _norm_rope(tl.load(k_base + d).to(tl.float32), tl.load(k_base + partner).to(tl.float32), kn, kn_p, cos,
+                       sin, sign, eps, D).to(k_ptr.dtype.element_ty)
+        v = tl.load(qkv_ptr + t * width + (NUM_HEADS + NUM_KV + kv_head) * D + d).to(v_ptr.dtype.element_ty)
+        block = tl.load(table_ptr + row * table_stride + pos // BLOCK_SIZE).to(tl.int64)
+        slot = block * cache_s0 + (pos % BLOCK_SIZE) * cache_s1 + kv_head * cache_s2
+        tl.store(k_ptr + slot + d, k)
+        tl.store(v_ptr + slot + d, v)
+        g = tl.arange(0, GROUP_P2)
+        in_group = (g < GROUP)[:, None]
+        q_base = qkv_ptr + t * width + (kv_head * GROUP + g[:, None]) * D
+        q = _norm_rope(tl.load(q_base + d[None, :], mask=in_group, other=0.0).to(tl.float32),
+                       tl.load(q_base + partner[None, :], mask=in_group, other=0.0).to(tl.float32), qn[None, :],
+                       qn_p[None, :], cos[None, :], sin[None, :], sign[None, :], eps, D)
+        return q.to(k_ptr.dtype.element_ty), k, v
+
+    @triton.jit
+    def _pair_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, rows_ptr, pos_ptr, table_ptr, k_ptr, v_ptr,
+                               out_ptr, eps, scale, table_stride, cache_s0, cache_s1, cache_s2,
+                               NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr,
+                               GROUP_P2: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                               IEEE: tl.constexpr):
+        # Token a (position 0) attends to itself alone: its output is its value. Token b (position 1) attends to
+        # both, the scores of the cache's rounded keys and queries summed in fp32, the weights rounded as the
+        # tensor cores take them (as paged_attention; IEEE, fp32: not rounded).
+        a = 2 * tl.program_id(0).to(tl.int64)
+        kv_head = tl.program_id(1)
+        d = tl.arange(0, D)
+        partner = (d + D // 2) % D
+        qn, qn_p = tl.load(qn_ptr + d).to(tl.float32), tl.load(qn_ptr + partner).to(tl.float32)
+        kn, kn_p = tl.load(kn_ptr + d).to(tl.float32), tl.load(kn_ptr + partner).to(tl.float32)
+        row = tl.load(rows_ptr + a).to(tl.int64)
+        _, k_a, v_a = _pair_token(qkv_ptr, qn, qn_p, kn, kn_p, inv_freq_ptr, pos_ptr, table_ptr, k_ptr, v_ptr, a, row,
+                                  kv_head, eps, table_stride, cache_s0, cache_s1, cache_s2, NUM_HEADS, NUM_KV, GROUP,
+                                  GROUP_P2, D, BLOCK_SIZE)
+        q_b, k_b, v_b = _pair_token(qkv_ptr, qn, qn_p, kn, kn_p, inv_freq_ptr, pos_ptr, table_ptr, k_ptr, v_ptr, a + 1,
+                                    row, kv_head, eps, table_stride, cache_s0, cache_s1, cache_s2, NUM_HEADS, NUM_KV,
+                                    GROUP, GROUP_P2, D, BLOCK_SIZE)
+        q_b = q_b.to(tl.float32)
+        s_a = tl.sum(q_b * k_a.to(tl.float32)[None, :], axis=1) * scale  # [GROUP_P2]
+        s_b = tl.sum(q_b * k_b.to(tl.float32)[None, :], axis=1) * scale
+        m = tl.maximum(s_a, s_b)
+        p_a, p_b = tl.exp(s_a - m), tl.exp(s_b - m)
+        denom = p_a + p_b
+        if not IEEE:
+            p_a, p_b = p_a.to(v_a.dtype).to(tl.float32), p_b.to(v_b.dtype).to(tl.float32)
+        v_a, v_b = v_a.to(tl.float32)[None, :], v_b.to(tl.float32)[None, :]
+        out_b = (p_a[:, None] * v_a + p_b[:, None] * v_b) / denom[:, None]
+        g = tl.arange(0, GROUP_P2)
+        in_group = (g < GROUP)[:, None]
+        offs = (kv_head * GROUP + g[:, None]) * D + d[None, :]
+        out_a = v_a + tl.zeros([GROUP_P2, D], tl.float32)
+        tl.store(out_ptr + a * NUM_HEADS * D + offs, out_a.to(out_ptr.dtype.element_ty), mask=in_group)
+        tl.store(out_ptr + (a + 1) * NUM_HEADS * D + offs, out_b.to(out_ptr.dtype.element_ty), mask=in_group)
+
+
 # ---- small-batch matrix products with their neighbours fused in -------------------------------------------
 
 # Rows per program of the tensor-core kernel: more rows take more programs per column block.

@@ -122,7 +122,7 @@ class ModelRunner:
         # them; the same products, summed in another order). The fp32 and unfused paths run it as the reference.
         self.cp_input_tables = self._project_cp_inputs() if self._decode["fused"] else None
         # Likewise the code predictor's first layer (input norm, qkv product) over those inputs: its decode steps
-        # look their qkv up (docs/perf-notes.md, entry 89).
+        # look their qkv up (docs/perf-notes.md, entry 90).
         self.cp_qkv_tables = self._cp_qkv_tables() if self._decode["fused"] else None
         self.cache: PagedCache | None = None
         self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
@@ -406,7 +406,7 @@ class ModelRunner:
         # Positions 0 and 1 (talker hidden, Ec(c0)) in one pass, then one position per code.
         x = torch.stack([s.hidden[:B], embeds[0]], dim=1).view(2 * B, -1)
         h, norm = self._code_predictor(x, self.cp_first[0][: 2 * B], self.cp_first[1][: 2 * B], decode=False,
-                                       keep=slice(1, None, 2))
+                                       keep=slice(1, None, 2), pairs=True)
         codes = [c0]
         for g in range(cp.config.num_code_groups - 1):
             gather, x, step = self._cp_gather(g, embeds)
@@ -438,20 +438,21 @@ class ModelRunner:
         return gather, x, step
 
     def _code_predictor(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, decode: bool = True,
-                        keep: slice = slice(None), projected: bool = False,
-                        qkv0: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple | None]:
+                        keep: slice = slice(None), projected: bool = False, qkv0: torch.Tensor | None = None,
+                        pairs: bool = False) -> tuple[torch.Tensor, tuple | None]:
         """The code predictor over x (talker width, or its own with `projected`: looked up in cp_input_tables; with
-        `qkv0` its first qkv product, looked up in cp_qkv_tables), the tokens `keep` of its output -> (h, None)
-        with h normed, or on the fused products (residual stream, (final norm, its sums of squares or None)): the
-        heads' products apply the norm."""
+        `qkv0` its first qkv product, looked up in cp_qkv_tables; `pairs`: its first pass, each row's positions 0
+        and 1), the tokens `keep` of its output -> (h, None) with h normed, or on the fused products (residual
+        stream, (final norm, its sums of squares or None)): the heads' products apply the norm."""
         if not projected:
             x = self.model.talker.code_predictor.small_to_mtp_projection(x)
         fused = self._decode["fused"]
-        decode = decode and self._decode["decode"]
+        decode, pairs = decode and self._decode["decode"], pairs and self._decode["decode"]
         if self.cp.fuses(x.shape[0], fused):
-            h, squares = self.cp(x, rows, positions, self.cp_cache, decode, fused, final_norm=False, qkv0=qkv0)
+            h, squares = self.cp(x, rows, positions, self.cp_cache, decode, fused, final_norm=False, qkv0=qkv0,
+                                 pairs=pairs)
             return h[keep], (self.cp.final_norm, None if squares is None else squares[:, keep])
-        return self.cp(x, rows, positions, self.cp_cache, decode, fused, qkv0=qkv0)[keep], None
+        return self.cp(x, rows, positions, self.cp_cache, decode, fused, qkv0=qkv0, pairs=pairs)[keep], None
 
     def _talker_step(self, B: int, c0: torch.Tensor, codes: list[torch.Tensor], frame: torch.Tensor) -> None:
         """Feeds the frame plus this step's trailing text (TTS_PAD once used up) and updates the row state."""
@@ -504,7 +505,7 @@ class ModelRunner:
         for t in range(T):  # one frame at a time, as a single stream's code predictor runs
             x = torch.stack([hidden[t:t + 1], embeds[0][t:t + 1]], dim=1).view(2, -1)
             h, norm = self._code_predictor(x, self.cp_first[0][:2], self.cp_first[1][:2], decode=False,
-                                           keep=slice(1, None, 2))
+                                           keep=slice(1, None, 2), pairs=True)
             logits = []
             for g in range(cp.config.num_code_groups - 1):
                 logits.append(self._head(h, cp.lm_head[g].weight, norm))
