@@ -122,8 +122,9 @@ class ModelRunner:
         # them; the same products, summed in another order). The fp32 and unfused paths run it as the reference.
         self.cp_input_tables = self._project_cp_inputs() if self._decode["fused"] else None
         # Likewise the code predictor's first layer (input norm, qkv product) over those inputs: its decode steps
-        # look their qkv up (docs/perf-notes.md, entry 90).
-        self.cp_qkv_tables = self._cp_qkv_tables() if self._decode["fused"] else None
+        # look their qkv up (docs/perf-notes.md, entry 90). Not on a CPU, where computing the tables (~240 GFLOP)
+        # costs what ~30,000 one-row steps save.
+        self.cp_qkv_tables = self._cp_qkv_tables() if self._decode["fused"] and self.device.type == "cuda" else None
         self.cache: PagedCache | None = None
         self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
         self.prefix_cache = PrefixCache(int(cfg.prefix_cache_gb * 2**30)) if cfg.prefix_cache_gb else None
