@@ -343,9 +343,8 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     N = qkv.shape[0]
     _, block_size, num_kv, D = k_cache.shape
     if not use_triton(qkv):
-        q = _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache,
-                                    v_cache, num_heads)
-        return _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
+        return _store_then_attend_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache,
+                                      v_cache, num_heads, out_dtype)
     if block_size < 16 or num_heads // num_kv > 16:
         raise ValueError("the attention kernel needs block_size >= 16 and <= 16 query heads per KV head")
     out = torch.empty(N, num_heads * D, dtype=out_dtype, device=qkv.device)
@@ -356,6 +355,14 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         IEEE=k_cache.dtype == torch.float32, EARLY=N <= EARLY_MAX_TOKENS,
         num_warps=_decode_attention_warps(N, block_table.shape[1] * block_size), **pdl_flags(qkv, pdl))
     return out
+
+
+def _store_then_attend_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache, v_cache,
+                           num_heads, out_dtype):
+    """decode_attention's and pair_attention's twin: the two kernels they fuse, in PyTorch."""
+    q = _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache, v_cache,
+                                num_heads)
+    return _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
 
 
 def _decode_attention_warps(num_tokens: int, max_positions: int) -> int:
@@ -460,9 +467,8 @@ def pair_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor
     N = qkv.shape[0]
     _, block_size, num_kv, D = k_cache.shape
     if not use_triton(qkv):
-        q = _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache,
-                                    v_cache, num_heads)
-        return _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
+        return _store_then_attend_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache,
+                                      v_cache, num_heads, out_dtype)
     if N % 2 or block_size < 2:
         raise ValueError("pair_attention takes tokens in pairs and cache blocks of at least two positions")
     out = torch.empty(N, num_heads * D, dtype=out_dtype, device=qkv.device)
