@@ -32,7 +32,7 @@ from q3tts.cli import _parser, _serve_devices  # noqa: E402
 from q3tts.server import ServerConfig  # noqa: E402
 from q3tts.server.core import CoreUnavailable  # noqa: E402
 from q3tts.server.errors import APIError  # noqa: E402
-from q3tts.server.router import Backend, Backends, engine_args, merged_metrics  # noqa: E402
+from q3tts.server.router import ENGINE_DRAIN_MARGIN_S, Backend, Backends, engine_args, merged_metrics  # noqa: E402
 from q3tts.server.voice_store import VoiceStore  # noqa: E402
 from q3tts.voice import Voice  # noqa: E402
 from tests.server_harness import FRAME, SEED, _free_port, children, frames, speak_over_websocket  # noqa: E402
@@ -124,7 +124,8 @@ def test_engines_get_the_fronts_settings():
             args.prefix_cache_gb) == (3, 9, 100, 512, 0.5, 0.125)
     assert (args.served_model_name, args.allow_ref_audio_urls, args.ref_audio_hosts, args.dtype) == \
         ("tts-1", True, "a.example", "float32")
-    assert (args.send_timeout, args.drain_timeout, args.body_timeout, args.no_runaway_guard) == (4, 5, 6, True)
+    assert (args.send_timeout, args.body_timeout, args.no_runaway_guard) == (4, 6, True)
+    assert args.drain_timeout == 5 + ENGINE_DRAIN_MARGIN_S  # (the front cuts first: see the test below)
     assert args.max_body_bytes == config.max_body_bytes and args.log_level == "warning"
 
 
@@ -354,6 +355,57 @@ def test_the_front_logs_for_its_user(tmp_path):
     assert "engine 0 (cpu): starting" in text and f"Uvicorn running on http://127.0.0.1:{port}" in text
     assert "GET /ready" not in text and "GET /health" not in text
     assert text.count("Uvicorn running on") == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the engine process through /proc")
+def test_a_signal_to_front_and_engine_at_once_is_a_clean_drain(tmp_path):
+    """systemd's stop (or Ctrl-C in a terminal) signals the front and its engine process together. With streams
+    still running at the drain timeout, the front cuts them, a line each, exits 0, and nothing is logged as an
+    engine's failure: the engine drains longer than its front. (The engine is signalled first here, the order in
+    which it used to cut the streams itself, each then logged by the front as failed mid-stream, with a traceback;
+    and the front's polls of the draining engine left a refused connection's exception unretrieved.)"""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny", "--devices", "cpu", "--port", str(port),
+           "--drain-timeout", "2", "--no-runaway-guard"]
+    env = {**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "front.log"
+    with log.open("w") as out:
+        front = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    received: list[int] = []
+    try:
+        started = time.monotonic()
+        while not _is_ready(url):
+            assert front.poll() is None and time.monotonic() - started < 120, log.read_text()[-3000:]
+            time.sleep(0.2)
+        engines = children(front.pid)
+
+        def stream() -> None:
+            body = {"model": "tiny", "voice": "ryan", "input": "A long one.", "response_format": "pcm",
+                    "max_new_tokens": 4000, "seed": SEED}
+            with suppress(httpx.HTTPError), httpx.stream("POST", url + "/v1/audio/speech", json=body,
+                                                         timeout=60) as r:
+                for chunk in r.iter_bytes():
+                    received.append(len(chunk))
+
+        threads = [threading.Thread(target=stream) for _ in range(2)]
+        for t in threads:
+            t.start()
+        while len(received) < 2:
+            assert time.monotonic() - started < 180, log.read_text()[-3000:]
+            time.sleep(0.05)
+        os.kill(engines[0], signal.SIGTERM)
+        time.sleep(0.5)
+        front.send_signal(signal.SIGTERM)
+        assert front.wait(timeout=60) == 0, log.read_text()[-3000:]
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        if front.poll() is None:
+            front.kill()
+    text = log.read_text()
+    assert "cancelled before it ended" in text, text[-3000:]  # (a stream still ran when the front cut: the case)
+    assert "failed mid-stream" not in text and "Traceback" not in text and "never retrieved" not in text, text[-3000:]
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the engine process through /proc")

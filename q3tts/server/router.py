@@ -164,12 +164,17 @@ class Backends:
                 self.stopping = True
                 self.on_give_up()
             return
-        try:
-            (ready, _), (health, _) = await asyncio.gather(
-                *(upstream.get(backend.pool, path, timeout=2) for path in ("/ready", "/health")))
-        except (OSError, asyncio.TimeoutError):
-            backend.ready = False
-            return
+        # (both answers awaited, so that the second's failure is not left unretrieved: an engine that stops
+        # listening as it drains refuses both)
+        answers = await asyncio.gather(*(upstream.get(backend.pool, path, timeout=2) for path in ("/ready", "/health")),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, (OSError, asyncio.TimeoutError)):
+                backend.ready = False
+                return
+            if isinstance(answer, BaseException):
+                raise answer
+        (ready, _), (health, _) = answers
         if backend.healthy and health != 200:
             log.error("engine %d (%s) is unhealthy: out of rotation", backend.index, backend.device)
         backend.healthy, backend.ready = health == 200, ready == 200
@@ -358,12 +363,19 @@ def merged_metrics(texts: list[str]) -> bytes:
     return generate_latest(registry)
 
 
+# An engine process drains this much longer than its front: when a signal reaches both at once (Ctrl-C in a
+# terminal signals the whole process group; systemd's stop, the whole control group), the front cuts what still
+# streams at its own drain timeout (a line each), and an engine never cuts first (the front would log each cut as
+# an engine's failure, with a traceback).
+ENGINE_DRAIN_MARGIN_S = 5.0
+
+
 def engine_args(config: ServerConfig, log_level: str) -> list[str]:
     """`q3tts serve` flags that give an engine process the front's settings (its device, port and address
     are added per engine; the API key travels in the environment, not on a command line others can read)."""
     args = ["--max-running", config.max_running, "--max-waiting", config.max_waiting,
             "--max-input-chars", config.max_input_chars, "--body-timeout", config.body_timeout_s,
-            "--drain-timeout", config.drain_timeout_s, "--send-timeout", config.send_timeout_s,
+            "--drain-timeout", config.drain_timeout_s + ENGINE_DRAIN_MARGIN_S, "--send-timeout", config.send_timeout_s,
             "--max-body-bytes", config.max_body_bytes, "--prefix-cache-gb", config.prefix_cache_gb,
             "--log-level", log_level]
     for flag, value in (("--dtype", config.dtype), ("--max-context", config.max_context),
@@ -424,7 +436,7 @@ def serve_devices(config: ServerConfig, devices: list[str], log_level: str = "in
         for b in backends:
             if b.process.poll() is None:
                 b.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + config.drain_timeout_s + 5
+        deadline = time.monotonic() + config.drain_timeout_s + ENGINE_DRAIN_MARGIN_S + 5
         for b in backends:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 b.process.wait(timeout=max(deadline - time.monotonic(), 1))
