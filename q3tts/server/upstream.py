@@ -211,8 +211,14 @@ class Pool:
 
 async def get(pool: Pool, target: str, timeout: float) -> tuple[int, bytes]:
     """(status, body) of a small GET, within `timeout` seconds."""
-    async def fetch() -> tuple[int, bytes]:
-        response = await pool.request("GET", target)
-        return response.status, await response.read()
+    async def fetch() -> tuple[int, bytes] | OSError:
+        try:
+            response = await pool.request("GET", target)
+            return response.status, await response.read()
+        except OSError as e:  # returned: when the wait is cancelled as this fails, nothing is left unretrieved
+            return e
 
-    return await asyncio.wait_for(fetch(), timeout)
+    result = await asyncio.wait_for(fetch(), timeout)
+    if isinstance(result, OSError):
+        raise result
+    return result
