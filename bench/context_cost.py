@@ -8,14 +8,12 @@ talker's shapes for each context in `--contexts`, every row at that context (gra
 a frame's worth). Random weights at the real configs, EOS off. GPU machine only.
 
 usage: python bench/context_cost.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,64] [--frames 440] [--every 60]
-                                    [--contexts 16,64,128,256,448] [--set MODULE.NAME=VALUE ...] [--label NAME]
+                                    [--contexts 16,64,128,256,448]
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
 
 import torch
 
@@ -69,18 +67,11 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=440)
     parser.add_argument("--every", type=int, default=60)
     parser.add_argument("--contexts", default="16,64,128,256,448")
-    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                        help="a q3tts.engine module's constant for this run (a Python literal)")
-    parser.add_argument("--label", default="")
     args = parser.parse_args()
-    for setting in args.set:
-        name, value = setting.split("=", 1)
-        module, attr = name.rsplit(".", 1)
-        setattr(importlib.import_module(f"q3tts.engine.{module}"), attr, ast.literal_eval(value))
     batches = [int(b) for b in args.batches.split(",")]
     for batch in batches:
         times = {c: round(attention_us(batch, c), 2) for c in map(int, args.contexts.split(","))}
-        print(args.label, "attention us per call", batch, "rows, by context:", times, flush=True)
+        print("attention us per call", batch, "rows, by context:", times, flush=True)
     for name in args.sizes.split(","):
         model = load_model(name, None, torch.device("cuda"))
         prompt = clone_prompt(model)
@@ -88,7 +79,7 @@ def main() -> None:
         runner.capture_graphs()
         for batch in batches:
             segments = frame_segments(runner, prompt, batch, args.frames, args.every)
-            print(args.label, name, batch, "ms per frame by context:",
+            print(name, batch, "ms per frame by context:",
                   ", ".join(f"{c}: {ms:.3f}" for c, ms in segments), flush=True)
         del runner, model
         torch.cuda.empty_cache()

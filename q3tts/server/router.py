@@ -164,17 +164,12 @@ class Backends:
                 self.stopping = True
                 self.on_give_up()
             return
-        # (both answers awaited, so that the second's failure is not left unretrieved: an engine that stops
-        # listening as it drains refuses both)
-        answers = await asyncio.gather(*(upstream.get(backend.pool, path, timeout=2) for path in ("/ready", "/health")),
-                                       return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, (OSError, asyncio.TimeoutError)):
-                backend.ready = False
-                return
-            if isinstance(answer, BaseException):
-                raise answer
-        (ready, _), (health, _) = answers
+        try:
+            (ready, _), (health, _) = await asyncio.gather(
+                *(upstream.get(backend.pool, path, timeout=2) for path in ("/ready", "/health")))
+        except (OSError, asyncio.TimeoutError):
+            backend.ready = False
+            return
         if backend.healthy and health != 200:
             log.error("engine %d (%s) is unhealthy: out of rotation", backend.index, backend.device)
         backend.healthy, backend.ready = health == 200, ready == 200
