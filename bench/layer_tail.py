@@ -1,10 +1,10 @@
-"""The engine's persistent layer tail (q3tts/engine/persistent.py) alone at 64 rows: one launch (o, add + RMSNorm,
-gate/up + SwiGLU, down, add + RMSNorm, the next qkv) against the kernels per step that it replaces, in CUDA graphs
-over distinct weights (cold L2), and where its time goes: each program's clock at each phase's start and end (the
+"""The engine's persistent layer tail (q3tts/engine/persistent.py) alone at 64 or 128 rows: one launch (o, add +
+RMSNorm, gate/up + SwiGLU, down, add + RMSNorm, the next qkv) against the kernels per step that it replaces, in CUDA
+graphs over distinct weights (cold L2), and where its time goes: each program's clock at each phase's start and end (the
 phase's own time, slowest program, and the wait at the barrier after it). GPU machine only (Hopper).
 
-usage: python bench/layer_tail.py [--shapes 1024x3072,2048x6144] [--layers 8] [--rings 6:4,8:3]
-       (--rings: weight-tile slots : input-chunk slots, each pair a run)
+usage: python bench/layer_tail.py [--shapes 1024x3072,2048x6144] [--rows 64,128] [--layers 8] [--rings 6:128,8:96]
+       (--rings: weight-tile slots : KB of input chunks, each pair a run)
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def tails(tail, attended, res0, res, layers, times=None):
         tail(attended, res0, res, layers[i], layers[i + 1], layers[i + 1].input_norm, 1e-6, times)
 
 
-def measure(hidden: int, inter: int, n: int, rings: list[str], g: torch.Generator):
+def measure(hidden: int, inter: int, rows: int, n: int, rings: list[str], g: torch.Generator):
     layers = [layer(hidden, inter, g) for _ in range(n + 1)]
-    attended = torch.randn(64, 2048, generator=g).to("cuda", torch.bfloat16)
-    res0 = torch.randn(64, hidden, generator=g).to("cuda")
+    attended = torch.randn(rows, 2048, generator=g).to("cuda", torch.bfloat16)
+    res0 = torch.randn(rows, hidden, generator=g).to("cuda")
     res = res0.clone()
     tail = persistent.LayerTail(torch.device("cuda"))
 
@@ -70,11 +70,12 @@ def measure(hidden: int, inter: int, n: int, rings: list[str], g: torch.Generato
         for i in range(n):
             per_kernels(attended, res0, layers[i], layers[i + 1], 1e-6)
 
-    shape = f"{hidden}x{inter}"
+    shape = f"{rows}x{hidden}x{inter}"
     print(json.dumps({"shape": shape, "programs": tail.programs, "layers": n,
                       "per_kernels_us": 1e3 * graph_ms(steps) / n}), flush=True)
     for ring in rings:
-        persistent.STAGES, persistent.INPUT_STAGES = (int(v) for v in ring.split(":"))
+        stages, input_kb = (int(v) for v in ring.split(":"))
+        persistent.STAGES, persistent.INPUT_BYTES = stages, input_kb * 1024
         row = {"shape": shape, "rings": ring,
                "persistent_us": 1e3 * graph_ms(partial(tails, tail, attended, res0, res, layers)) / n}
         times = torch.zeros(tail.programs, 6, 2, dtype=torch.int64, device="cuda")
@@ -87,13 +88,15 @@ def measure(hidden: int, inter: int, n: int, rings: list[str], g: torch.Generato
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="1024x3072,2048x6144", help="hidden x intermediate, comma-separated")
+    parser.add_argument("--rows", default="64,128")
     parser.add_argument("--layers", type=int, default=8, help="distinct layers per graph (beyond the L2)")
-    parser.add_argument("--rings", default=f"{persistent.STAGES}:{persistent.INPUT_STAGES}")
+    parser.add_argument("--rings", default=f"{persistent.STAGES}:{persistent.INPUT_BYTES // 1024}")
     args = parser.parse_args()
     g = torch.Generator("cpu").manual_seed(0)
     for shape in args.shapes.split(","):
         hidden, inter = (int(v) for v in shape.split("x"))
-        measure(hidden, inter, args.layers, args.rings.split(","), g)
+        for rows in args.rows.split(","):
+            measure(hidden, inter, int(rows), args.layers, args.rings.split(","), g)
 
 
 if __name__ == "__main__":

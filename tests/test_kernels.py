@@ -6,6 +6,7 @@ On the CPU the kernels run in Triton's interpreter (fp32; the interpreter mishan
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -709,9 +710,9 @@ def _layer_weights(device: str, hidden: int = 1024, inter: int = 3072):
 
 
 def test_the_persistent_layer_tail_compiles_for_hopper():
-    """The Gluon kernel (Hopper only, no interpreter) compiles for sm_90 at the code predictor's and the 1.7B
-    talker's shapes, with and without the next layer's qkv product, the residual stream coming in as fp32 or as
-    the bf16 input rows (the code predictor's looked-up first layer), within a program's shared memory; what it
+    """The Gluon kernel (Hopper only, no interpreter) compiles for sm_90 at the code predictor's and the 1.7B talker's
+    shapes, at 64 and 128 rows, with and without the next layer's qkv product, the residual stream coming in as fp32 or
+    as the bf16 input rows (the code predictor's looked-up first layer), within a program's shared memory; what it
     computes is checked on a GPU (below). In a process of its own: this one's Triton interprets (conftest)."""
     import subprocess
     import sys
@@ -730,15 +731,15 @@ def test_the_persistent_layer_tail_compiles_for_hopper():
 def compile_tail():
     from q3tts.engine import persistent
 
-    for hidden, inter in ((1024, 3072), (2048, 6144)):
+    for (hidden, inter), rows in itertools.product(((1024, 3072), (2048, 6144)), persistent.ROWS):
         w, after = _layer_weights("cpu", hidden, inter), _layer_weights("cpu", hidden, inter)
-        attended, res = torch.zeros(64, 2048, dtype=torch.bfloat16), torch.zeros(64, hidden)
+        attended, res = torch.zeros(rows, 2048, dtype=torch.bfloat16), torch.zeros(rows, hidden)
         for next_w, res_in in ((after, res), (None, res), (after, res.bfloat16())):
             args, consts, out = persistent.arguments(attended, res_in, res, w, next_w, after.input_norm, 1e-6,
                                                      torch.zeros(3, dtype=torch.int32), 132)
-            assert out.shape == ((64, 4096) if next_w is not None else (64, hidden))
+            assert out.shape == ((rows, 4096) if next_w is not None else (rows, hidden))
             kernel = persistent.compile_for_hopper(persistent._tail_kernel, args, consts)
-            assert kernel.metadata.shared <= persistent._shared_bytes() <= persistent.SHARED_BYTES
+            assert kernel.metadata.shared <= persistent._shared_bytes(rows) <= persistent.SHARED_BYTES
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")
@@ -785,6 +786,37 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
         _close(cache.k, caches[0].k, torch.bfloat16)
         _close(cache.v, caches[0].v, torch.bfloat16)
     assert torch.equal(outs[2], outs[1])  # (the same products: the looked-up qkv is the one computed)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")
+@pytest.mark.parametrize("tokens", [64, 128])
+def test_a_first_pass_in_pairs_on_the_persistent_tail_equals_the_kernels_per_step(monkeypatch, tokens):
+    """The code predictor's first pass (each row's positions 0 and 1, in pairs) of 32 or 64 rows, 64 or 128 tokens:
+    with the rest of each layer in one launch it gives the hidden states and caches of the kernels per step."""
+    from q3tts.engine import persistent
+    from q3tts.engine.decoder import FlatDecoder, PagedCache
+
+    x = torch.randn(tokens, 1024, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
+    if not persistent.applies(x, torch.bfloat16, 1024, 2048, 4096, 3072, first_pass=True):
+        pytest.skip("not a Hopper GPU")
+    decoder = FlatDecoder([], torch.ones(1024, device=DEVICE, dtype=torch.bfloat16), 1e-6, 16, 128,
+                          1.0 / 10000 ** (torch.arange(0, 128, 2, device=DEVICE).float() / 128))
+    decoder.layers = [_layer_weights(DEVICE, 1024, 3072) for _ in range(5)]
+    rows = torch.arange(tokens // 2, dtype=torch.int32, device=DEVICE).repeat_interleave(2)
+    positions = torch.tensor([0, 1] * (tokens // 2), dtype=torch.int32, device=DEVICE)
+    outs, caches = [], []
+    with torch.no_grad():
+        for enabled in (False, True):
+            monkeypatch.setattr(persistent, "ENABLED", enabled)
+            cache = PagedCache.allocate(5, tokens // 2 + 1, 16, 8, 128, tokens // 2, 1, torch.bfloat16,
+                                        torch.device(DEVICE))
+            cache.block_table.copy_(torch.arange(1, tokens // 2 + 1, dtype=torch.int32)[:, None])
+            outs.append(decoder(x, rows, positions, cache, pairs=True))
+            caches.append(cache)
+    assert decoder.tail is not None and decoder.tail.sync.tolist() == [0, 0, 0]
+    _close(outs[1], outs[0], torch.bfloat16)
+    _close(caches[1].k, caches[0].k, torch.bfloat16)
+    _close(caches[1].v, caches[0].v, torch.bfloat16)
 
 
 def test_a_persistent_kernel_that_does_not_launch_leaves_the_kernels_per_step(monkeypatch, tmp_path, caplog):

@@ -4,9 +4,9 @@ Serves the talker (prefill and decode) and the code predictor alike. Per layer: 
 product, q/k norm + RoPE + KV store, paged attention, o projection, add+RMSNorm, one gate/up product, SwiGLU,
 down projection: 9 kernels. Decode calls in bf16/fp16 (`fused`: the streams' decode steps, their code predictor's
 first pass) take 5 (6 beside the prefill's attention): the norms, SwiGLU and the residual adds move into the matrix
-products (kernels.fused_linear), q/k norm, RoPE and the store into attention. Decode calls of exactly 64 rows in
-bf16 on Hopper take 2: the attention, and the rest of the layer with the next layer's qkv product as one persistent
-launch (persistent.py).
+products (kernels.fused_linear), q/k norm, RoPE and the store into attention. Decode calls of 64 rows (and the code
+predictor's first pass at 64 and 128 tokens) in bf16 on Hopper take 2: the attention, and the rest of the layer with
+the next layer's qkv product as one persistent launch (persistent.py).
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ class FlatDecoder:
             return self._fused(x, rows, positions, cache, decode, final_norm, qkv0, pairs)
         if not final_norm:
             raise ValueError("final_norm=False is for the fused products (see fuses)")
-        if decode and self._tail_applies(x):
-            out = self._with_tail(x, rows, positions, cache, qkv0)
+        if (decode or pairs) and self._tail_applies(x, pairs):
+            out = self._with_tail(x, rows, positions, cache, qkv0, pairs)
             if out is not None:
                 return out
         dtype = self.final_norm.dtype
@@ -113,22 +113,22 @@ class FlatDecoder:
             h = F.linear(silu_mul(F.linear(y, w.gate_up)), w.down)
         return add_rmsnorm(h, residual, self.final_norm, self.eps, dtype)[0]
 
-    def _tail_applies(self, x: torch.Tensor) -> bool:
+    def _tail_applies(self, x: torch.Tensor, first_pass: bool) -> bool:
         w = self.layers[0]
         return self.tail is not False and persistent.applies(x, w.qkv.dtype, w.o.shape[0], w.o.shape[1],
-                                                             w.qkv.shape[0], w.down.shape[1])
+                                                             w.qkv.shape[0], w.down.shape[1], first_pass)
 
     def _with_tail(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-                   qkv0: torch.Tensor | None = None) -> torch.Tensor | None:
-        """A 64-row decode step on Hopper: per layer its attention, then the rest of the layer and the next
-        layer's qkv product (the last: the final norm) as one launch (persistent.LayerTail): 2 launches per layer
-        instead of 8 (docs/perf-notes.md, entry 81). None if the first launch fails (a GPU shared under MPS with
-        fewer SMs than it reports cannot hold the cooperative launch, say): the decoder then keeps its kernels per
-        step (they rewrite what the attempt stored)."""
+                   qkv0: torch.Tensor | None = None, pairs: bool = False) -> torch.Tensor | None:
+        """A decode step (or a first pass in pairs) on Hopper: per layer its attention, then the rest of the layer
+        and the next layer's qkv product (the last: the final norm) as one launch (persistent.LayerTail): 2
+        launches per layer instead of 8 (docs/perf-notes.md, entries 81, 92). None if the first launch fails (a GPU
+        shared under MPS with fewer SMs than it reports cannot hold the cooperative launch, say): the decoder then
+        keeps its kernels per step (they rewrite what the attempt stored)."""
         if self.tail is None:
             self.tail = persistent.LayerTail(x.device)
             try:
-                return self._with_tail(x, rows, positions, cache, qkv0)
+                return self._with_tail(x, rows, positions, cache, qkv0, pairs)
             except RuntimeError as e:
                 log.warning("the persistent layer kernel did not launch (%s); the decoder keeps its kernels per step",
                             e)
@@ -141,7 +141,7 @@ class FlatDecoder:
             res_in, qkv = x, qkv0  # (the launch reads the stream as fp32)
         res = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         for i, w in enumerate(self.layers):
-            attended = self._attend(i, qkv, rows, positions, cache, decode=True)
+            attended = self._attend(i, qkv, rows, positions, cache, decode=True, pairs=pairs)
             after = self.layers[i + 1] if i + 1 < len(self.layers) else None
             qkv = self.tail(attended, res_in if i == 0 else res, res, w, after,
                             after.input_norm if after is not None else self.final_norm, self.eps)

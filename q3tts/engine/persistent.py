@@ -1,4 +1,4 @@
-"""The rest of a decoder layer after its attention, at 64 rows, as one launch on Hopper (Gluon): the o product,
+"""The rest of a decoder layer after its attention, at 64 or 128 rows, as one launch on Hopper (Gluon): the o product,
 add + RMSNorm, gate/up with SwiGLU, the down product, add + RMSNorm, and the next layer's qkv product
 (docs/perf-notes.md, entries 79-82).
 
@@ -7,7 +7,7 @@ kernel runs the layer's products and norms in one cooperative launch of one prog
 between the phases. Each program walks one stream of its weight tiles (its items of each phase: pid, pid + P, ...)
 over all phases through a ring of shared-memory slots filled by TMA ahead of the products that read them, so the
 next phase's weights are on their way while the program finishes its phase and waits at the barrier; an item's
-input (its [64, K] activations, bf16) comes by TMA through a second ring, asked for right after the barrier; the
+input (its [rows, K] activations, bf16) comes by TMA through a second ring, asked for right after the barrier; the
 products run on the tensor cores (warpgroup MMA). The o and down products split K into fp32 partial sums, which
 the norm phases add to the residual stream in order (deterministic).
 """
@@ -25,22 +25,29 @@ except ImportError:  # (no Triton, or one without Gluon)
     gluon = None
 
 ENABLED = True  # (False: the decoder keeps its kernels per step; for A/B measurements and tests)
-ROWS = 64  # the one batch the kernel takes: a warpgroup's MMA tile
-BN, BK = 32, 256  # weight tiles [BN, BK], input chunks [64, BK] (entry 80)
-STAGES, INPUT_STAGES = 6, 4  # weight tiles and input chunks asked for ahead: 96 + 128 KB of shared memory
+ROWS = (64, 128)  # the batches the kernel takes: a warpgroup's MMA tile, or two
+# Where it beats the kernels per step (docs/perf-notes.md, entry 92): decode steps of 64 rows, and the code
+# predictor's first pass (its rows' positions 0 and 1) of 64 and 128 tokens; decode steps of 128 rows lost with
+# the 1.7B talker's shapes (its gate/up items, 192, on 132 programs).
+DECODE_ROWS, FIRST_PASS_ROWS = (64,), (64, 128)
+BN, BK = 32, 256  # weight tiles [BN, BK], input chunks [rows, BK] (entry 80)
+STAGES, INPUT_BYTES = 6, 128 * 1024  # weight tiles asked for ahead (96 KB of shared memory), and input chunks: 4 of
+# 64 rows, 2 of 128
 SHARED_BYTES = 227 * 1024  # a Hopper program's shared memory
 
 
 def applies(x: torch.Tensor, weight_dtype: torch.dtype, hidden: int, q_width: int, qkv_width: int,
-            inter: int) -> bool:
-    """Whether a decode call over x [N, hidden] of a decoder with these shapes runs on this kernel: 64 rows, bf16
-    weights, a Hopper GPU, shapes that tile (both sizes' code predictors and talkers)."""
-    if not ENABLED or gluon is None or x.device.type != "cuda" or x.shape[0] != ROWS or weight_dtype != torch.bfloat16:
+            inter: int, first_pass: bool = False) -> bool:
+    """Whether a decode call (`first_pass`: the code predictor's first pass) over x [N, hidden] of a decoder with
+    these shapes runs on this kernel: N in DECODE_ROWS (FIRST_PASS_ROWS), bf16 weights, a Hopper GPU, shapes that
+    tile (both sizes' code predictors and talkers)."""
+    if (not ENABLED or gluon is None or x.device.type != "cuda"
+            or x.shape[0] not in (FIRST_PASS_ROWS if first_pass else DECODE_ROWS) or weight_dtype != torch.bfloat16):
         return False
     props = torch.cuda.get_device_properties(x.device)
     s_o, s_d = (_split(hidden, k, props.multi_processor_count) for k in (q_width, inter))
     tiles = (hidden % 128, hidden % BK, (q_width // s_o) % BK, (inter // s_d) % BK, qkv_width % BN, inter % BN)
-    return (props.major, props.minor) == (9, 0) and not any(tiles) and _shared_bytes() <= SHARED_BYTES
+    return (props.major, props.minor) == (9, 0) and not any(tiles) and _shared_bytes(x.shape[0]) <= SHARED_BYTES
 
 
 def _split(hidden: int, k: int, programs: int) -> int:
@@ -51,10 +58,14 @@ def _split(hidden: int, k: int, programs: int) -> int:
     return s
 
 
-def _shared_bytes() -> int:
-    """The kernel's shared memory: the rings of weight tiles and input chunks, their barriers, 1 KB of
-    alignment."""
-    return 2 * (STAGES * BN * BK + INPUT_STAGES * ROWS * BK) + 8 * (STAGES + INPUT_STAGES) + 1024
+def _input_stages(rows: int) -> int:
+    return INPUT_BYTES // (2 * rows * BK)
+
+
+def _shared_bytes(rows: int) -> int:
+    """The kernel's shared memory at `rows` rows: the rings of weight tiles and input chunks, their barriers, 1 KB
+    of alignment."""
+    return 2 * STAGES * BN * BK + INPUT_BYTES + 8 * (STAGES + _input_stages(rows)) + 1024
 
 
 class LayerTail:
@@ -69,9 +80,10 @@ class LayerTail:
 
     def __call__(self, attended: torch.Tensor, res_in: torch.Tensor, res: torch.Tensor, w, next_w,
                  next_norm: torch.Tensor, eps: float, times: torch.Tensor | None = None) -> torch.Tensor:
-        """attended [64, Hq D] (the layer's attention output), res_in [64, H] fp32 (the residual stream before
-        the layer's o product; may be res) -> res (written, fp32) and the next layer's qkv [64, W] (next_w given)
-        or the stream normed by next_norm [64, H] (the decoder's output). w, next_w: FusedLayerWeights."""
+        """attended [M, Hq D] (the layer's attention output; M one of ROWS), res_in [M, H] fp32 (the residual
+        stream before the layer's o product; may be res) -> res (written, fp32) and the next layer's qkv [M, W]
+        (next_w given) or the stream normed by next_norm [M, H] (the decoder's output). w, next_w:
+        FusedLayerWeights."""
         args, consts, out = arguments(attended, res_in, res, w, next_w, next_norm, eps, self.sync, self.programs,
                                       times)
         _tail_kernel[(self.programs,)](*args, **consts, num_warps=4, launch_cooperative_grid=True)
@@ -81,9 +93,9 @@ class LayerTail:
 def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, times=None):
     """The kernel's arguments and constants, and the tensor it returns (its buffers allocated here). times:
     [programs, 6, 2] int64 for each program's clock at each phase's start and end (bench/layer_tail.py)."""
-    if STAGES < 4 or INPUT_STAGES < 1:  # (gate/up reads two tiles a chunk while the last chunk's two are in use)
-        raise ValueError(f"the rings need >= 4 weight slots and >= 1 input slot, not {STAGES} and {INPUT_STAGES}")
     M, H = res_in.shape
+    if STAGES < 4 or _input_stages(M) < 1:  # (gate/up reads two tiles a chunk while the last chunk's two are in use)
+        raise ValueError(f"the rings need >= 4 weight slots and >= 1 input slot, not {STAGES} and {_input_stages(M)}")
     bf, inter, hq = attended.dtype, w.down.shape[1], attended.shape[1]
     s_o, s_d = _split(H, hq, programs), _split(H, inter, programs)
     xn2 = torch.empty(M, H, dtype=bf, device=res.device)
@@ -97,7 +109,7 @@ def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, 
     args = (*weights, *inputs, res_in, res, xn2, h, xn, qkv, part, w.post_norm, next_norm, sync,
             times if times is not None else sync, eps)
     consts = dict(M=M, H=H, HQ=hq, W=qkv_w.shape[0], INTER=inter, BN=BN, BK=BK, S_O=s_o, S_D=s_d, NS=STAGES,
-                  XS=INPUT_STAGES, NEXT=next_w is not None, TIMING=times is not None)
+                  XS=_input_stages(M), NEXT=next_w is not None, TIMING=times is not None)
     return args, consts, qkv
 
 
