@@ -711,9 +711,9 @@ def _layer_weights(device: str, hidden: int = 1024, inter: int = 3072):
 
 def test_the_persistent_layer_tail_compiles_for_hopper():
     """The Gluon kernel (Hopper only, no interpreter) compiles for sm_90 at the code predictor's and the 1.7B talker's
-    shapes, at 64 and 128 rows, with and without the next layer's qkv product, the residual stream coming in as fp32 or
-    as the bf16 input rows (the code predictor's looked-up first layer), within a program's shared memory; what it
-    computes is checked on a GPU (below). In a process of its own: this one's Triton interprets (conftest)."""
+    shapes, at 64 and 128 rows, with and without the next layer's qkv product and PDL, the residual stream coming in as
+    fp32 or as the bf16 input rows (the code predictor's looked-up first layer), within a program's shared memory;
+    what it computes is checked on a GPU (below). In a process of its own: this one's Triton interprets (conftest)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -734,9 +734,9 @@ def compile_tail():
     for (hidden, inter), rows in itertools.product(((1024, 3072), (2048, 6144)), persistent.ROWS):
         w, after = _layer_weights("cpu", hidden, inter), _layer_weights("cpu", hidden, inter)
         attended, res = torch.zeros(rows, 2048, dtype=torch.bfloat16), torch.zeros(rows, hidden)
-        for next_w, res_in in ((after, res), (None, res), (after, res.bfloat16())):
+        for next_w, res_in, pdl in ((after, res, True), (None, res, False), (after, res.bfloat16(), True)):
             args, consts, out = persistent.arguments(attended, res_in, res, w, next_w, after.input_norm, 1e-6,
-                                                     torch.zeros(3, dtype=torch.int32), 132)
+                                                     torch.zeros(3, dtype=torch.int32), 132, pdl=pdl)
             assert out.shape == ((rows, 4096) if next_w is not None else (rows, hidden))
             kernel = persistent.compile_for_hopper(persistent._tail_kernel, args, consts)
             assert kernel.metadata.shared <= persistent._shared_bytes(rows) <= persistent.SHARED_BYTES
@@ -786,6 +786,43 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
         _close(cache.k, caches[0].k, torch.bfloat16)
         _close(cache.v, caches[0].v, torch.bfloat16)
     assert torch.equal(outs[2], outs[1])  # (the same products: the looked-up qkv is the one computed)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")
+def test_the_persistent_layer_tail_under_pdl_in_a_graph_equals_it_without(monkeypatch):
+    """PDL lets each launch start while the attention before it finishes, and the attention after it start early:
+    replayed in a CUDA graph (as the engine runs it), a 64-row decode step gives bit for bit what it gives without
+    PDL, launch by launch."""
+    from q3tts.engine import persistent
+    from q3tts.engine.decoder import FlatDecoder, PagedCache
+
+    x = torch.randn(64, 1024, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
+    if not persistent.applies(x, torch.bfloat16, 1024, 2048, 4096, 3072) or not kernels.pdl_flags(x, True)["PDL"]:
+        pytest.skip("not a Hopper GPU, or no PDL in this Triton")
+    decoder = FlatDecoder([], torch.ones(1024, device=DEVICE, dtype=torch.bfloat16), 1e-6, 16, 128,
+                          1.0 / 10000 ** (torch.arange(0, 128, 2, device=DEVICE).float() / 128))
+    decoder.layers = [_layer_weights(DEVICE, 1024, 3072) for _ in range(5)]
+    history = [(r * 7) % 40 for r in range(64)]
+    rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
+    positions = torch.tensor([i for n in history for i in range(n)], dtype=torch.int32, device=DEVICE)
+    cache = PagedCache.allocate(5, 64 * 3 + 1, 16, 8, 128, 64, 3, torch.bfloat16, torch.device(DEVICE))
+    cache.block_table.copy_(torch.arange(1, 64 * 3 + 1, dtype=torch.int32).view(64, 3))
+    step_rows = torch.arange(64, dtype=torch.int32, device=DEVICE)
+    step_positions = torch.tensor(history, dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        decoder(torch.randn(len(rows), 1024, device=DEVICE), rows, positions, cache)
+        monkeypatch.setattr(persistent, "PDL", False)
+        expected = decoder(x, step_rows, step_positions, cache, decode=True)
+        monkeypatch.setattr(persistent, "PDL", True)
+        decoder(x, step_rows, step_positions, cache, decode=True)  # (compiles the PDL variants before the capture)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = decoder(x, step_rows, step_positions, cache, decode=True)
+        for _ in range(3):
+            out.zero_()
+            graph.replay()
+            assert torch.equal(out, expected)
+    assert decoder.tail.sync.tolist() == [0, 0, 0]
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")

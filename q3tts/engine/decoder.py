@@ -141,7 +141,7 @@ class FlatDecoder:
             res_in, qkv = x, qkv0  # (the launch reads the stream as fp32)
         res = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         for i, w in enumerate(self.layers):
-            attended = self._attend(i, qkv, rows, positions, cache, decode=True, pairs=pairs)
+            attended = self._attend(i, qkv, rows, positions, cache, decode=True, pdl=persistent.PDL, pairs=pairs)
             after = self.layers[i + 1] if i + 1 < len(self.layers) else None
             qkv = self.tail(attended, res_in if i == 0 else res, res, w, after,
                             after.input_norm if after is not None else self.final_norm, self.eps)

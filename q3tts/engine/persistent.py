@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from . import kernels
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -25,6 +27,10 @@ except ImportError:  # (no Triton, or one without Gluon)
     gluon = None
 
 ENABLED = True  # (False: the decoder keeps its kernels per step; for A/B measurements and tests)
+# Programmatic dependent launch (kernels.PDL) between each launch and the decode attention on either side of it: a
+# launch's programs ask for their first weight tiles before they wait for the attention's output, and the next
+# attention is launched while this one runs (docs/perf-notes.md, entry 93).
+PDL = True
 ROWS = (64, 128)  # the batches the kernel takes: a warpgroup's MMA tile, or two
 # Where it beats the kernels per step (docs/perf-notes.md, entry 92): decode steps of 64 rows, and the code
 # predictor's first pass (its rows' positions 0 and 1) of 64 and 128 tokens; decode steps of 128 rows lost with
@@ -84,15 +90,17 @@ class LayerTail:
         stream before the layer's o product; may be res) -> res (written, fp32) and the next layer's qkv [M, W]
         (next_w given) or the stream normed by next_norm [M, H] (the decoder's output). w, next_w:
         FusedLayerWeights."""
+        pdl = kernels.pdl_flags(res, PDL)["PDL"]
         args, consts, out = arguments(attended, res_in, res, w, next_w, next_norm, eps, self.sync, self.programs,
-                                      times)
-        _tail_kernel[(self.programs,)](*args, **consts, num_warps=4, launch_cooperative_grid=True)
+                                      times, pdl)
+        _tail_kernel[(self.programs,)](*args, **consts, num_warps=4, launch_cooperative_grid=True, launch_pdl=pdl)
         return out
 
 
-def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, times=None):
+def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, times=None, pdl=False):
     """The kernel's arguments and constants, and the tensor it returns (its buffers allocated here). times:
-    [programs, 6, 2] int64 for each program's clock at each phase's start and end (bench/layer_tail.py)."""
+    [programs, 6, 2] int64 for each program's clock at each phase's start and end (bench/layer_tail.py); pdl: the
+    launch is a programmatic dependent one (PDL)."""
     M, H = res_in.shape
     if STAGES < 4 or _input_stages(M) < 1:  # (gate/up reads two tiles a chunk while the last chunk's two are in use)
         raise ValueError(f"the rings need >= 4 weight slots and >= 1 input slot, not {STAGES} and {_input_stages(M)}")
@@ -109,7 +117,8 @@ def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, 
     args = (*weights, *inputs, res_in, res, xn2, h, xn, qkv, part, w.post_norm, next_norm, sync,
             times if times is not None else sync, eps)
     consts = dict(M=M, H=H, HQ=hq, W=qkv_w.shape[0], INTER=inter, BN=BN, BK=BK, S_O=s_o, S_D=s_d, NS=STAGES,
-                  XS=_input_stages(M), NEXT=next_w is not None, TIMING=times is not None)
+                  XS=_input_stages(M), NEXT=next_w is not None, TIMING=times is not None,
+                  PDL=pdl)
     return args, consts, qkv
 
 
@@ -145,6 +154,13 @@ if gluon is not None:
         """Orders this thread's ordinary global accesses with the TMA's (the async proxy) on global memory."""
         gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
+
+    @gluon.jit
+    def _after_predecessor():
+        """Under PDL: waits until the kernel before has finished and its writes are visible, then lets the kernel
+        after be launched (its programs wait likewise before they read what this one writes)."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _stamp(times_ptr, pid, phase, end, TIMING: gl.constexpr):
@@ -301,7 +317,7 @@ if gluon is not None:
                      qkv_ptr, part_ptr, post_norm_ptr, next_norm_ptr, sync_ptr, times_ptr, eps, M: gl.constexpr,
                      H: gl.constexpr, HQ: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr,
                      BK: gl.constexpr, S_O: gl.constexpr, S_D: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr,
-                     NEXT: gl.constexpr, TIMING: gl.constexpr, num_warps: gl.constexpr):
+                     NEXT: gl.constexpr, TIMING: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
         pid = gl.program_id(0)
         P = gl.num_programs(0)
         NJ: gl.constexpr = 4 if NEXT else 3  # products: o, gate/up, down (, the next qkv)
@@ -326,6 +342,8 @@ if gluon is not None:
         for _first in range(NS):
             f, it, pc, ti = _issue(f, it, pc, ti, pid, P, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ,
                                    INTER, BN, BK, S_O, S_D)
+        if PDL:  # (the weights above depend on nothing before; everything below may)
+            _after_predecessor()
         tc = 0  # weight tiles consumed
         xi = 0  # input chunks asked for
         xc = 0  # input chunks consumed
