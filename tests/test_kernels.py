@@ -709,6 +709,16 @@ def _layer_weights(device: str, hidden: int = 1024, inter: int = 3072):
                              q_norm=norm(128), k_norm=norm(128))
 
 
+def _random_decoder(layers: int, hidden: int, inter: int):
+    """A FlatDecoder of `layers` random bf16 layers (_layer_weights) with 16 query heads of 128 on DEVICE."""
+    from q3tts.engine.decoder import FlatDecoder
+
+    decoder = FlatDecoder([], torch.ones(hidden, device=DEVICE, dtype=torch.bfloat16), 1e-6, 16, 128,
+                          1.0 / 10000 ** (torch.arange(0, 128, 2, device=DEVICE).float() / 128))
+    decoder.layers = [_layer_weights(DEVICE, hidden, inter) for _ in range(layers)]
+    return decoder
+
+
 def test_the_persistent_layer_tail_compiles_for_hopper():
     """The Gluon kernel (Hopper only, no interpreter) compiles for sm_90 at the code predictor's and the 1.7B talker's
     shapes, at 64 and 128 rows, with and without the next layer's qkv product and PDL, the residual stream coming in as
@@ -752,15 +762,13 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
     import torch.nn.functional as F
 
     from q3tts.engine import persistent
-    from q3tts.engine.decoder import FlatDecoder, PagedCache
+    from q3tts.engine.decoder import PagedCache
 
     # (values that bf16 holds exactly: the step with its input in bf16 starts from the same stream)
     x = torch.randn(64, hidden, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0)).bfloat16().float()
     if not persistent.applies(x, torch.bfloat16, hidden, 2048, 4096, inter):
         pytest.skip("not a Hopper GPU")
-    decoder = FlatDecoder([], torch.ones(hidden, device=DEVICE, dtype=torch.bfloat16), 1e-6, 16, 128,
-                          1.0 / 10000 ** (torch.arange(0, 128, 2, device=DEVICE).float() / 128))
-    decoder.layers = [_layer_weights(DEVICE, hidden, inter) for _ in range(layers)]
+    decoder = _random_decoder(layers, hidden, inter)
     g = torch.Generator(DEVICE).manual_seed(1)
     history = [(r * 7) % 40 for r in range(64)]  # 0-39 earlier positions per row, blocks of 16
     rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
@@ -794,14 +802,12 @@ def test_the_persistent_layer_tail_under_pdl_in_a_graph_equals_it_without(monkey
     replayed in a CUDA graph (as the engine runs it), a 64-row decode step gives bit for bit what it gives without
     PDL, launch by launch."""
     from q3tts.engine import persistent
-    from q3tts.engine.decoder import FlatDecoder, PagedCache
+    from q3tts.engine.decoder import PagedCache
 
     x = torch.randn(64, 1024, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
     if not persistent.applies(x, torch.bfloat16, 1024, 2048, 4096, 3072) or not kernels.pdl_flags(x, True)["PDL"]:
         pytest.skip("not a Hopper GPU, or no PDL in this Triton")
-    decoder = FlatDecoder([], torch.ones(1024, device=DEVICE, dtype=torch.bfloat16), 1e-6, 16, 128,
-                          1.0 / 10000 ** (torch.arange(0, 128, 2, device=DEVICE).float() / 128))
-    decoder.layers = [_layer_weights(DEVICE, 1024, 3072) for _ in range(5)]
+    decoder = _random_decoder(5, 1024, 3072)
     history = [(r * 7) % 40 for r in range(64)]
     rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
     positions = torch.tensor([i for n in history for i in range(n)], dtype=torch.int32, device=DEVICE)
@@ -831,14 +837,12 @@ def test_a_first_pass_in_pairs_on_the_persistent_tail_equals_the_kernels_per_ste
     """The code predictor's first pass (each row's positions 0 and 1, in pairs) of 32 or 64 rows, 64 or 128 tokens:
     with the rest of each layer in one launch it gives the hidden states and caches of the kernels per step."""
     from q3tts.engine import persistent
-    from q3tts.engine.decoder import FlatDecoder, PagedCache
+    from q3tts.engine.decoder import PagedCache
 
     x = torch.randn(tokens, 1024, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
     if not persistent.applies(x, torch.bfloat16, 1024, 2048, 4096, 3072, first_pass=True):
         pytest.skip("not a Hopper GPU")
-    decoder = FlatDecoder([], torch.ones(1024, device=DEVICE, dtype=torch.bfloat16), 1e-6, 16, 128,
-                          1.0 / 10000 ** (torch.arange(0, 128, 2, device=DEVICE).float() / 128))
-    decoder.layers = [_layer_weights(DEVICE, 1024, 3072) for _ in range(5)]
+    decoder = _random_decoder(5, 1024, 3072)
     rows = torch.arange(tokens // 2, dtype=torch.int32, device=DEVICE).repeat_interleave(2)
     positions = torch.tensor([0, 1] * (tokens // 2), dtype=torch.int32, device=DEVICE)
     outs, caches = [], []
