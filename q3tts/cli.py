@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _flag_message(e: RequestError) -> str:
     """The error's message in this command line's terms: argument names as flags, also the bare leading one
-    ("temperature must be > 0" -> "--temperature must be > 0")."""
+    ("temperature must be a finite number > 0" -> "--temperature must be ...")."""
     message = e.renamed(FLAG_NAMES)
     if e.param in FLAG_NAMES and message.startswith(f"{e.param} "):
         message = FLAG_NAMES[e.param] + message[len(e.param):]

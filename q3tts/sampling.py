@@ -65,7 +65,7 @@ def _check(params: SamplingParams, name: str) -> None:
     elif base == "top_p":
         ok, rule = _is_number(value) and 0.0 < value <= 1.0, "must be in (0, 1]"
     elif base == "temperature" or base == "repetition_penalty":
-        ok, rule = _is_number(value) and value > 0.0, "must be > 0"
+        ok, rule = _is_number(value) and value > 0.0, "must be a finite number > 0"
     else:  # max_new_tokens
         ok, rule = _is_int(value) and value >= 1, "must be a positive integer"
     if not ok:

@@ -216,7 +216,7 @@ def test_bytes_and_base64_reference_audio(base, ref_wav):
     ({"text": "Hi \ud800."}, ValueError, "text is not valid Unicode: surrogates not allowed at character 3"),
     ({"instruct": "calm\udfff"}, ValueError, "instruct is not valid Unicode"),
     ({"text": ["a", "b"], "speaker": ["ryan", "eric", "dylan"]}, ValueError, "batch size mismatch"),
-    ({"temperature": 0.0}, ValueError, "temperature must be > 0"),
+    ({"temperature": 0.0}, ValueError, "temperature must be a finite number > 0"),
     ({"top_p": 1.5}, ValueError, "top_p must be in"),
     ({"max_new_tokens": 0}, ValueError, "max_new_tokens must be a positive integer"),
     ({"max_new_tokens": 40000}, ValueError, "does not fit: .* of the model's 32768 positions"),

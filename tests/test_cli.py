@@ -189,7 +189,7 @@ def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, tr
     (["--max-new-tokens", "1"], "--max-new-tokens must be at least 2"),
     (["--kv-cache-gb", "-1"], "--kv-cache-gb must be > 0"),
     (["--max-context", "5"], "--max-context must be an integer >= 64"),
-    (["--temperature", "0"], "--temperature must be > 0"),
+    (["--temperature", "0"], "--temperature must be a finite number > 0"),
     (["--seed", "-1"], "--seed must be a non-negative integer"),
     (["--device", "mps"], "device 'mps' is not supported"),
     (["--device", "meta"], "device 'meta' is not supported"),
