@@ -1,6 +1,6 @@
 """The rest of a decoder layer after its attention, at 64 or 128 rows, as one launch on Hopper (Gluon): the o product,
 add + RMSNorm, gate/up with SwiGLU, the down product, add + RMSNorm, and the next layer's qkv product
-(docs/perf-notes.md, entries 79-82).
+(docs/perf-notes.md, entries 79-82, 92-93).
 
 At 64 rows a matrix product of these shapes costs cuBLAS ~6-20 us, most of it fixed cost (entries 74-75); this
 kernel runs the layer's products and norms in one cooperative launch of one program per SM, with grid barriers
