@@ -547,12 +547,9 @@ def test_a_decoder_step_with_the_fused_attention(monkeypatch, tmp_path, fused):
         cache.block_table.copy_(torch.tensor([[1, 2], [3, 4], [5, 6], [7, 0]], dtype=torch.int32))
         caches.append(cache)
     g = torch.Generator(DEVICE).manual_seed(0)
-    rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
-    positions = torch.tensor([i for n in history for i in range(n)], dtype=torch.int32, device=DEVICE)
+    rows, positions, step_rows, step_positions = _history_tokens(history)
     past = torch.randn(len(rows), tc.hidden_size, generator=g, device=DEVICE)
     x = torch.randn(len(history), tc.hidden_size, generator=g, device=DEVICE)
-    step_rows = torch.arange(len(history), dtype=torch.int32, device=DEVICE)
-    step_positions = torch.tensor(history, dtype=torch.int32, device=DEVICE)
     outs = []
     with torch.no_grad():
         for cache, decode in zip(caches, (False, True)):
@@ -709,6 +706,24 @@ def _layer_weights(device: str, hidden: int = 1024, inter: int = 3072):
                              q_norm=norm(128), k_norm=norm(128))
 
 
+def _history_tokens(history: list[int]) -> tuple[torch.Tensor, ...]:
+    """Rows with history[r] earlier positions each: (rows, positions) of every earlier token, then (rows,
+    positions) of each row's next one, on DEVICE."""
+    as_ints = lambda values: torch.tensor(values, dtype=torch.int32, device=DEVICE)
+    return (as_ints([r for r, n in enumerate(history) for _ in range(n)]),
+            as_ints([i for n in history for i in range(n)]), as_ints(list(range(len(history)))), as_ints(history))
+
+
+def _bf16_cache(layers: int, rows: int, blocks_per_row: int):
+    """A bf16 PagedCache (8 KV heads of 128, blocks of 16) whose row r holds blocks r * blocks_per_row + 1, ..."""
+    from q3tts.engine.decoder import PagedCache
+
+    cache = PagedCache.allocate(layers, rows * blocks_per_row + 1, 16, 8, 128, rows, blocks_per_row, torch.bfloat16,
+                                torch.device(DEVICE))
+    cache.block_table.copy_(torch.arange(1, rows * blocks_per_row + 1, dtype=torch.int32).view(rows, blocks_per_row))
+    return cache
+
+
 def _random_decoder(layers: int, hidden: int, inter: int):
     """A FlatDecoder of `layers` random bf16 layers (_layer_weights) with 16 query heads of 128 on DEVICE."""
     from q3tts.engine.decoder import FlatDecoder
@@ -762,7 +777,6 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
     import torch.nn.functional as F
 
     from q3tts.engine import persistent
-    from q3tts.engine.decoder import PagedCache
 
     # (values that bf16 holds exactly: the step with its input in bf16 starts from the same stream)
     x = torch.randn(64, hidden, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0)).bfloat16().float()
@@ -771,19 +785,15 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
     decoder = _random_decoder(layers, hidden, inter)
     g = torch.Generator(DEVICE).manual_seed(1)
     history = [(r * 7) % 40 for r in range(64)]  # 0-39 earlier positions per row, blocks of 16
-    rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
-    positions = torch.tensor([i for n in history for i in range(n)], dtype=torch.int32, device=DEVICE)
+    rows, positions, step_rows, step_positions = _history_tokens(history)
     past = torch.randn(len(rows), hidden, generator=g, device=DEVICE)
-    step_rows = torch.arange(64, dtype=torch.int32, device=DEVICE)
-    step_positions = torch.tensor(history, dtype=torch.int32, device=DEVICE)
     outs, caches = [], []
     first = decoder.layers[0]
     with torch.no_grad():
         qkv0 = F.linear(kernels.add_rmsnorm(x, None, first.input_norm, 1e-6, torch.bfloat16)[0], first.qkv)
         for enabled, looked_up in ((False, False), (True, False), (True, True)):
             monkeypatch.setattr(persistent, "ENABLED", enabled)
-            cache = PagedCache.allocate(layers, 64 * 3 + 1, 16, 8, 128, 64, 3, torch.bfloat16, torch.device(DEVICE))
-            cache.block_table.copy_(torch.arange(1, 64 * 3 + 1, dtype=torch.int32).view(64, 3))
+            cache = _bf16_cache(layers, 64, 3)
             decoder(past, rows, positions, cache)  # the same history in each (the prefill kernels)
             step_x, step_qkv0 = (x.bfloat16(), qkv0) if looked_up else (x, None)
             outs.append(decoder(step_x, step_rows, step_positions, cache, decode=True, qkv0=step_qkv0))
@@ -802,19 +812,13 @@ def test_the_persistent_layer_tail_under_pdl_in_a_graph_equals_it_without(monkey
     replayed in a CUDA graph (as the engine runs it), a 64-row decode step gives bit for bit what it gives without
     PDL, launch by launch."""
     from q3tts.engine import persistent
-    from q3tts.engine.decoder import PagedCache
 
     x = torch.randn(64, 1024, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
     if not persistent.applies(x, torch.bfloat16, 1024, 2048, 4096, 3072) or not kernels.pdl_flags(x, True)["PDL"]:
         pytest.skip("not a Hopper GPU, or no PDL in this Triton")
     decoder = _random_decoder(5, 1024, 3072)
-    history = [(r * 7) % 40 for r in range(64)]
-    rows = torch.tensor([r for r, n in enumerate(history) for _ in range(n)], dtype=torch.int32, device=DEVICE)
-    positions = torch.tensor([i for n in history for i in range(n)], dtype=torch.int32, device=DEVICE)
-    cache = PagedCache.allocate(5, 64 * 3 + 1, 16, 8, 128, 64, 3, torch.bfloat16, torch.device(DEVICE))
-    cache.block_table.copy_(torch.arange(1, 64 * 3 + 1, dtype=torch.int32).view(64, 3))
-    step_rows = torch.arange(64, dtype=torch.int32, device=DEVICE)
-    step_positions = torch.tensor(history, dtype=torch.int32, device=DEVICE)
+    rows, positions, step_rows, step_positions = _history_tokens([(r * 7) % 40 for r in range(64)])
+    cache = _bf16_cache(5, 64, 3)
     with torch.no_grad():
         decoder(torch.randn(len(rows), 1024, device=DEVICE), rows, positions, cache)
         monkeypatch.setattr(persistent, "PDL", False)
@@ -837,7 +841,6 @@ def test_a_first_pass_in_pairs_on_the_persistent_tail_equals_the_kernels_per_ste
     """The code predictor's first pass (each row's positions 0 and 1, in pairs) of 32 or 64 rows, 64 or 128 tokens:
     with the rest of each layer in one launch it gives the hidden states and caches of the kernels per step."""
     from q3tts.engine import persistent
-    from q3tts.engine.decoder import PagedCache
 
     x = torch.randn(tokens, 1024, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
     if not persistent.applies(x, torch.bfloat16, 1024, 2048, 4096, 3072, first_pass=True):
@@ -849,9 +852,7 @@ def test_a_first_pass_in_pairs_on_the_persistent_tail_equals_the_kernels_per_ste
     with torch.no_grad():
         for enabled in (False, True):
             monkeypatch.setattr(persistent, "ENABLED", enabled)
-            cache = PagedCache.allocate(5, tokens // 2 + 1, 16, 8, 128, tokens // 2, 1, torch.bfloat16,
-                                        torch.device(DEVICE))
-            cache.block_table.copy_(torch.arange(1, tokens // 2 + 1, dtype=torch.int32)[:, None])
+            cache = _bf16_cache(5, tokens // 2, 1)
             outs.append(decoder(x, rows, positions, cache, pairs=True))
             caches.append(cache)
     assert decoder.tail is not None and decoder.tail.sync.tolist() == [0, 0, 0]
