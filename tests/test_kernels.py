@@ -369,6 +369,53 @@ def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
             assert torch.equal(procs.seen[rows], twin_procs.seen[rows])
 
 
+if kernels.triton is not None:
+    import triton.language as tl
+
+    from q3tts.engine import sampler
+
+    @kernels.triton.jit
+    def _kept_by_top_k(x_ptr, V, k_ptr, out_ptr, BLOCK_V: tl.constexpr, BITS: tl.constexpr,
+                       VALUE_PASSES: tl.constexpr):
+        """out[b] = which of row b's scores the sampling kernel's top-k keeps (k_ptr[b])."""
+        b = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK_V)
+        valid = cols < V
+        x = tl.load(x_ptr + b * V + cols, mask=valid, other=float("-inf"))
+        big, lowest = tl.reduce((x, tl.where(x > float("-inf"), x, float("inf"))), 0, sampler._max_and_min)
+        threshold = sampler._top_k_threshold(x, tl.load(k_ptr + b), big, lowest, BITS, VALUE_PASSES)
+        tl.store(out_ptr + b * V + cols, (x >= threshold).to(tl.int8), mask=valid)
+
+
+def test_top_k_keeps_the_k_largest_at_the_edges():
+    """The sampling kernel's top-k threshold search keeps what the twin keeps (every score >= the k-th largest)
+    where its passes cannot stop early or its spacing in value makes no progress: ties, values one float apart, -0
+    beside +0, fewer finite scores than k (the finite ones), a range beyond fp32's, k = 1 and V - 1, and a
+    vocabulary of 4,096 or more (16-bit counts)."""
+    if kernels.triton is None:
+        pytest.skip("no Triton")
+    g = torch.Generator().manual_seed(0)
+    after_one = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)).item()
+    for V in (2048, 4100):
+        x = torch.randn(6, V, generator=g) * 3
+        x[0] = x[0].round()  # ties
+        x[1] = torch.where(torch.rand(V, generator=g) < 0.5, 1.0, after_one)  # one float apart
+        x[2] = torch.where(torch.rand(V, generator=g) < 0.5, 0.0, -0.0) * (torch.rand(V, generator=g) < 0.9)
+        x[2, :40] = 1.0
+        x[3, : V - 30] = float("-inf")  # 30 finite scores
+        x[4] *= 1e37
+        x[4, :2] = torch.tensor([3e38, -3e38])
+        x = x.to(DEVICE)
+        for k in (1, 50, V - 1):
+            ks = torch.full((6,), k, device=DEVICE)
+            out = torch.zeros(6, V, dtype=torch.int8, device=DEVICE)
+            _kept_by_top_k[(6,)](x, V, ks, out, BLOCK_V=kernels.triton.next_power_of_2(V),
+                                 BITS=12 if V < 4096 else 16, VALUE_PASSES=sampler.VALUE_PASSES)
+            kth = x.sort(dim=-1, descending=True).values[:, k - 1 : k]
+            expected = (x >= kth) & (x > float("-inf"))
+            assert torch.equal(out.bool(), expected), (V, k, (out.bool() != expected).any(-1).nonzero().tolist())
+
+
 def test_sampling_distribution(monkeypatch):
     """Drawn frequencies follow the top-k/temperature distribution (on the twin, which the kernel equals)."""
     B, V = 4000, 64
@@ -768,23 +815,25 @@ def compile_tail():
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")
-@pytest.mark.parametrize("layers, hidden, inter", [(5, 1024, 3072), (28, 1024, 3072), (28, 2048, 6144)])
-def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, layers, hidden, inter):
-    """A 64-row decode step of a decoder at the code predictor's shapes (5 layers; 28: the 0.6B talker's) and the
-    1.7B talker's, every row with its own history: with the rest of each layer in one launch it gives the hidden
-    states and caches of the kernels per step, within bf16, also with the first layer's qkv product given and the
-    input rows in bf16 (the code predictor's steps); the barriers never gave up."""
+@pytest.mark.parametrize("layers, hidden, inter, n", [(5, 1024, 3072, 64), (28, 1024, 3072, 64),
+                                                     (28, 2048, 6144, 64), (5, 1024, 3072, 128)])
+def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, layers, hidden, inter, n):
+    """A decode step of n rows (64; 128 for the decoders 1,024 wide) of a decoder at the code predictor's shapes (5
+    layers; 28: the 0.6B talker's) and the 1.7B talker's, every row with its own history: with the rest of each
+    layer in one launch it gives the hidden states and caches of the kernels per step, within bf16, also with the
+    first layer's qkv product given and the input rows in bf16 (the code predictor's steps); the barriers never
+    gave up."""
     import torch.nn.functional as F
 
     from q3tts.engine import persistent
 
     # (values that bf16 holds exactly: the step with its input in bf16 starts from the same stream)
-    x = torch.randn(64, hidden, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0)).bfloat16().float()
+    x = torch.randn(n, hidden, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0)).bfloat16().float()
     if not persistent.applies(x, torch.bfloat16, hidden, 2048, 4096, inter):
         pytest.skip("not a Hopper GPU")
     decoder = _random_decoder(layers, hidden, inter)
     g = torch.Generator(DEVICE).manual_seed(1)
-    history = [(r * 7) % 40 for r in range(64)]  # 0-39 earlier positions per row, blocks of 16
+    history = [(r * 7) % 40 for r in range(n)]  # 0-39 earlier positions per row, blocks of 16
     rows, positions, step_rows, step_positions = _history_tokens(history)
     past = torch.randn(len(rows), hidden, generator=g, device=DEVICE)
     outs, caches = [], []
@@ -793,7 +842,7 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
         qkv0 = F.linear(kernels.add_rmsnorm(x, None, first.input_norm, 1e-6, torch.bfloat16)[0], first.qkv)
         for enabled, looked_up in ((False, False), (True, False), (True, True)):
             monkeypatch.setattr(persistent, "ENABLED", enabled)
-            cache = _bf16_cache(layers, 64, 3)
+            cache = _bf16_cache(layers, n, 3)
             decoder(past, rows, positions, cache)  # the same history in each (the prefill kernels)
             step_x, step_qkv0 = (x.bfloat16(), qkv0) if looked_up else (x, None)
             outs.append(decoder(step_x, step_rows, step_positions, cache, decode=True, qkv0=step_qkv0))

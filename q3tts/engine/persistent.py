@@ -32,10 +32,11 @@ ENABLED = True  # (False: the decoder keeps its kernels per step; for A/B measur
 # attention is launched while this one runs (docs/perf-notes.md, entry 93).
 PDL = True
 ROWS = (64, 128)  # the batches the kernel takes: a warpgroup's MMA tile, or two
-# Where it beats the kernels per step (docs/perf-notes.md, entry 92): decode steps of 64 rows, and the code
-# predictor's first pass (its rows' positions 0 and 1) of 64 and 128 tokens; decode steps of 128 rows lost with
-# the 1.7B talker's shapes (its gate/up items, 192, on 132 programs).
-DECODE_ROWS, FIRST_PASS_ROWS = (64,), (64, 128)
+# Where it beats the kernels per step (docs/perf-notes.md, entries 92, 95): decode steps of 64 rows, and of 128 rows
+# for the decoders 1,024 wide (both code predictors, the 0.6B talker; with the 1.7B talker's shapes they lost: its
+# gate/up items, 192, on 132 programs), by hidden size; the code predictor's first pass (its rows' positions 0 and 1)
+# of 64 and 128 tokens.
+DECODE_ROWS, FIRST_PASS_ROWS = {1024: (64, 128), 2048: (64,)}, (64, 128)
 BN, BK = 32, 256  # weight tiles [BN, BK], input chunks [rows, BK] (entry 80)
 STAGES, INPUT_BYTES = 6, 128 * 1024  # weight tiles asked for ahead (96 KB of shared memory), and input chunks: 4 of
 # 64 rows, 2 of 128
@@ -45,10 +46,11 @@ SHARED_BYTES = 227 * 1024  # a Hopper program's shared memory
 def applies(x: torch.Tensor, weight_dtype: torch.dtype, hidden: int, q_width: int, qkv_width: int,
             inter: int, first_pass: bool = False) -> bool:
     """Whether a decode call (`first_pass`: the code predictor's first pass) over x [N, hidden] of a decoder with
-    these shapes runs on this kernel: N in DECODE_ROWS (FIRST_PASS_ROWS), bf16 weights, a Hopper GPU, shapes that
-    tile (both sizes' code predictors and talkers)."""
-    if (not ENABLED or gluon is None or x.device.type != "cuda"
-            or x.shape[0] not in (FIRST_PASS_ROWS if first_pass else DECODE_ROWS) or weight_dtype != torch.bfloat16):
+    these shapes runs on this kernel: N in DECODE_ROWS[hidden] (FIRST_PASS_ROWS), bf16 weights, a Hopper GPU,
+    shapes that tile (both sizes' code predictors and talkers)."""
+    rows = FIRST_PASS_ROWS if first_pass else DECODE_ROWS.get(hidden, ())
+    if (not ENABLED or gluon is None or x.device.type != "cuda" or x.shape[0] not in rows
+            or weight_dtype != torch.bfloat16):
         return False
     props = torch.cuda.get_device_properties(x.device)
     s_o, s_d = (_split(hidden, k, props.multi_processor_count) for k in (q_width, inter))

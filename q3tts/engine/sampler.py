@@ -18,6 +18,7 @@ if triton is not None:
     import triton.language as tl
 
 SAMPLE_WARPS = 8  # warps per row's program (for A/B runs: bench/frame_parts.py --set sampler.SAMPLE_WARPS=4)
+VALUE_PASSES = 6  # top-k's threshold passes spread in value before they spread in key (_top_k_threshold)
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Tensor, counters: torch.Tensor,
@@ -55,7 +56,8 @@ def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Ten
         t.suppress if t else logits, t.eos_id if t else 0, t.min_new_tokens if t else 0, t1, o1, d1, t2, o2, d2,
         t3, o3, d3, HAS_PROCESSORS=t is not None, GATHER=len(gather), BLOCK_V=triton.next_power_of_2(V),
         BLOCK_D1=triton.next_power_of_2(d1), BLOCK_D2=triton.next_power_of_2(d2),
-        BLOCK_D3=triton.next_power_of_2(d3), num_warps=SAMPLE_WARPS)
+        BLOCK_D3=triton.next_power_of_2(d3), COUNT_BITS=12 if V < 4096 else 16, VALUE_PASSES=VALUE_PASSES,
+        num_warps=SAMPLE_WARPS)
     return out
 
 
@@ -78,16 +80,72 @@ if triton is not None:
 
     @triton.jit
     def _ordered(x):
-        """fp32 -> int64 key in [0, 2^32) with the same order as the floats."""
-        bits = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+        """fp32 -> int64 key in [0, 2^32) with the same order as the floats (-0 the key of +0, as they compare
+        equal)."""
+        bits = tl.where(x == 0, 0.0, x).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
         return tl.where(bits >= 0x80000000, (~bits) & 0xFFFFFFFF, bits | 0x80000000)
+
+    @triton.jit
+    def _unordered(key):
+        """_ordered's inverse: the fp32 value of a key."""
+        bits = tl.where(key >= 0x80000000, key & 0x7FFFFFFF, (~key) & 0xFFFFFFFF)
+        return bits.to(tl.int32).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _max_and_min(a, a_low, b, b_low):
+        return tl.maximum(a, b), tl.minimum(a_low, b_low)
+
+    @triton.jit
+    def _threshold(j, lo, hi, lo_value, step, by_value, NT: tl.constexpr):
+        """Threshold j (1..NT) of a top-k pass between keys lo and hi, as a value: lo_value + j step, or the value
+        of the key lo + ~j / (NT + 1) of hi - lo (a product and a shift, no 64-bit division: below hi, and above
+        lo for j = NT when hi - lo >= 2)."""
+        SCALE: tl.constexpr = (1 << 18) // (NT + 1)
+        return tl.where(by_value, lo_value + step * j, _unordered(lo + (((hi - lo) * (j * SCALE)) >> 18)))
+
+    @triton.jit
+    def _top_k_threshold(x, k, big, lowest, BITS: tl.constexpr, VALUE_PASSES: tl.constexpr):
+        """A value v such that x >= v keeps the scores >= the k-th largest (0 < k < V; big, lowest: the largest
+        and the lowest finite score; with fewer than k finite scores, every finite one). It narrows [lo, hi), keys
+        (_ordered) with >= k and < k scores at or above them, over passes that each count the scores at or above
+        NT thresholds in one reduction (BITS-bit counts packed in an int64; float comparisons): for the first
+        VALUE_PASSES passes spread evenly in value between lo and hi, then (or where that makes no progress)
+        evenly in key, which also ends ties (a run of equal scores at the k-th place can only end with hi = lo +
+        1). It stops once a threshold has exactly k scores at or above it: ~4 passes on average for 2,048 or 3,072
+        spread logits, at most ~7 (docs/perf-notes.md, entry 94; the 16 two-bit passes over the key that it
+        replaces stopped after ~8 on average, ~12 at most)."""
+        NT: tl.constexpr = 64 // BITS
+        MASK: tl.constexpr = (1 << BITS) - 1
+        lo = _ordered(lowest)
+        hi = _ordered(big) + 1  # (the key of the float after big)
+        kept = tl.full([], -1, tl.int64)  # scores at or above lo, once counted
+        passes = 0
+        while (kept != k) & (hi - lo > 1):
+            lo_value, hi_value = _unordered(lo), _unordered(hi)
+            step = (tl.minimum(hi_value, big) - lo_value) / (NT + 1)
+            by_value = (passes < VALUE_PASSES) & (lo_value + step > lo_value) & (lo_value + step * NT < hi_value)
+            packed = tl.zeros(x.shape, tl.int64)
+            for j in tl.static_range(1, NT + 1):
+                packed += (x >= _threshold(j, lo, hi, lo_value, step, by_value, NT)).to(tl.int64) << ((j - 1) * BITS)
+            counts = tl.sum(packed, axis=0)
+            new_lo, new_hi = lo, hi
+            for j in tl.static_range(1, NT + 1):  # thresholds rise with j, their counts fall
+                t = _ordered(_threshold(j, lo, hi, lo_value, step, by_value, NT))
+                c = (counts >> ((j - 1) * BITS)) & MASK
+                new_lo = tl.where(c >= k, t, new_lo)
+                kept = tl.where(c >= k, c, kept)
+                new_hi = tl.where((c < k) & (t < new_hi), t, new_hi)
+            lo, hi = new_lo, new_hi
+            passes += 1
+        return _unordered(lo)
 
     @triton.jit
     def _sample_kernel(logits_ptr, V, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr, offset,
                        out_ptr, seen_ptr, penalty_ptr, steps_ptr, suppress_ptr, eos_id, min_new,
                        t1_ptr, o1_ptr, D1, t2_ptr, o2_ptr, D2, t3_ptr, o3_ptr, D3, HAS_PROCESSORS: tl.constexpr,
                        GATHER: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr,
-                       BLOCK_D3: tl.constexpr):
+                       BLOCK_D3: tl.constexpr, COUNT_BITS: tl.constexpr,
+                       VALUE_PASSES: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_V)
         valid = cols < V
@@ -105,26 +163,11 @@ if triton is not None:
             x = x / tl.load(temp_ptr + b)
             k = tl.load(top_k_ptr + b)
             if (k > 0) & (k < V):
-                # The largest threshold that keeps >= k keys, two bits per pass: the keys at or above each of the
-                # next digit's three values are counted in one reduction, 16 bits a count (V < 2^16), and the
-                # counts fall as the digit grows. Once exactly k keys are at or above the threshold (its low bits
-                # still zero), they are the k largest: the passes stop there (~7 of 16 for 2048 spread logits).
-                key = _ordered(x)
-                threshold = tl.zeros([], tl.int64)
-                kept = V.to(tl.int64)  # keys at or above the threshold
-                shift = tl.full([], 30, tl.int64)  # (int64: 3 << 30 overflows 32 bits)
-                while (shift >= 0) & (kept != k):
-                    packed = (((key >= (threshold | (1 << shift))) & valid).to(tl.int64)
-                              + (((key >= (threshold | (2 << shift))) & valid).to(tl.int64) << 16)
-                              + (((key >= (threshold | (3 << shift))) & valid).to(tl.int64) << 32))
-                    counts = tl.sum(packed, axis=0)
-                    c1, c2, c3 = counts & 0xFFFF, (counts >> 16) & 0xFFFF, counts >> 32
-                    digit = (c1 >= k).to(tl.int64) + (c2 >= k).to(tl.int64) + (c3 >= k).to(tl.int64)
-                    kept = tl.where(digit == 3, c3, tl.where(digit == 2, c2, tl.where(digit == 1, c1, kept)))
-                    threshold = threshold | (digit << shift)
-                    shift -= 2
-                x = tl.where(key >= threshold, x, float("-inf"))
-            probs = tl.exp(x - tl.max(x, axis=0))
+                big, lowest = tl.reduce((x, tl.where(x > float("-inf"), x, float("inf"))), 0, _max_and_min)
+                x = tl.where(x >= _top_k_threshold(x, k, big, lowest, COUNT_BITS, VALUE_PASSES), x, float("-inf"))
+            else:
+                big = tl.max(x, axis=0)
+            probs = tl.exp(x - big)  # (top-k keeps the largest)
             probs = probs / tl.sum(probs, axis=0)
             top_p = tl.load(top_p_ptr + b)
             if top_p < 1.0:
