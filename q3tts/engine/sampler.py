@@ -111,9 +111,9 @@ if triton is not None:
         NT thresholds in one reduction (BITS-bit counts packed in an int64; float comparisons): for the first
         VALUE_PASSES passes spread evenly in value between lo and hi, then (or where that makes no progress)
         evenly in key, which also ends ties (a run of equal scores at the k-th place can only end with hi = lo +
-        1). It stops once a threshold has exactly k scores at or above it: ~4 passes on average for 2,048 or 3,072
-        spread logits, at most ~7 (docs/perf-notes.md, entry 94; the 16 two-bit passes over the key that it
-        replaces stopped after ~8 on average, ~12 at most)."""
+        1). It stops once a threshold has exactly k scores at or above it: for 2,048 or 3,072 spread logits ~4
+        passes on average, ~6-7 for the slowest of 64 rows (docs/perf-notes.md, entry 94; the two-bit passes over
+        the key that it replaces: ~8 and ~12)."""
         NT: tl.constexpr = 64 // BITS
         MASK: tl.constexpr = (1 << BITS) - 1
         lo = _ordered(lowest)
