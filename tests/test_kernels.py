@@ -123,19 +123,23 @@ def test_attention_runs_of_a_rows_tokens(monkeypatch, query_rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ["mixed", "many_short", "one_0", "one_15", "one_16", "one_36"])
+@pytest.mark.parametrize("case", ["mixed", "many_short", "short_64", "one_0", "one_15", "one_16", "one_36"])
 def test_decode_attention_equals_store_then_attend(monkeypatch, dtype, case):
     """The fused decode kernel against the twin of the two kernels it replaces: one new token per row, each
     row with its earlier positions already in the cache (written first, as the frames before did); rows of
-    different lengths, 70 rows of one block each (as the code predictor's; launched with fewer warps), and one
-    token alone (its first block read early, its own position from registers) with 0, 15, 16 (its own position
-    the first of the second block) and 36 positions before it."""
-    history = {"mixed": [6, 0, 36, 16], "many_short": [(7 * r) % 16 for r in range(70)]}.get(case)
+    different lengths, 70 rows of one block each (as the code predictor's; launched with fewer warps), 64 rows of
+    two blocks (their first blocks read early), and one token alone (its first block read early, its own position
+    from registers) with 0, 15, 16 (its own position the first of the second block) and 36 positions before it."""
+    history = {"mixed": [6, 0, 36, 16], "many_short": [(7 * r) % 16 for r in range(70)],
+               "short_64": [(5 * r) % 32 for r in range(64)]}.get(case)
     history = history or [int(case.split("_")[1])]
     args = _paged_setup(dtype, [n + 1 for n in history], seed=3)
     if case == "many_short":
         args["block_table"] = args["block_table"][:, :1]
         assert kernels._decode_attention_warps(len(history), 16) == kernels.SHORT_CONTEXT_WARPS
+    if case == "short_64":
+        args["block_table"] = args["block_table"][:, :2]
+        assert kernels._reads_early(len(history), 32)
     first = [sum(n + 1 for n in history[:r]) for r in range(len(history))]
     old = torch.tensor([i for r, n in enumerate(history) for i in range(first[r], first[r] + n)], dtype=torch.long,
                        device=DEVICE)

@@ -329,8 +329,11 @@ if triton is not None:
 # warp took the 192-row frame from 5.75 to 5.53 ms (0.6B) and 6.75 to 6.54 (1.7B), 64 rows unchanged; perf-notes 61)
 DECODE_ATTENTION_WARPS = 4
 SHORT_CONTEXT_WARPS = 1
-# Calls of up to this many tokens read the first block early (see _decode_attention_kernel's EARLY).
-EARLY_MAX_TOKENS = 1
+# Calls of up to EARLY_MAX_TOKENS tokens, and calls of EARLY_SHORT_TOKENS tokens whose rows hold at most
+# EARLY_MAX_POSITIONS positions (the code predictor's 64-row steps, between launches of the layer tail), read the
+# first block early (see _decode_attention_kernel's EARLY; perf-notes 56, 76, 97: the code predictor's steps at 64
+# rows gain with it, at 16, 32 and 128 lose, as the talker's 64-row steps do).
+EARLY_MAX_TOKENS, EARLY_SHORT_TOKENS, EARLY_MAX_POSITIONS = 1, (64,), 64
 
 
 def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
@@ -352,7 +355,7 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
-        IEEE=k_cache.dtype == torch.float32, EARLY=N <= EARLY_MAX_TOKENS,
+        IEEE=k_cache.dtype == torch.float32, EARLY=_reads_early(N, block_table.shape[1] * block_size),
         num_warps=_decode_attention_warps(N, block_table.shape[1] * block_size), **pdl_flags(qkv, pdl))
     return out
 
@@ -363,6 +366,10 @@ def _store_then_attend_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, 
     q = _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache, v_cache,
                                 num_heads)
     return _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
+
+
+def _reads_early(num_tokens: int, max_positions: int) -> bool:
+    return num_tokens <= EARLY_MAX_TOKENS or (num_tokens in EARLY_SHORT_TOKENS and max_positions <= EARLY_MAX_POSITIONS)
 
 
 def _decode_attention_warps(num_tokens: int, max_positions: int) -> int:
