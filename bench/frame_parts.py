@@ -18,15 +18,12 @@ usage: python bench/frame_parts.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,2]
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
 import json
 from pathlib import Path
 
 import torch
 
-import q3tts
-from q3tts.benchmarks.common import clone_prompt, load_model
+from q3tts.benchmarks.common import ab_label, add_ab_options, clone_prompt, load_model
 from q3tts.benchmarks.decode import breakdown, decode_runner
 from q3tts.engine import EngineConfig, kernels
 
@@ -37,15 +34,9 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2")
     parser.add_argument("--fused-decode", default=EngineConfig.fused_decode)
     parser.add_argument("--tiles", type=Path, help="bench/fused_linear.py --out JSON laid over the tile tables")
-    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                        help="a q3tts.engine module's constant for this run (a Python literal)")
-    parser.add_argument("--label", default=None, help="first word of each line (default: the tree's q3tts path)")
+    add_ab_options(parser)
     args = parser.parse_args()
-    for setting in args.set:
-        name, value = setting.split("=", 1)
-        module, attr = name.rsplit(".", 1)
-        setattr(importlib.import_module(f"q3tts.engine.{module}"), attr, ast.literal_eval(value))
-    label = args.label or str(Path(q3tts.__file__).parents[1])
+    label = ab_label(args)
     if args.tiles:
         for table, key, tiles in json.loads(args.tiles.read_text()):
             getattr(kernels, table)[tuple(key)] = tuple(tiles)

@@ -9,14 +9,10 @@ usage: python bench/sampling.py [--batches 1,64] [--scales 1,3] [--set sampler.N
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
-from pathlib import Path
 
 import torch
 
-import q3tts
-from q3tts.benchmarks.common import graph_ms
+from q3tts.benchmarks.common import ab_label, add_ab_options, graph_ms
 from q3tts.engine.sampler import TalkerProcessors, sample_tokens
 from q3tts.sampling import SamplerTensors, SamplingParams
 
@@ -49,15 +45,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--scales", default="1,3", help="the logits' standard deviations")
-    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                        help="a q3tts.engine module's constant for this run (a Python literal)")
-    parser.add_argument("--label", default=None, help="first word of each line (default: the tree's q3tts path)")
+    add_ab_options(parser)
     args = parser.parse_args()
-    for setting in args.set:
-        name, value = setting.split("=", 1)
-        module, attr = name.rsplit(".", 1)
-        setattr(importlib.import_module(f"q3tts.engine.{module}"), attr, ast.literal_eval(value))
-    label = args.label or str(Path(q3tts.__file__).parents[1])
+    label = ab_label(args)
     settings = {"top-k 50": SamplingParams(), "top-k off": SamplingParams(top_k=0, subtalker_top_k=0),
                 "greedy": SamplingParams(do_sample=False, subtalker_dosample=False)}
     for batch in (int(b) for b in args.batches.split(",")):

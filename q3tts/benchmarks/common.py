@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import os
 import subprocess
@@ -61,6 +63,24 @@ def voice_spec(model: Qwen3TTSModel, num_text_tokens: int = 30, seed: int = 0, n
     return PromptSpec(input_ids=text, language="english", non_streaming_mode=non_streaming,
                       speaker_embedding=torch.randn(config.talker_config.hidden_size, generator=g),
                       ref_ids=ref_ids, ref_codes=ref_codes)
+
+
+def add_ab_options(parser) -> None:
+    """--set and --label, for A/B runs of one tree against itself or another (bench/frame_parts.py,
+    bench/sampling.py); `ab_label` applies them."""
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                        help="a q3tts.engine module's constant for this run (a Python literal)")
+    parser.add_argument("--label", default=None, help="first word of each line (default: the tree's q3tts path)")
+
+
+def ab_label(args) -> str:
+    """Sets each --set MODULE.NAME=VALUE (a q3tts.engine module's constant) for the run; returns the label of
+    its lines: --label, or the folder q3tts was imported from."""
+    for setting in args.set:
+        name, value = setting.split("=", 1)
+        module, attr = name.rsplit(".", 1)
+        setattr(importlib.import_module(f"q3tts.engine.{module}"), attr, ast.literal_eval(value))
+    return args.label or str(Path(__file__).resolve().parents[2])
 
 
 def graph_ms(fn, replays: int, reps: int = 1) -> float:
