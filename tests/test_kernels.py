@@ -386,9 +386,8 @@ if kernels.triton is not None:
         cols = tl.arange(0, BLOCK_V)
         valid = cols < V
         x = tl.load(x_ptr + b * V + cols, mask=valid, other=float("-inf"))
-        big, lowest = tl.reduce((x, tl.where(x > float("-inf"), x, float("inf"))), 0, sampler._max_and_min)
-        threshold = sampler._top_k_threshold(x, tl.load(k_ptr + b), big, lowest, BITS, VALUE_PASSES)
-        tl.store(out_ptr + b * V + cols, (x >= threshold).to(tl.int8), mask=valid)
+        kept, _ = sampler._top_k(x, tl.load(k_ptr + b), BITS, VALUE_PASSES)
+        tl.store(out_ptr + b * V + cols, (kept > float("-inf")).to(tl.int8), mask=valid)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # (the interpreter, at +-3e38)
@@ -415,7 +414,7 @@ def test_top_k_keeps_the_k_largest_at_the_edges():
             ks = torch.full((6,), k, device=DEVICE)
             out = torch.zeros(6, V, dtype=torch.int8, device=DEVICE)
             _kept_by_top_k[(6,)](x, V, ks, out, BLOCK_V=kernels.triton.next_power_of_2(V),
-                                 BITS=12 if V < 4096 else 16, VALUE_PASSES=sampler.VALUE_PASSES)
+                                 BITS=sampler.count_bits(V), VALUE_PASSES=sampler.VALUE_PASSES)
             kth = x.sort(dim=-1, descending=True).values[:, k - 1 : k]
             expected = (x >= kth) & (x > float("-inf"))
             assert torch.equal(out.bool(), expected), (V, k, (out.bool() != expected).any(-1).nonzero().tolist())

@@ -351,12 +351,13 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     if block_size < 16 or num_heads // num_kv > 16:
         raise ValueError("the attention kernel needs block_size >= 16 and <= 16 query heads per KV head")
     out = torch.empty(N, num_heads * D, dtype=out_dtype, device=qkv.device)
+    max_positions = block_table.shape[1] * block_size
     _decode_attention_kernel[(N, num_kv)](
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
-        IEEE=k_cache.dtype == torch.float32, EARLY=_reads_early(N, block_table.shape[1] * block_size),
-        num_warps=_decode_attention_warps(N, block_table.shape[1] * block_size), **pdl_flags(qkv, pdl))
+        IEEE=k_cache.dtype == torch.float32, EARLY=_reads_early(N, max_positions),
+        num_warps=_decode_attention_warps(N, max_positions), **pdl_flags(qkv, pdl))
     return out
 
 

@@ -56,9 +56,15 @@ def sample_tokens(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Ten
         t.suppress if t else logits, t.eos_id if t else 0, t.min_new_tokens if t else 0, t1, o1, d1, t2, o2, d2,
         t3, o3, d3, HAS_PROCESSORS=t is not None, GATHER=len(gather), BLOCK_V=triton.next_power_of_2(V),
         BLOCK_D1=triton.next_power_of_2(d1), BLOCK_D2=triton.next_power_of_2(d2),
-        BLOCK_D3=triton.next_power_of_2(d3), COUNT_BITS=12 if V < 4096 else 16, VALUE_PASSES=VALUE_PASSES,
+        BLOCK_D3=triton.next_power_of_2(d3), COUNT_BITS=count_bits(V), VALUE_PASSES=VALUE_PASSES,
         num_warps=SAMPLE_WARPS)
     return out
+
+
+def count_bits(V: int) -> int:
+    """The bits of each count that top-k packs into an int64 (_top_k_threshold): 12 (five counts a pass) while
+    every count (<= V) fits them, else 16 (four; V < 2^16)."""
+    return 12 if V < 4096 else 16
 
 
 class TalkerProcessors:
@@ -102,6 +108,13 @@ if triton is not None:
         lo for j = NT when hi - lo >= 2)."""
         SCALE: tl.constexpr = (1 << 18) // (NT + 1)
         return tl.where(by_value, lo_value + step * j, _unordered(lo + (((hi - lo) * (j * SCALE)) >> 18)))
+
+    @triton.jit
+    def _top_k(x, k, BITS: tl.constexpr, VALUE_PASSES: tl.constexpr):
+        """(x with every score below the k-th largest -inf, max(x)) for 0 < k < V (with fewer than k finite
+        scores, the finite ones kept)."""
+        big, lowest = tl.reduce((x, tl.where(x > float("-inf"), x, float("inf"))), 0, _max_and_min)
+        return tl.where(x >= _top_k_threshold(x, k, big, lowest, BITS, VALUE_PASSES), x, float("-inf")), big
 
     @triton.jit
     def _top_k_threshold(x, k, big, lowest, BITS: tl.constexpr, VALUE_PASSES: tl.constexpr):
@@ -163,8 +176,7 @@ if triton is not None:
             x = x / tl.load(temp_ptr + b)
             k = tl.load(top_k_ptr + b)
             if (k > 0) & (k < V):
-                big, lowest = tl.reduce((x, tl.where(x > float("-inf"), x, float("inf"))), 0, _max_and_min)
-                x = tl.where(x >= _top_k_threshold(x, k, big, lowest, COUNT_BITS, VALUE_PASSES), x, float("-inf"))
+                x, big = _top_k(x, k, COUNT_BITS, VALUE_PASSES)
             else:
                 big = tl.max(x, axis=0)
             probs = tl.exp(x - big)  # (top-k keeps the largest)
