@@ -1,6 +1,7 @@
 """The sampling kernel alone (q3tts/engine/sampler.py): a frame's 16 draws (the talker's over 3,072 ids with its
 processors, the code predictor's 15 over 2,048, each gathering its code's embedding row) in one CUDA graph, ms per
-frame, at the default sampling (temperature 0.9, top-k 50) and without top-k or sampling, over logits N(0, s^2).
+frame, at the default sampling (temperature 0.9, top-k 50), with top-p 0.9 (with and without top-k), without top-k
+and without sampling, over logits N(0, s^2).
 For A/B runs: run it once per tree, alternating, as bench/frame_parts.py. GPU machine only.
 
 usage: python bench/sampling.py [--batches 1,64] [--scales 1,3] [--set sampler.NAME=VALUE ...] [--label NAME]
@@ -48,7 +49,9 @@ def main() -> None:
     add_ab_options(parser)
     args = parser.parse_args()
     label = ab_label(args)
-    settings = {"top-k 50": SamplingParams(), "top-k off": SamplingParams(top_k=0, subtalker_top_k=0),
+    settings = {"top-k 50": SamplingParams(), "top-k 50, top-p 0.9": SamplingParams(top_p=0.9, subtalker_top_p=0.9),
+                "top-p 0.9": SamplingParams(top_k=0, subtalker_top_k=0, top_p=0.9, subtalker_top_p=0.9),
+                "top-k off": SamplingParams(top_k=0, subtalker_top_k=0),
                 "greedy": SamplingParams(do_sample=False, subtalker_dosample=False)}
     for batch in (int(b) for b in args.batches.split(",")):
         for scale in (float(s) for s in args.scales.split(",")):

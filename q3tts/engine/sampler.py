@@ -153,6 +153,42 @@ if triton is not None:
         return _unordered(lo)
 
     @triton.jit
+    def _min_max_sum(a_sum, a_max, a_min, b_sum, b_max, b_min):
+        return a_sum + b_sum, tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
+
+    @triton.jit
+    def _top_p(probs, limit):
+        """probs (>= 0, summing to 1) without the low tail whose mass is <= limit (= 1 - top_p), ties together, the
+        largest always kept (transformers' TopPLogitsWarper keeps at least one). A search for lo, the largest
+        present probability with mass(p <= lo) <= limit, keeping hi above it (mass(p <= hi) > limit, or hi the
+        largest) and rest, the lowest present probability in (lo, hi): each pass splits [rest, hi) at its middle
+        in bits (mid, so the float's exponent halves first), and one reduction gives mass(p <= mid), the largest
+        present at or below mid (hi's next value if the mass is too large) and the lowest above it (rest's, if
+        not); every pass drops at least rest or the new hi from (lo, hi), and it stops once that holds none. The
+        same cut as testing every bit of the key (32 reductions): ~7-8 passes over 2,048 or 3,072 probabilities
+        after top-k 50, ~10 for the slowest of 64 rows; ~13 without top-k (~16). One reduction of three (tl.reduce)
+        rather than three (tl.sum, max, min): faster on the GPU (docs/perf-notes.md, entry 99), ~8x slower in
+        Triton's CPU interpreter."""
+        lo = tl.zeros([], tl.float32)
+        hi = tl.max(probs, axis=0)
+        rest = lo  # (a bound, not yet a present value: the first pass finds them)
+        more = hi > lo
+        while more:
+            mid = ((rest.to(tl.int32, bitcast=True) + hi.to(tl.int32, bitcast=True)) >> 1).to(tl.float32,
+                                                                                              bitcast=True)
+            below = probs <= mid
+            mass, top_below, low_above = tl.reduce(
+                (tl.where(below, probs, 0.0), tl.where(below & (probs > lo), probs, -1.0),
+                 tl.where(~below & (probs < hi), probs, float("inf"))), 0, _min_max_sum)
+            if mass <= limit:
+                lo, rest = mid, low_above
+                more = low_above < hi
+            else:
+                hi = top_below
+                more = rest < top_below
+        return tl.where(probs <= lo, 0.0, probs)
+
+    @triton.jit
     def _sample_kernel(logits_ptr, V, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr, offset,
                        out_ptr, seen_ptr, penalty_ptr, steps_ptr, suppress_ptr, eos_id, min_new,
                        t1_ptr, o1_ptr, D1, t2_ptr, o2_ptr, D2, t3_ptr, o3_ptr, D3, HAS_PROCESSORS: tl.constexpr,
@@ -183,15 +219,7 @@ if triton is not None:
             probs = probs / tl.sum(probs, axis=0)
             top_p = tl.load(top_p_ptr + b)
             if top_p < 1.0:
-                # Remove the low tail whose cumulative mass (ascending, ties together) is <= 1 - top_p.
-                key = _ordered(probs)
-                limit = 1.0 - top_p
-                cut = tl.zeros([], tl.int64)
-                for bit in tl.static_range(31, -1, -1):
-                    candidate = cut | (1 << bit)
-                    mass = tl.sum(tl.where(key <= candidate, probs, 0.0), axis=0)
-                    cut = tl.where(mass <= limit, candidate, cut)
-                probs = tl.where(key <= cut, 0.0, probs)
+                probs = _top_p(probs, 1.0 - top_p)
             seed = tl.load(seed_ptr + b)
             h = _mix32((tl.load(counter_ptr + b) + offset).to(tl.uint32) ^ _mix32(cols.to(tl.uint32) + 0x3C6EF372))
             h = _mix32(h ^ seed.to(tl.uint32))
