@@ -867,7 +867,7 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
 @pytest.mark.parametrize("n", [64, 128])
 def test_a_head_on_the_persistent_layer_tail_gives_the_steps_logits(n):
     """A decode step of n rows of the code predictor's shapes with a head [2,048, 1,024] as its last launch's last
-    phase: the logits (fp32) of the step's output through the head, as cuBLAS computes them, within fp32 sums in
+    phase: the logits (fp32) of the step's output through the head, in fp32, within fp32 sums in
     another order; the step's caches as without the head."""
     from q3tts.engine import persistent
 
@@ -885,7 +885,7 @@ def test_a_head_on_the_persistent_layer_tail_gives_the_steps_logits(n):
         hidden = decoder(x, step_rows, step_positions, caches[0], decode=True)
         logits = decoder.decode_logits(x, step_rows, step_positions, caches[1], head)
     assert logits is not None and logits.dtype == torch.float32 and logits.shape == (n, 2048)
-    torch.testing.assert_close(logits, torch.mm(hidden, head.t(), out_dtype=torch.float32), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, hidden.float() @ head.float().t(), rtol=1e-4, atol=1e-4)
     assert torch.equal(caches[1].k, caches[0].k) and torch.equal(caches[1].v, caches[0].v)
     assert decoder.tail.sync.tolist() == [0, 0, 0]
 
