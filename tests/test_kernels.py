@@ -839,9 +839,10 @@ def _random_decoder(layers: int, hidden: int, inter: int):
 
 def test_the_persistent_layer_tail_compiles_for_hopper():
     """The Gluon kernel (Hopper only, no interpreter) compiles for sm_90 at the code predictor's and the 1.7B talker's
-    shapes, at 64 and 128 rows, with and without the next layer's qkv product and PDL, the residual stream coming in as
-    fp32 or as the bf16 input rows (the code predictor's looked-up first layer), within a program's shared memory;
-    what it computes is checked on a GPU (below). In a process of its own: this one's Triton interprets (conftest)."""
+    shapes, at 64 and 128 rows, with the next layer's qkv product, the head's (fp32 logits) or neither, with and
+    without PDL, the residual stream coming in as fp32 or as the bf16 input rows (the code predictor's looked-up
+    first layer), within a program's shared memory; what it computes is checked on a GPU (below). In a process of
+    its own: this one's Triton interprets (conftest)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -862,10 +863,13 @@ def compile_tail():
     for (hidden, inter), rows in itertools.product(((1024, 3072), (2048, 6144)), persistent.ROWS):
         w, after = _layer_weights("cpu", hidden, inter), _layer_weights("cpu", hidden, inter)
         attended, res = torch.zeros(rows, 2048, dtype=torch.bfloat16), torch.zeros(rows, hidden)
-        for next_w, res_in, pdl in ((after, res, True), (None, res, False), (after, res.bfloat16(), True)):
+        head = torch.zeros(2048, hidden, dtype=torch.bfloat16)
+        for next_w, res_in, pdl, last in ((after, res, True, None), (None, res, False, None),
+                                          (after, res.bfloat16(), True, None), (None, res, True, head)):
             args, consts, out = persistent.arguments(attended, res_in, res, w, next_w, after.input_norm, 1e-6,
-                                                     torch.zeros(3, dtype=torch.int32), 132, pdl=pdl)
-            assert out.shape == ((rows, 4096) if next_w is not None else (rows, hidden))
+                                                     torch.zeros(3, dtype=torch.int32), 132, pdl=pdl, head=last)
+            assert out.shape == ((rows, 4096) if next_w is not None else (rows, 2048) if last is not None
+                                 else (rows, hidden))
             kernel = persistent.compile_for_hopper(persistent._tail_kernel, args, consts)
             assert kernel.metadata.shared <= persistent._shared_bytes(rows) <= persistent.SHARED_BYTES
 
@@ -909,6 +913,33 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
         _close_chained(cache.k, caches[0].k, layers)
         _close_chained(cache.v, caches[0].v, layers)
     assert torch.equal(outs[2], outs[1])  # (the same products: the looked-up qkv is the one computed)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")
+def test_a_head_on_the_persistent_layer_tail_gives_the_steps_logits():
+    """A decode step of 64 rows of the code predictor's shapes with a head [2,048, 1,024] as its last launch's last
+    phase: the logits (fp32) of the step's output through the head, within fp32 sums in another order; the step's
+    caches as without the head."""
+    from q3tts.engine import persistent
+
+    n = 64
+    x = torch.randn(n, 1024, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
+    if not persistent.applies(x, torch.bfloat16, 1024, 2048, 4096, 3072):
+        pytest.skip("not a Hopper GPU")
+    decoder = _random_decoder(5, 1024, 3072)
+    head = (torch.randn(2048, 1024, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(1)) / 32).bfloat16()
+    rows, positions, step_rows, step_positions = _history_tokens([(r * 7) % 40 for r in range(n)])
+    past = torch.randn(len(rows), 1024, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(2))
+    caches = [_bf16_cache(5, n, 3) for _ in range(2)]
+    with torch.no_grad():
+        for cache in caches:
+            decoder(past, rows, positions, cache)
+        hidden = decoder(x, step_rows, step_positions, caches[0], decode=True)
+        logits = decoder.decode_logits(x, step_rows, step_positions, caches[1], head)
+    assert logits is not None and logits.dtype == torch.float32 and logits.shape == (n, 2048)
+    torch.testing.assert_close(logits, hidden.float() @ head.float().t(), rtol=1e-4, atol=1e-4)
+    assert torch.equal(caches[1].k, caches[0].k) and torch.equal(caches[1].v, caches[0].v)
+    assert decoder.tail.sync.tolist() == [0, 0, 0]
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")

@@ -118,17 +118,27 @@ class FlatDecoder:
         return self.tail is not False and persistent.applies(x, w.qkv.dtype, w.o.shape[0], w.o.shape[1],
                                                              w.qkv.shape[0], w.down.shape[1], first_pass)
 
+    def decode_logits(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
+                      head: torch.Tensor, qkv0: torch.Tensor | None = None) -> torch.Tensor | None:
+        """A decode step's logits through `head` [V, hidden] in fp32, the head's product the last phase of the
+        step's last launch on the layer tail (docs/perf-notes.md, entry 98); None where the tail does not take the
+        step or the head there (persistent.HEAD_ROWS; the caller then runs the decoder and the head itself)."""
+        if x.shape[0] not in persistent.HEAD_ROWS or not self._tail_applies(x, False):
+            return None
+        return self._with_tail(x, rows, positions, cache, qkv0, head=head)
+
     def _with_tail(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
-                   qkv0: torch.Tensor | None = None, pairs: bool = False) -> torch.Tensor | None:
+                   qkv0: torch.Tensor | None = None, pairs: bool = False,
+                   head: torch.Tensor | None = None) -> torch.Tensor | None:
         """A decode step (or a first pass in pairs) on Hopper: per layer its attention, then the rest of the layer
-        and the next layer's qkv product (the last: the final norm) as one launch (persistent.LayerTail): 2
-        launches per layer instead of 8 (docs/perf-notes.md, entries 81, 92). None if the first launch fails (a GPU
-        shared under MPS with fewer SMs than it reports cannot hold the cooperative launch, say): the decoder then
-        keeps its kernels per step (they rewrite what the attempt stored)."""
+        and the next layer's qkv product (the last: the final norm, and with `head` its logits) as one launch
+        (persistent.LayerTail): 2 launches per layer instead of 8 (docs/perf-notes.md, entries 81, 92). None if
+        the first launch fails (a GPU shared under MPS with fewer SMs than it reports cannot hold the cooperative
+        launch, say): the decoder then keeps its kernels per step (they rewrite what the attempt stored)."""
         if self.tail is None:
             self.tail = persistent.LayerTail(x.device)
             try:
-                return self._with_tail(x, rows, positions, cache, qkv0, pairs)
+                return self._with_tail(x, rows, positions, cache, qkv0, pairs, head)
             except RuntimeError as e:
                 log.warning("the persistent layer kernel did not launch (%s); the decoder keeps its kernels per step",
                             e)
@@ -144,8 +154,9 @@ class FlatDecoder:
             attended = self._attend(i, qkv, rows, positions, cache, decode=True, pdl=persistent.PDL, pairs=pairs)
             after = self.layers[i + 1] if i + 1 < len(self.layers) else None
             qkv = self.tail(attended, res_in if i == 0 else res, res, w, after,
-                            after.input_norm if after is not None else self.final_norm, self.eps)
-        return qkv  # (after the last layer: the normed hidden states)
+                            after.input_norm if after is not None else self.final_norm, self.eps,
+                            head=head if after is None else None)
+        return qkv  # (after the last layer: the normed hidden states, or their logits)
 
     def _attend(self, i: int, qkv: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cache: PagedCache,
                 decode: bool, pdl: bool = False, pairs: bool = False) -> torch.Tensor:

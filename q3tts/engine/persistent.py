@@ -37,6 +37,7 @@ ROWS = (64, 128)  # the batches the kernel takes: a warpgroup's MMA tile, or two
 # gate/up items, 192, on 132 programs), by hidden size; the code predictor's first pass (its rows' positions 0 and 1)
 # of 64 and 128 tokens.
 DECODE_ROWS, FIRST_PASS_ROWS = {1024: (64, 128), 2048: (64,)}, (64, 128)
+HEAD_ROWS = (64,)  # the code predictor's decode steps with its head as their last launch's last phase (entry 98)
 BN, BK = 32, 256  # weight tiles [BN, BK], input chunks [rows, BK] (entry 80)
 STAGES, INPUT_BYTES = 6, 128 * 1024  # weight tiles asked for ahead (96 KB of shared memory), and input chunks: 4 of
 # 64 rows, 2 of 128
@@ -87,22 +88,27 @@ class LayerTail:
         self.programs = torch.cuda.get_device_properties(device).multi_processor_count
 
     def __call__(self, attended: torch.Tensor, res_in: torch.Tensor, res: torch.Tensor, w, next_w,
-                 next_norm: torch.Tensor, eps: float, times: torch.Tensor | None = None) -> torch.Tensor:
+                 next_norm: torch.Tensor, eps: float, times: torch.Tensor | None = None,
+                 head: torch.Tensor | None = None) -> torch.Tensor:
         """attended [M, Hq D] (the layer's attention output; M one of ROWS), res_in [M, H] fp32 (the residual
         stream before the layer's o product; may be res) -> res (written, fp32) and the next layer's qkv [M, W]
-        (next_w given) or the stream normed by next_norm [M, H] (the decoder's output). w, next_w:
+        (next_w given), or the stream normed by next_norm [M, H] (the decoder's output), or with `head` [V, H]
+        (no next layer) that output's logits [M, V] in fp32, the launch's last product. w, next_w:
         FusedLayerWeights."""
         pdl = kernels.pdl_flags(res, PDL)["PDL"]
         args, consts, out = arguments(attended, res_in, res, w, next_w, next_norm, eps, self.sync, self.programs,
-                                      times, pdl)
+                                      times, pdl, head)
         _tail_kernel[(self.programs,)](*args, **consts, num_warps=4, launch_cooperative_grid=True, launch_pdl=pdl)
         return out
 
 
-def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, times=None, pdl=False):
+def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, times=None, pdl=False, head=None):
     """The kernel's arguments and constants, and the tensor it returns (its buffers allocated here). times:
     [programs, 6, 2] int64 for each program's clock at each phase's start and end (bench/layer_tail.py); pdl: the
-    launch is a programmatic dependent one (PDL)."""
+    launch is a programmatic dependent one (PDL); head: the last product's weight instead of the next layer's qkv
+    (its output in fp32)."""
+    if head is not None and next_w is not None:
+        raise ValueError("the launch's last product is the next layer's qkv or the head, not both")
     M, H = res_in.shape
     if STAGES < 4 or _input_stages(M) < 1:  # (gate/up reads two tiles a chunk while the last chunk's two are in use)
         raise ValueError(f"the rings need >= 4 weight slots and >= 1 input slot, not {STAGES} and {_input_stages(M)}")
@@ -112,14 +118,16 @@ def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, 
     h = torch.empty(M, inter, dtype=bf, device=res.device)
     xn = torch.empty(M, H, dtype=bf, device=res.device)
     part = torch.empty(max(s_o, s_d), M, H, dtype=torch.float32, device=res.device)
-    qkv_w = (next_w or w).qkv  # (without a next layer: a stand-in, not read)
-    qkv = torch.empty(M, qkv_w.shape[0], dtype=bf, device=res.device) if next_w is not None else xn
+    last = next_w.qkv if next_w is not None else head  # the product after the last norm, if any
+    qkv_w = w.qkv if last is None else last  # (without one: a stand-in, not read)
+    qkv = xn if last is None else torch.empty(M, last.shape[0], dtype=bf if head is None else torch.float32,
+                                              device=res.device)
     weights = [_descriptor(t, [BN, BK]) for t in (w.o, w.gate_up, w.down, qkv_w)]
     inputs = [_descriptor(t, [M, BK]) for t in (attended, xn2, h, xn)]
     args = (*weights, *inputs, res_in, res, xn2, h, xn, qkv, part, w.post_norm, next_norm, sync,
             times if times is not None else sync, eps)
     consts = dict(M=M, H=H, HQ=hq, W=qkv_w.shape[0], INTER=inter, BN=BN, BK=BK, S_O=s_o, S_D=s_d, NS=STAGES,
-                  XS=_input_stages(M), NEXT=next_w is not None, TIMING=times is not None,
+                  XS=_input_stages(M), NEXT=last is not None, TIMING=times is not None,
                   PDL=pdl)
     return args, consts, qkv
 
@@ -394,7 +402,7 @@ if gluon is not None:
         norm_rows(part_ptr, res_ptr, res_ptr, next_norm_ptr, xn_ptr, pid, P, eps, S_D, M, H, num_warps)
         _stamp(times_ptr, pid, 4, 1, TIMING)
 
-        if NEXT:  # the next layer's qkv = xn Wqkv^T
+        if NEXT:  # the next layer's qkv = xn Wqkv^T (or the head's logits, in fp32)
             grid_barrier(sync_ptr, 5 * P)
             _stamp(times_ptr, pid, 5, 0, TIMING)
             for item in range(pid, W // BN, P):
@@ -402,6 +410,6 @@ if gluon is not None:
                 acc, xi, xc, f, it, pc, ti, tc = _product(x_xn, 0, H // BK, acc, xi, xc, x_smem, x_bars, f, it, pc,
                                                           ti, tc, pid, P, ring, bars, d_o, d_gu, d_down, d_qkv, False,
                                                           NJ, NS, XS, M, H, W, HQ, INTER, BN, BK, S_O, S_D)
-                gl.store(qkv_ptr + rows[:, None] * W + (item * BN + cols)[None, :], acc.to(gl.bfloat16))
+                gl.store(qkv_ptr + rows[:, None] * W + (item * BN + cols)[None, :], acc.to(qkv_ptr.dtype.element_ty))
             _stamp(times_ptr, pid, 5, 1, TIMING)
         leave(sync_ptr, P)

@@ -408,13 +408,14 @@ class ModelRunner:
         x = torch.stack([s.hidden[:B], embeds[0]], dim=1).view(2 * B, -1)
         h, norm = self._code_predictor(x, self.cp_first[0][: 2 * B], self.cp_first[1][: 2 * B], decode=False,
                                        keep=slice(1, None, 2), pairs=True)
+        logits = self._head(h, cp.lm_head[0].weight, norm)
         codes = [c0]
         for g in range(cp.config.num_code_groups - 1):
             gather, x, step = self._cp_gather(g, embeds)
-            codes.append(sample_tokens(self._head(h, cp.lm_head[g].weight, norm), sampler, seeds, counters,
-                                       offset=g + 1, gather=gather))
+            codes.append(sample_tokens(logits, sampler, seeds, counters, offset=g + 1, gather=gather))
             if g < cp.config.num_code_groups - 2:
-                h, norm = self._code_predictor(x, self.row_ids[:B], self.cp_positions[g + 2, :B], **step)
+                logits = self._cp_logits(x, self.row_ids[:B], self.cp_positions[g + 2, :B], cp.lm_head[g + 1].weight,
+                                         **step)
         return codes
 
     def _cp_gather(self, g: int, embeds: torch.Tensor) -> tuple[list, torch.Tensor, dict]:
@@ -437,6 +438,20 @@ class ModelRunner:
         if self.cp_qkv_tables is not None:
             step["qkv0"] = into_buffer(self.cp_qkv_tables[g])
         return gather, x, step
+
+    def _cp_logits(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, head: torch.Tensor,
+                   projected: bool = False, qkv0: torch.Tensor | None = None) -> torch.Tensor:
+        """A code-predictor decode step over x (as _code_predictor) and its logits through `head` in fp32: on the
+        layer tail with the head the last phase of the step's last launch where the tail takes the step
+        (docs/perf-notes.md, entry 98), else the decoder's other kernels, then _head."""
+        if not projected:
+            x = self.model.talker.code_predictor.small_to_mtp_projection(x)
+        if self._decode["decode"] and not self.cp.fuses(x.shape[0], self._decode["fused"]):
+            logits = self.cp.decode_logits(x, rows, positions, self.cp_cache, head, qkv0)
+            if logits is not None:
+                return logits
+        h, norm = self._code_predictor(x, rows, positions, projected=True, qkv0=qkv0)
+        return self._head(h, head, norm)
 
     def _code_predictor(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, decode: bool = True,
                         keep: slice = slice(None), projected: bool = False, qkv0: torch.Tensor | None = None,
@@ -507,15 +522,13 @@ class ModelRunner:
             x = torch.stack([hidden[t:t + 1], embeds[0][t:t + 1]], dim=1).view(2, -1)
             h, norm = self._code_predictor(x, self.cp_first[0][:2], self.cp_first[1][:2], decode=False,
                                            keep=slice(1, None, 2), pairs=True)
-            logits = []
-            for g in range(cp.config.num_code_groups - 1):
-                logits.append(self._head(h, cp.lm_head[g].weight, norm))
-                if g < cp.config.num_code_groups - 2:
-                    tables, code = self.cp_input_tables, codes[t:t + 1, g + 1]
-                    x = embeds[g + 1][t:t + 1] if tables is None else tables[g][code]
-                    qkv0 = None if self.cp_qkv_tables is None else self.cp_qkv_tables[g][code]
-                    h, norm = self._code_predictor(x, self.row_ids[:1], self.cp_positions[g + 2, :1],
-                                                   projected=tables is not None, qkv0=qkv0)
+            logits = [self._head(h, cp.lm_head[0].weight, norm)]
+            for g in range(cp.config.num_code_groups - 2):
+                tables, code = self.cp_input_tables, codes[t:t + 1, g + 1]
+                x = embeds[g + 1][t:t + 1] if tables is None else tables[g][code]
+                qkv0 = None if self.cp_qkv_tables is None else self.cp_qkv_tables[g][code]
+                logits.append(self._cp_logits(x, self.row_ids[:1], self.cp_positions[g + 2, :1],
+                                              cp.lm_head[g + 1].weight, projected=tables is not None, qkv0=qkv0))
             cp_logits.append(torch.stack(logits, dim=1))
         return talker_logits, torch.cat(cp_logits)
 
