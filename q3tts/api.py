@@ -25,7 +25,7 @@ from .checkpoint import CheckpointError, resolve_model_dir
 from .config import GenerationConfig, ModelConfig
 from .engine import Engine, EngineConfig, QueueFull, RequestStream
 from .engine.sequence import Prompt
-from .errors import RequestError
+from .errors import RequestError, RequestTypeError
 from .models.qwen3_tts import Qwen3TTSModel
 from .models.speech_tokenizer import SpeechTokenizer
 from .official import OfficialAPI
@@ -215,6 +215,10 @@ class TTS(OfficialAPI):
                        ) -> list[np.ndarray]:
         """Many requests (from `request`) at once: they run as rows of one batch, and beyond the engine's rows
         through continuous batching. Returns their audio in order."""
+        wrong = next((r for r in requests if not isinstance(r, Request)), None)
+        if wrong is not None:
+            raise RequestTypeError(f"synthesize_all takes requests made by TTS.request, not {type(wrong).__name__} "
+                                   "(for texts: TTS.synthesize, or TTS.request for each)", "requests")
         return self._render(requests, official_cut=False, on_frame=on_frame)
 
     def stream(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,

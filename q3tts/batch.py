@@ -49,7 +49,9 @@ def read_items(tts: TTS, path: Path) -> tuple[list[Item], list[dict]]:
         try:
             item = _item(tts, number, line)
             if item.id in ids:
-                raise ValueError(f"id {item.id!r} is used by an earlier line")
+                default = item.id == f"{number:06d}"  # (a line without an id is named by its number)
+                raise ValueError(f"id {item.id!r}{' (the default: the line number)' if default else ''} is used by an "
+                                 f"earlier line" + (": give this line an `id`" if default else ""))
             ids.add(item.id)
             items.append(item)
         except (ValueError, TypeError, OSError) as e:

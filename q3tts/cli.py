@@ -295,7 +295,7 @@ def _say(args) -> int:
     kind = tts.config.tts_model_type
     if kind == "base" and voice is None:
         voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
-    speaker = args.speaker or (DEFAULT_SPEAKER if kind == "custom_voice" else None)
+    speaker = args.speaker if args.speaker is not None else DEFAULT_SPEAKER if kind == "custom_voice" else None
     kwargs = dict(speaker=speaker, voice=voice, instruct=args.instruct, language=args.language,
                   non_streaming_mode=args.non_streaming_mode, seed=args.seed, **sampling)
     requests = tts.pieces(text, **kwargs)  # validated before anything runs

@@ -14,11 +14,12 @@ reference's share of the audio by float truncation (which can keep one sample of
 from __future__ import annotations
 
 from collections.abc import Sequence
+from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import RequestError
+from .errors import RequestError, RequestTypeError
 from .request import Request
 from .voice import Voice, clone_voices
 
@@ -93,8 +94,8 @@ class OfficialAPI:
         self.require("base", "create_voice_clone_prompt")
         audios = ref_audio if isinstance(ref_audio, list) else [ref_audio]
         return clone_voices(self.speech_tokenizer, self.model.speaker_encoder, self.config, audios,
-                            _broadcast(ref_text, len(audios), "ref_text"),
-                            _broadcast(x_vector_only_mode, len(audios), "x_vector_only_mode"))
+                            _broadcast(ref_text, len(audios), "ref_text", "reference audios"),
+                            _broadcast(x_vector_only_mode, len(audios), "x_vector_only_mode", "reference audios"))
 
 
 def _as_list(value: Any, name: str) -> list:
@@ -104,24 +105,48 @@ def _as_list(value: Any, name: str) -> list:
     return values
 
 
-def _broadcast(value: Any, n: int, name: str) -> list:
+def _broadcast(value: Any, n: int, name: str, items: str = "texts") -> list:
     """A scalar or a 1-element list applies to every item; otherwise the list length must match."""
     values = value if isinstance(value, list) else [value]
     if len(values) == 1:
         return values * n
     if len(values) != n:
-        raise RequestError(f"batch size mismatch: {n} texts but {len(values)} values for {name}", name)
+        raise RequestError(f"batch size mismatch: {n} {items} but {len(values)} values for {name}", name)
     return values
 
 
-def _voices_from_prompt(prompt: Voice | Sequence[Voice] | dict) -> list[Voice]:
-    """Accepts our Voice objects and the official `voice_clone_prompt` dict of lists."""
+PROMPT_KEYS = ("ref_spk_embedding", "x_vector_only_mode", "icl_mode")  # (and ref_code, ref_text: None allowed)
+
+
+def _voices_from_prompt(prompt: Voice | Sequence[Voice] | dict | str | PathLike) -> list[Voice]:
+    """Accepts our Voice objects (or voice files, as `Voice.load` reads them) and the official
+    `voice_clone_prompt` dict of lists."""
+    name = "voice_clone_prompt"
     if isinstance(prompt, Voice):
         return [prompt]
+    if isinstance(prompt, (str, PathLike)):
+        return [Voice.load(prompt)]
     if isinstance(prompt, dict):
-        n = len(prompt["ref_spk_embedding"])
-        codes = prompt.get("ref_code") or [None] * n
-        return [Voice(ref_code=codes[i], ref_spk_embedding=prompt["ref_spk_embedding"][i],
-                      x_vector_only_mode=bool(prompt["x_vector_only_mode"][i]), icl_mode=bool(prompt["icl_mode"][i]),
-                      ref_text=(prompt.get("ref_text") or [None] * n)[i]) for i in range(n)]
-    return list(prompt)
+        missing = [key for key in PROMPT_KEYS if key not in prompt]
+        if missing:
+            raise RequestError(f"`{name}` has no {', '.join(missing)}: pass what create_voice_clone_prompt returns "
+                               "(a list of voices) or the official dict of lists", name)
+        lists = {key: prompt.get(key) for key in (*PROMPT_KEYS, "ref_code", "ref_text")}
+        scalar = [key for key, value in lists.items() if value is not None and not hasattr(value, "__len__")]
+        if scalar:
+            raise RequestError(f"`{name}` needs lists (one item per voice) for {', '.join(scalar)}", name)
+        n = len(lists["ref_spk_embedding"])
+        lists = {key: [None] * n if value is None else value for key, value in lists.items()}
+        uneven = {key: len(value) for key, value in lists.items() if len(value) != n}
+        if uneven:
+            raise RequestError(f"`{name}` lists of unequal length: {n} ref_spk_embedding but "
+                               + ", ".join(f"{length} {key}" for key, length in uneven.items()), name)
+        return [Voice(ref_code=lists["ref_code"][i], ref_spk_embedding=lists["ref_spk_embedding"][i],
+                      x_vector_only_mode=bool(lists["x_vector_only_mode"][i]), icl_mode=bool(lists["icl_mode"][i]),
+                      ref_text=lists["ref_text"][i]) for i in range(n)]
+    voices = list(prompt) if isinstance(prompt, Sequence) else [prompt]
+    wrong = next((v for v in voices if not isinstance(v, Voice)), None)
+    if wrong is not None or not voices:
+        raise RequestTypeError(f"`{name}` takes voices (create_voice_clone_prompt's list, a Voice, a voice file's "
+                               f"path) or the official dict, not {type(wrong if voices else prompt).__name__}", name)
+    return voices

@@ -100,9 +100,10 @@ class RequestBuilder:
                                    "non_streaming_mode")
         speaker = None if _is_no_speaker(speaker) else self.speaker(speaker)
         spec = self._spec(text, self.language(language), bool(non_streaming_mode), instruct, speaker,
-                          self.voice(voice) if voice else None)
+                          self.voice(voice) if voice is not None else None)
         length = prompt_length(self.config, spec)
-        return Request(spec, self.sampling({**(sampling or {}), "seed": seed}, length), length, runaway_guard)
+        return Request(spec, self.sampling({**(sampling or {}), "seed": seed}, length, official), length,
+                       runaway_guard)
 
     def check_mode(self, speaker: str | None, has_voice: bool, instruct: str | None, official: bool = False
                    ) -> str | None:
@@ -202,9 +203,14 @@ class RequestBuilder:
         defaults = {f.name: getattr(self.generation_config, f.name) for f in fields(GenerationConfig)}
         return SamplingParams(**{**defaults, **{k: v for k, v in arguments.items() if v is not None}})
 
-    def sampling(self, arguments: dict[str, Any], num_positions: int) -> SamplingParams:
-        """`params`, with the length rule applied for a prompt of `num_positions` positions."""
+    def sampling(self, arguments: dict[str, Any], num_positions: int, official: bool = False) -> SamplingParams:
+        """`params`, with the length rule applied for a prompt of `num_positions` positions (and, but for the
+        official API, which returns empty audio for it, a max_new_tokens of at least MIN_FRAMES)."""
         params = self.params(arguments)
+        if not official and arguments.get("max_new_tokens") is not None and params.max_new_tokens < MIN_FRAMES:
+            raise RequestError(f"max_new_tokens must be at least {MIN_FRAMES}, got {params.max_new_tokens}: the "
+                               f"step that ends the audio is one of them, so N gives at most N - 1 frames",
+                               "max_new_tokens")
         limit, setting = self.context_limit()
         room = limit - num_positions
         where = f"the {limit} positions a request may hold ({setting})" if setting else \

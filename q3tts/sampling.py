@@ -134,6 +134,11 @@ def sample(logits: torch.Tensor, params: SamplerTensors, seeds: torch.Tensor, co
     """logits: [B, V] fp32 processed; seeds, counters: [B] int64. Returns token ids [B] (int64)."""
     greedy = logits.argmax(-1)
     scores = logits / params.temperature[:, None]
+    # A temperature (or, before it, a repetition penalty) so far below 1 that the largest scores overflow to inf
+    # (transformers' softmax then gives NaN and multinomial fails): their limit, the largest logits alone.
+    overflowed = scores.amax(-1, keepdim=True) == float("inf")
+    largest = torch.where(logits == logits.amax(-1, keepdim=True), 0.0, float("-inf"))
+    scores = torch.where(overflowed, largest, scores)
     scores = _top_k(scores, params.top_k)
     scores = _top_p(scores, params.top_p)
     probs = scores.softmax(-1)

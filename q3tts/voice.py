@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save
 
 from .audio import load_audio, resample
 from .config import ModelConfig
-from .errors import RequestError
+from .errors import RequestError, RequestTypeError, quote
 from .models.speaker_encoder import compute_speaker_embedding
 
 FORMAT = "q3tts.voice.v1"
@@ -98,6 +98,9 @@ def clone_voices(speech_tokenizer, speaker_encoder, config: ModelConfig, ref_aud
     `create_voice_clone_prompt` makes them: the speaker embedding, and for in-context cloning the reference
     codes and transcript."""
     for i, (text, xvec) in enumerate(zip(ref_texts, x_vector_only)):
+        if text is not None and not isinstance(text, str):
+            raise RequestTypeError(f"ref_text must be a string (the reference's transcript), got {quote(text)}",
+                                   "ref_text")
         if not xvec and (text is None or not str(text).strip()):
             which = f"; missing for reference {i}" if len(ref_texts) > 1 else ""
             raise RequestError(f"ref_text is required for in-context voice cloning (x_vector_only_mode=False){which}",

@@ -17,7 +17,7 @@ from q3tts import TTS, Qwen3TTSModel, Voice, VoiceClonePromptItem
 from q3tts.audio import AudioError
 from q3tts.checkpoint import CheckpointError
 from q3tts.config import ConfigError
-from q3tts.errors import RequestError
+from q3tts.errors import RequestError, RequestTypeError
 from q3tts.tiny import tiny_checkpoint
 from tests.test_equivalence import speech_like
 
@@ -395,3 +395,43 @@ def test_a_missing_transcript_names_the_reference_only_among_several(base, ref_w
     assert one.value.param == "ref_text"
     with pytest.raises(RequestError, match="missing for reference 1"):
         base.create_voice_clone_prompt([str(ref_wav), str(ref_wav)], ref_text=["Good morning.", None])
+
+
+def test_voice_clone_prompts_of_every_shape_or_a_clear_error(base, ref_wav, tmp_path, no_compute):
+    """`voice_clone_prompt` takes create_voice_clone_prompt's list, a Voice, a voice file's path (once iterated as
+    characters: "1 texts but 23 values"), or the official dict; a dict without its keys, of uneven lists or of
+    scalars, and anything else, is a RequestError naming the argument (once a KeyError or IndexError)."""
+    from q3tts.official import _voices_from_prompt
+
+    voice = base.create_voice(str(ref_wav), x_vector_only=True)
+    path = tmp_path / "me.voice"
+    voice.save(path)
+    for prompt in (str(path), path, voice, [voice]):
+        assert torch.equal(_voices_from_prompt(prompt)[0].ref_spk_embedding, voice.ref_spk_embedding)
+    spk = [voice.ref_spk_embedding]
+    for prompt, match in ((dict(ref_spk_embedding=spk), "has no x_vector_only_mode, icl_mode"),
+                          (dict(ref_spk_embedding=spk, x_vector_only_mode=[True, True], icl_mode=[False]),
+                           "unequal length: 1 ref_spk_embedding but 2 x_vector_only_mode"),
+                          (dict(ref_spk_embedding=spk, x_vector_only_mode=True, icl_mode=False), "needs lists"),
+                          ([1, 2], "not int"), (3, "not int"), ([], "takes voices")):
+        with pytest.raises(RequestError, match=match) as e:
+            base.generate_voice_clone("Hi.", voice_clone_prompt=prompt)
+        assert e.value.param == "voice_clone_prompt"
+
+
+def test_native_inputs_of_the_wrong_kind_are_request_errors(base, ref_wav, no_compute):
+    """A voice that is not one, texts where requests belong, a transcript that is not a string (once a voice that
+    saved but never loaded), a max_new_tokens that leaves no audio (the official API keeps its empty result), and
+    a batch mismatch counted in what was given."""
+    with pytest.raises(RequestTypeError, match="got ndarray"):
+        base.synthesize("Hi.", voice=np.zeros(3))
+    with pytest.raises(RequestTypeError, match="takes requests made by TTS.request, not str"):
+        base.synthesize_all(["Hi."])
+    with pytest.raises(RequestTypeError, match="ref_text must be a string") as e:
+        base.create_voice(str(ref_wav), ref_text=123)
+    assert e.value.param == "ref_text"
+    voice = base.create_voice(str(ref_wav), x_vector_only=True)
+    with pytest.raises(RequestError, match="max_new_tokens must be at least 2, got 1"):
+        base.synthesize("Hi.", voice=voice, max_new_tokens=1)
+    with pytest.raises(RequestError, match="2 reference audios but 3 values for ref_text"):
+        base.create_voice_clone_prompt([str(ref_wav)] * 2, ref_text=["a", "b", "c"])

@@ -16,6 +16,8 @@ JOBS = [
     {"text": "Bad speaker.", "speaker": "nobody"},
     {"text": "Twice.", "speaker": "ryan", "id": "second"},
     {"text": "Third.", "speaker": "serena", "max_new_tokens": 6, "temperature": 0.5},
+    {"text": "Named as line 9 is.", "speaker": "ryan", "id": "000009", "max_new_tokens": 3},
+    {"text": "Line 9, no id.", "speaker": "ryan"},
 ]
 
 
@@ -26,18 +28,20 @@ def test_batch_renders_resumes_and_reports(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     assert main(["batch", str(jobs), "--out-dir", str(out), "--model", "tiny", "--max-rows", "2"]) == 0
     err = capsys.readouterr().err
-    reported = ((3, "not JSON"), (4, "text is empty"), (5, "unknown speaker"), (6, "id 'second' is used by"))
+    reported = ((3, "not JSON"), (4, "text is empty"), (5, "unknown speaker"), (6, "id 'second' is used by"),
+                (9, "id '000009' (the default: the line number) is used by an earlier line: give this line an `id`"))
     for line, words in reported:
         assert f"line {line}: {words}" in err
-    assert "3 rendered, 0 already there, 4 bad lines" in err
-    frames = {"000001.wav": 4, "second.wav": 3, "000007.wav": 5}
+    assert "4 rendered, 0 already there, 5 bad lines" in err
+    frames = {"000001.wav": 4, "second.wav": 3, "000007.wav": 5, "000009.wav": 2}
     assert sorted(p.name for p in out.glob("*.wav")) == sorted(frames)
     for name, n in frames.items():
         assert sf.info(out / name).frames == n * 1920
     manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
-    assert [m["line"] for m in manifest] == [1, 2, 3, 4, 5, 6, 7]
-    assert [m.get("status") for m in manifest] == ["rendered", "rendered", None, None, None, None, "rendered"]
+    assert [m["line"] for m in manifest] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert [m.get("status") for m in manifest] == ["rendered", "rendered", None, None, None, None, "rendered",
+                                                   "rendered", None]
     (out / "second.wav").unlink()
     assert main(["batch", str(jobs), "--out-dir", str(out), "--model", "tiny"]) == 0
-    assert "1 rendered, 2 already there, 4 bad lines" in capsys.readouterr().err
+    assert "1 rendered, 3 already there, 5 bad lines" in capsys.readouterr().err
     assert sf.info(out / "second.wav").frames == 3 * 1920

@@ -383,6 +383,32 @@ def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
             assert torch.equal(procs.seen[rows], twin_procs.seen[rows])
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # (the interpreter: the overflow tested,
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # and top-k's search from inf)
+def test_scores_that_overflow_draw_the_largest_logits(monkeypatch):
+    """A temperature (or a repetition penalty on a seen token) so far below 1 that the largest scores overflow to
+    inf draws what its limit draws, the largest processed logit, in the kernel as in the twin (they once drew id 0:
+    softmax of inf is NaN), with top-k and without."""
+    B, V = 4, 3072
+    g = torch.Generator(DEVICE).manual_seed(0)
+    logits = torch.randn(B, V, device=DEVICE, generator=g) * 3
+    params = [SamplingParams(temperature=1e-38, top_k=k, seed=i) for i, k in enumerate((50, 0, 50, 0))]
+    p = SamplerTensors.build(params, False, DEVICE)
+    seeds, counters = torch.arange(B, device=DEVICE), torch.zeros(B, dtype=torch.long, device=DEVICE)
+    ids = sample_tokens(logits, p, seeds, counters)
+    assert torch.equal(ids, _twin(monkeypatch, sample_tokens, logits, p, seeds, counters))
+    assert torch.equal(ids, logits.argmax(-1))
+    seen = torch.zeros(B, V, dtype=torch.bool, device=DEVICE)
+    seen[:, :8] = True  # (a penalty of 1e-38 on positive logits: inf)
+    logits[:, :8] = torch.arange(1, 9, device=DEVICE, dtype=torch.float32)
+    procs = [TalkerProcessors(seen.clone(), torch.full((B,), 1e-38, device=DEVICE), torch.full((B,), 5, device=DEVICE),
+                              torch.zeros(V, dtype=torch.bool, device=DEVICE), V - 1, 2) for _ in range(2)]
+    p = SamplerTensors.build([SamplingParams(seed=i) for i in range(B)], False, DEVICE)
+    ids = sample_tokens(logits, p, seeds, counters, procs[0])
+    assert torch.equal(ids, _twin(monkeypatch, sample_tokens, logits, p, seeds, counters, procs[1]))
+    assert bool((ids < 8).all())  # (the seen positive logits, overflowed alike: a draw among them)
+
+
 if kernels.triton is not None:
     import triton.language as tl
 

@@ -25,6 +25,13 @@ from ..tiny.speech_tokenizer import condition_vocoder
 FRAME_SECONDS = 0.08  # one codec frame = 80 ms of audio
 
 
+def cuda_device(command: str) -> torch.device:
+    """The GPU a benchmark runs on; a clear error (the CLI prints it) where none is visible."""
+    if not torch.cuda.is_available():
+        raise ValueError(f"{command} needs a CUDA GPU and none is visible here (torch {torch.__version__})")
+    return torch.device("cuda")
+
+
 def load_model(name: str, ckpt_root: Path | None, device: torch.device) -> Qwen3TTSModel:
     """bf16 model with EOS disabled: from `ckpt_root/name` if given, else random weights at the real config."""
     if ckpt_root is None:

@@ -24,7 +24,7 @@ from ..engine.readback import Readback
 from ..engine.runner import ModelRunner, _frame_sum
 from ..engine.sampler import sample_tokens
 from ..sampling import SamplingParams
-from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model
+from .common import FRAME_SECONDS, clone_prompt, cuda_device, graph_ms, load_model
 
 
 @dataclass
@@ -124,7 +124,7 @@ def bench_decode(names: list[str], batches: list[int], n_short: int = 50, n_long
     """`fused`: the EngineConfig.fused_decode settings to run, each in its own rows (engine "q3tts" for the
     default, "q3tts, fused_decode=X" for the others). The prefix cache is off: every admission prefills its
     whole prompt, as the peers do."""
-    device = torch.device("cuda")
+    device = cuda_device("q3tts bench decode")
     rows: list[DecodeRow] = []
     for name in names:
         model = load_model(name, ckpt_root, device)

@@ -19,13 +19,22 @@ from ..engine.readback import Readback
 from ..models.speech_tokenizer import SpeechTokenizer
 from ..prompt import build_prompts
 from ..sampling import SamplingParams
-from .common import FRAME_SECONDS, clone_prompt, graph_ms, load_model, random_decoder, voice_prompt, voice_spec
+from .common import (
+    FRAME_SECONDS,
+    clone_prompt,
+    cuda_device,
+    graph_ms,
+    load_model,
+    random_decoder,
+    voice_prompt,
+    voice_spec,
+)
 
 
 def bench_streaming(names: list[str], ckpt_root: Path | None, concurrency: tuple[int, ...] = (1, 16, 64),
                     reps: int = 5, log=print) -> list[dict]:
     """Time to first audio (request -> first PCM on the host) and the codec's GPU cost, per model."""
-    device = torch.device("cuda")
+    device = cuda_device("q3tts bench streaming")
     rows: list[dict] = []
     for name in names:
         model = load_model(name, ckpt_root, device)
@@ -226,7 +235,7 @@ def codec_precision(frames: int = 100) -> dict:
     """bf16 vs fp32 incremental decode of the same random codes (conditioned random weights; the peer
     checkpoints' unconditioned random vocoder clips to +-1 and amplifies any rounding into noise): max |diff|
     and SNR of the audio."""
-    device = torch.device("cuda")
+    device = cuda_device("q3tts bench streaming")
     codes = torch.randint(0, 2048, (1, 16, frames), generator=torch.Generator().manual_seed(0)).to(device)
     out = {}
     for dtype in (torch.float32, torch.bfloat16):

@@ -209,13 +209,16 @@ if triton is not None:
         if not tl.load(do_sample_ptr + b).to(tl.int1):
             token = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int64)
         else:
-            x = x / tl.load(temp_ptr + b)
+            scores = x / tl.load(temp_ptr + b)
             k = tl.load(top_k_ptr + b)
             if (k > 0) & (k < V):
-                x, big = _top_k(x, k, COUNT_BITS, VALUE_PASSES)
+                scores, big = _top_k(scores, k, COUNT_BITS, VALUE_PASSES)
             else:
-                big = tl.max(x, axis=0)
-            probs = tl.exp(x - big)  # (top-k keeps the largest)
+                big = tl.max(scores, axis=0)
+            if big == float("inf"):  # (as the twin: overflowed scores, their limit: the largest processed logits)
+                scores = tl.where(x == tl.max(x, axis=0), 0.0, float("-inf"))
+                big = 0.0
+            probs = tl.exp(scores - big)  # (top-k keeps the largest)
             probs = probs / tl.sum(probs, axis=0)
             top_p = tl.load(top_p_ptr + b)
             if top_p < 1.0:
