@@ -25,6 +25,7 @@ from .transfer import to_device
 
 _MASK32 = 0xFFFFFFFF
 MIN_NEW_TOKENS = 2  # EOS cannot be drawn in the first steps (the official generate's min_new_tokens)
+FLOAT32_SMALLEST, FLOAT32_MAX = 2.0**-149, 3.4028234663852886e38  # the positive float32 range
 TOP_K_ALL = 2**31 - 1  # a top-k that keeps every token: larger values (valid) are stored as this
 NUM_CONTROL_IDS = 1024  # the talker vocabulary's last ids: control tokens, never sampled except EOS
 
@@ -64,8 +65,10 @@ def _check(params: SamplingParams, name: str) -> None:
         ok, rule = _is_int(value) and value >= 0, "must be an integer >= 0 (0 disables it)"
     elif base == "top_p":
         ok, rule = _is_number(value) and 0.0 < value <= 1.0, "must be in (0, 1]"
-    elif base == "temperature" or base == "repetition_penalty":
-        ok, rule = _is_number(value) and value > 0.0, "must be a finite number > 0"
+    elif base == "temperature" or base == "repetition_penalty":  # (divisors in float32: neither 0 nor inf there)
+        ok = _is_number(value) and FLOAT32_SMALLEST <= value <= FLOAT32_MAX
+        rule = "must be a finite number > 0" + (" that float32 holds (1.4e-45 to 3.4e38)" if not ok and
+                                                 _is_number(value) and value > 0 else "")
     else:  # max_new_tokens
         ok, rule = _is_int(value) and value >= 1, "must be a positive integer"
     if not ok:

@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
-from .audio import load_audio, resample
+from .audio import AudioError, load_audio, resample
 from .config import ModelConfig
 from .errors import RequestError, RequestTypeError, quote
 from .models.speaker_encoder import compute_speaker_embedding
@@ -114,7 +114,12 @@ def clone_voices(speech_tokenizer, speaker_encoder, config: ModelConfig, ref_aud
     else:
         codes = [speech_tokenizer.encode([resample(w, sr, rate)])[0] for w, sr in loaded]
     encoder_rate = config.speaker_encoder_config.sample_rate
+    embeddings = [compute_speaker_embedding(speaker_encoder, resample(w, sr, encoder_rate)) for w, sr in loaded]
+    for i, embedding in enumerate(embeddings):
+        if not bool(torch.isfinite(embedding).all()):  # (samples far beyond +-1 overflow the mel spectrogram)
+            which = f" {i}" if len(loaded) > 1 else ""
+            raise AudioError(f"reference audio{which} gives a speaker embedding with NaN or infinite values: its "
+                             f"samples reach {float(abs(loaded[i][0]).max()):.3g} (audio is expected within +-1)")
     return [Voice(ref_code=None if xvec else c, icl_mode=not xvec, x_vector_only_mode=bool(xvec), ref_text=text,
-                  ref_spk_embedding=compute_speaker_embedding(speaker_encoder, resample(w, sr, encoder_rate)),
-                  model_size=config.tts_model_size)
-            for (w, sr), c, text, xvec in zip(loaded, codes, ref_texts, x_vector_only)]
+                  ref_spk_embedding=embedding, model_size=config.tts_model_size)
+            for c, text, xvec, embedding in zip(codes, ref_texts, x_vector_only, embeddings)]

@@ -435,3 +435,10 @@ def test_native_inputs_of_the_wrong_kind_are_request_errors(base, ref_wav, no_co
         base.synthesize("Hi.", voice=voice, max_new_tokens=1)
     with pytest.raises(RequestError, match="2 reference audios but 3 values for ref_text"):
         base.create_voice_clone_prompt([str(ref_wav)] * 2, ref_text=["a", "b", "c"])
+    for name, value in (("temperature", 1e39), ("repetition_penalty", 1e-46), ("subtalker_temperature", 1e-50)):
+        with pytest.raises(RequestError, match=f"{name} must be a finite number > 0 that float32 holds") as e:
+            base.synthesize("Hi.", voice=voice, **{name: value})  # (float32 makes them inf or 0: NaN scores)
+        assert e.value.param == name
+    loud = (1e30 * np.sin(np.arange(48000) / 20)).astype(np.float32)
+    with pytest.raises(AudioError, match="speaker embedding with NaN or infinite values: its samples reach 1e"):
+        base.create_voice((loud, 24000), x_vector_only=True)  # (once a voice stored, then refused at every use)

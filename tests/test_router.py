@@ -224,6 +224,20 @@ def test_two_engines_behind_one_endpoint(tmp_path):
                              "name": "shared"}, files={"file": ("ref.wav", _reference_wav(), "audio/wav")},
                              timeout=60)
         assert created.status_code == 201, created.text
+        # Through the front as in one process: a name with a space or beyond ASCII reaches the engine encoded (once
+        # a plain-text 400 or a 500); a lone surrogate and an infinite temperature are refused (once a 500, and
+        # a temperature silently dropped for the default).
+        for name, path in (("my voice", "my%20voice"), ("José", "Jos%C3%A9")):
+            made = httpx.post(url + "/v1/audio/voices", headers=auth, data={"x_vector_only_mode": "true", "name": name},
+                              files={"file": ("ref.wav", _reference_wav(), "audio/wav")}, timeout=60)
+            assert made.status_code == 201, made.text
+            assert httpx.get(f"{url}/v1/audio/voices/{path}", headers=auth).json()["name"] == name
+            assert httpx.delete(f"{url}/v1/audio/voices/{path}", headers=auth).status_code == 200
+        for body, param in ((b'{"input": "\\ud800", "voice": "shared"}', "input"),
+                            (b'{"input": "Hi.", "voice": "shared", "temperature": Infinity}', "temperature")):
+            refused = httpx.post(url + "/v1/audio/speech", content=body,
+                                 headers={**auth, "content-type": "application/json"}, timeout=60)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
         results = []
 

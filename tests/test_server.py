@@ -447,3 +447,20 @@ def test_a_long_input_is_spoken_as_pieces(server):
     assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] == 3 * pieces
     audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
     assert len(audio) == 2 * 3 * pieces * FRAME
+
+
+def test_websocket_whitespace_does_not_count_as_waiting_text(server):
+    """Text is counted against the waiting limit (16 x max_input_chars = 3,200 here) while it waits: the
+    whitespace that segments lose once counted forever, so a long session was refused at last (~11 rounds of
+    300 spaces here) with nothing waiting."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        for _ in range(14):
+            ws.send(json.dumps({"type": "input.text", "text": "Hi." + " " * 300}))
+            ws.send(json.dumps({"type": "input.flush"}))
+            while not isinstance(event := ws.recv(timeout=30), str) or json.loads(event)["type"] != "segment.done":
+                assert isinstance(event, bytes) or json.loads(event)["type"] != "error", event
+        ws.send(json.dumps({"type": "input.done"}))
+        events, _ = _session(ws)
+    assert events[-1]["type"] == "session.done" and events[-1]["segments"] == 14, events[-1]

@@ -14,7 +14,7 @@ pytest.importorskip("fastapi")
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
-from websockets.exceptions import InvalidStatus  # noqa: E402
+from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 from q3tts.server import ServerConfig  # noqa: E402
@@ -104,6 +104,7 @@ def test_query_keys_stay_out_of_the_request_log(tts, capfd):
     assert '"WebSocket /v1/audio/speech/stream?api_key=***" [accepted]' in log, log
     assert '"WebSocket /v1/audio/speech/stream?x=1&api_key=***" 401' in log, log
     assert '"GET /v1/models?api_key=*** HTTP/1.1" 401' in log, log
+    assert "without completing handshake" not in log, log  # (uvicorn's ERROR line for a refused handshake)
 
 
 def test_the_guards_refusals_are_counted(tts):
@@ -123,12 +124,17 @@ def test_the_guards_refusals_are_counted(tts):
                       + b"\r\nContent-Length: 100\r\n\r\n{\"input\": ")
             s.settimeout(10)
             assert b" 408 " in s.recv(4096).split(b"\r\n")[0]
+        with connect(server.ws_url + "/v1/audio/speech/stream", additional_headers=_auth()) as ws:  # silent
+            event = json.loads(ws.recv(timeout=10))  # (a session's config is due as a body's part is: once never)
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=10)
+        assert event["error"]["code"] == "request_timeout" and ws.close_code == 1008, event
         text = httpx.get(server.url + "/metrics").text
     counts = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
               if line.startswith("q3tts_errors_total{")}
     assert counts == {'q3tts_errors_total{code="invalid_api_key"}': 2.0,
                       'q3tts_errors_total{code="request_too_large"}': 1.0,
-                      'q3tts_errors_total{code="request_timeout"}': 1.0}, counts
+                      'q3tts_errors_total{code="request_timeout"}': 2.0}, counts
     # The refused WebSocket is one session in q3tts_requests_total (counted as it ends, not also as it is refused).
     assert 'q3tts_requests_total{method="WS",route="/v1/audio/speech/stream",status="401"} 1.0' in text, text
 

@@ -163,8 +163,8 @@ class _EngineSide(asyncio.Protocol):
     async def _speak(self, number: int, payload: bytes) -> None:
         try:
             message = json.loads(payload)
-            speech = await self.server.speak(SpeechRequest.model_validate_json(message["body"]),
-                                             message["request_id"])
+            body = SpeechRequest.model_validate(json.loads(message["body"]))  # (as the front read it: read_json)
+            speech = await self.server.speak(body, message["request_id"])
         except errors.APIError as e:
             self.out.send(pack(ERROR, number, _error_json(e)))
             return
@@ -227,7 +227,9 @@ class CoreClient(asyncio.Protocol):
             raise CoreUnavailable("the engine's connection is closed")
         stream = RemoteStream(self, next(self.numbers) & 0xFFFFFFFF, request_id)
         self.streams[stream.number] = stream
-        message = {"body": body.model_dump_json(exclude_unset=True), "request_id": request_id}
+        # (json.dumps escapes a lone surrogate, which the engine then refuses as a client error, where pydantic's
+        # JSON encoder raised; the floats are finite: SpeechSettings refuses inf and NaN)
+        message = {"body": json.dumps(body.model_dump(mode="json", exclude_unset=True)), "request_id": request_id}
         self.transport.write(pack(SPEAK, stream.number, json.dumps(message).encode()))
         try:
             info = await stream.accepted

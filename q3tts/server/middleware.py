@@ -29,11 +29,16 @@ def request_id_of(scope: Scope) -> str:
 
 class HideCancelledTracebacks(logging.Filter):
     """Drops uvicorn's "Exception in ASGI application" for a request it cancelled (still running at the drain
-    timeout): its traceback says no more than the line RequestContextMiddleware logged for that request."""
+    timeout): its traceback says no more than the line RequestContextMiddleware logged for that request; and its
+    "ASGI callable returned without completing handshake" after a WebSocket refused with a denial response (auth:
+    uvicorn's websockets-sansio protocol logs it though the client got its 401; anyone could fill the log with
+    ERROR lines so)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError)
-                    and str(record.msg).startswith("Exception in ASGI application"))
+        message = str(record.msg)
+        cancelled = (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError)
+                     and message.startswith("Exception in ASGI application"))
+        return not (cancelled or message.startswith("ASGI callable returned without completing handshake"))
 
 
 class RequestContextMiddleware:

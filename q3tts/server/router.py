@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -271,12 +272,19 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     return app
 
 
+def _raw_target(scope) -> str:
+    """The path and query as the client sent them, still percent-encoded (a decoded path, "my voice" or "José",
+    is no valid request target for the engine)."""
+    path = scope.get("raw_path") or urllib.parse.quote(scope["path"]).encode()
+    query = scope.get("query_string", b"")
+    return (path + (b"?" + query if query else b"")).decode("latin-1")
+
+
 async def _forward(backend: Backend, request: Request, body: bytes) -> Response:
     """The request on `backend`, its answer streamed back as it comes (status and headers first)."""
     headers = [(k, v) for k, v in request.headers.items() if k not in HOP_HEADERS | {"x-request-id"}]
     headers.append(("x-request-id", request_id_of(request.scope)))  # one id in the front's and the engine's logs
-    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    response = await backend.pool.request(request.method, target, headers, body)
+    response = await backend.pool.request(request.method, _raw_target(request.scope), headers, body)
     passed = [(k, v) for k, v in response.headers if k not in HOP_HEADERS | {"x-request-id", "date", "server"}]
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -297,8 +305,7 @@ async def _relay(backend: Backend, websocket: WebSocket) -> None:
     from websockets.asyncio.client import connect
     from websockets.exceptions import WebSocketException
 
-    query = f"?{websocket.url.query}" if websocket.url.query else ""
-    url = backend.url.replace("http://", "ws://", 1) + websocket.url.path + query
+    url = backend.url.replace("http://", "ws://", 1) + _raw_target(websocket.scope)
     headers = {"x-request-id": request_id_of(websocket.scope)}
     if "authorization" in websocket.headers:
         headers["authorization"] = websocket.headers["authorization"]

@@ -57,7 +57,7 @@ class SpeechSettings(BaseModel):
     voice: Annotated[str | VoiceRef | None, BeforeValidator(check_voice)] = None
     instructions: str | None = None  # -> instruct (style on 1.7B CustomVoice, the voice itself on VoiceDesign)
     response_format: AudioFormat = "mp3"
-    speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED)
+    speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
     task_type: TaskType | None = None
     language: str = "auto"
     ref_audio: str | None = None  # Base: http(s) URL, data URL or base64 audio (instead of a stored voice)
@@ -69,14 +69,14 @@ class SpeechSettings(BaseModel):
     max_new_tokens: int | None = Field(None, ge=2)
     seed: int | None = Field(None, ge=0, lt=2**63)
     do_sample: bool | None = None
-    temperature: float | None = Field(None, gt=0)
+    temperature: float | None = Field(None, gt=0, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
     subtalker_dosample: bool | None = None
-    subtalker_temperature: float | None = Field(None, gt=0)
+    subtalker_temperature: float | None = Field(None, gt=0, allow_inf_nan=False)
     subtalker_top_k: int | None = Field(None, ge=0)
-    subtalker_top_p: float | None = Field(None, gt=0, le=1)
+    subtalker_top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
 
     @property
     def voice_id(self) -> str | None:

@@ -93,13 +93,19 @@ class StreamSession:
         self.segments: asyncio.Queue[str | None] = asyncio.Queue()
         self.request_id = request_id_of(websocket.scope)
         self.num_segments = self.frames = self.input_tokens = 0
-        self.pending_chars = 0  # received, not yet being spoken
+        self.queued_chars = 0  # segments waiting to be spoken (the segmenter's buffer holds the rest)
         self.max_pending_chars = PENDING_TEXT_FACTOR * service.config.max_input_chars
 
     @classmethod
     async def open(cls, websocket: WebSocket, service: SpeechService) -> StreamSession:
-        """Reads and validates the config message, resolves the voice once, and announces the session."""
-        message = await _receive_json(websocket)
+        """Reads and validates the config message (due within body_timeout_s: a connection that sends nothing
+        is not held open), resolves the voice once, and announces the session."""
+        timeout = service.config.body_timeout_s
+        try:
+            message = await asyncio.wait_for(_receive_json(websocket), timeout)
+        except asyncio.TimeoutError:
+            raise errors.APIError(408, f"no session.config message within {timeout:g} s of connecting",
+                                  code="request_timeout") from None
         try:
             config = StreamConfig.model_validate(message)
         except ValidationError as e:
@@ -135,8 +141,7 @@ class StreamSession:
                 text = message.get("text")
                 if not isinstance(text, str):
                     raise errors.bad_request("input.text needs a string `text`", param="text")
-                self.pending_chars += len(text)
-                if self.pending_chars > self.max_pending_chars:
+                if self.queued_chars + len(self.segmenter.buffer) + len(text) > self.max_pending_chars:
                     raise errors.bad_request(f"more than {self.max_pending_chars} characters of text are waiting "
                                              "to be spoken; send more as the audio arrives", param="text",
                                              code="input_too_long")
@@ -152,6 +157,7 @@ class StreamSession:
 
     def _queue(self, segments: list[str]) -> None:
         for segment in segments:
+            self.queued_chars += len(segment)
             self.segments.put_nowait(segment)
 
     async def _speak_all(self) -> None:
@@ -166,7 +172,7 @@ class StreamSession:
 
     async def _speak(self, text: str) -> None:
         index, frames = self.num_segments, 0
-        self.pending_chars = max(0, self.pending_chars - len(text))
+        self.queued_chars -= len(text)
         job = await self.service.prepare(text, self.config, self.choice, self.seed)
         stream = self.service.submit(job, f"{self.request_id}.{index}")
         self.num_segments += 1
