@@ -138,6 +138,15 @@ def test_upload_form_fields_are_strict(server, reference_wav, fields, files, par
     assert len(httpx.get(server.url + "/v1/audio/voices").json()["data"]) == before
 
 
+def test_an_upload_that_is_no_form_is_415(server, reference_wav):
+    """A bare recording or JSON posted as a voice upload: 415 naming the form it needs (once 400 "file: Field
+    required")."""
+    for content, kind in ((reference_wav, "audio/wav"), (b'{"file": "x"}', "application/json")):
+        response = httpx.post(server.url + "/v1/audio/voices", content=content, headers={"content-type": kind})
+        assert response.status_code == 415, response.text
+        assert "multipart form" in response.json()["error"]["message"] and kind in response.json()["error"]["message"]
+
+
 def test_upload_booleans_are_true_or_false(server, reference_wav):
     for flag, expected in (("true", True), ("false", False), ("True", True)):
         created = _upload(server, reference_wav, x_vector_only_mode=flag, ref_text="Hello, this is my voice.")

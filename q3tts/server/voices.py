@@ -31,7 +31,13 @@ async def list_voices(request: Request) -> dict:
 
 async def strict_form(request: Request) -> None:
     """Refuses what FastAPI's form parameters let through: an unknown field (ignored), a repeated one (the last
-    kept), a boolean other than true/false ("yes", "on" and "1" read as true), text where a file belongs."""
+    kept), a boolean other than true/false ("yes", "on" and "1" read as true), text where a file belongs, and a
+    body that is no form at all (a bare audio file or JSON: 415, not "file: Field required")."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        sent = f"Content-Type {quote(media_type)}" if media_type else "no Content-Type"
+        raise errors.APIError(415, f"a voice upload is a multipart form (curl -F file=@voice.wav -F ref_text=...); "
+                                   f"this one came with {sent}", code="unsupported_media_type")
     form = await request.form()
     names = [name for name, _ in form.multi_items()]
     for name in names:
