@@ -81,7 +81,7 @@ def measure(hidden: int, inter: int, rows: int, n: int, rings: list[str], g: tor
         times = torch.zeros(tail.programs, 6, 2, dtype=torch.int64, device="cuda")
         timed_us = 1e3 * graph_ms(partial(tails, tail, attended, res0, res, layers[:2], times))
         row |= {"timed_launch_us": round(timed_us, 2), "phases": phases(times.cpu(), timed_us),
-                "barrier_error": tail.sync[2].item()}
+                "barrier_error": tail.sync[1].item()}
         print(json.dumps(row), flush=True)
 
 

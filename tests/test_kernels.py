@@ -883,6 +883,13 @@ def test_the_persistent_layer_tail_compiles_for_hopper():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def _barriers_held(tail) -> bool:
+    """No barrier of the tail's launches gave up, and each was passed by every program (the count a multiple of
+    them)."""
+    count, error = tail.sync.tolist()
+    return error == 0 and count > 0 and count % tail.programs == 0
+
+
 def compile_tail():
     from q3tts.engine import persistent
 
@@ -893,7 +900,7 @@ def compile_tail():
         for next_w, res_in, pdl, last in ((after, res, True, None), (None, res, False, None),
                                           (after, res.bfloat16(), True, None), (None, res, True, head)):
             args, consts, out = persistent.arguments(attended, res_in, res, w, next_w, after.input_norm, 1e-6,
-                                                     torch.zeros(3, dtype=torch.int32), 132, pdl=pdl, head=last)
+                                                     torch.zeros(2, dtype=torch.int64), 132, pdl=pdl, head=last)
             assert out.shape == ((rows, 4096) if next_w is not None else (rows, 2048) if last is not None
                                  else (rows, hidden))
             kernel = persistent.compile_for_hopper(persistent._tail_kernel, args, consts)
@@ -933,7 +940,7 @@ def test_the_persistent_layer_tail_equals_the_kernels_per_step(monkeypatch, laye
             step_x, step_qkv0 = (x.bfloat16(), qkv0) if looked_up else (x, None)
             outs.append(decoder(step_x, step_rows, step_positions, cache, decode=True, qkv0=step_qkv0))
             caches.append(cache)
-    assert decoder.tail is not None and decoder.tail.sync.tolist() == [0, 0, 0]
+    assert decoder.tail is not None and _barriers_held(decoder.tail)
     for out, cache in zip(outs[1:], caches[1:]):
         _close(out, outs[0], torch.bfloat16)
         _close_chained(cache.k, caches[0].k, layers)
@@ -965,7 +972,7 @@ def test_a_head_on_the_persistent_layer_tail_gives_the_steps_logits():
     assert logits is not None and logits.dtype == torch.float32 and logits.shape == (n, 2048)
     torch.testing.assert_close(logits, hidden.float() @ head.float().t(), rtol=1e-4, atol=1e-4)
     assert torch.equal(caches[1].k, caches[0].k) and torch.equal(caches[1].v, caches[0].v)
-    assert decoder.tail.sync.tolist() == [0, 0, 0]
+    assert _barriers_held(decoder.tail)
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")
@@ -994,7 +1001,7 @@ def test_the_persistent_layer_tail_under_pdl_in_a_graph_equals_it_without(monkey
             out.zero_()
             graph.replay()
             assert torch.equal(out, expected)
-    assert decoder.tail.sync.tolist() == [0, 0, 0]
+    assert _barriers_held(decoder.tail)
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")
@@ -1017,7 +1024,7 @@ def test_a_first_pass_in_pairs_on_the_persistent_tail_equals_the_kernels_per_ste
             cache = _bf16_cache(5, tokens // 2, 1)
             outs.append(decoder(x, rows, positions, cache, pairs=True))
             caches.append(cache)
-    assert decoder.tail is not None and decoder.tail.sync.tolist() == [0, 0, 0]
+    assert decoder.tail is not None and _barriers_held(decoder.tail)
     _close(outs[1], outs[0], torch.bfloat16)
     _close(caches[1].k, caches[0].k, torch.bfloat16)
     _close(caches[1].v, caches[0].v, torch.bfloat16)

@@ -78,13 +78,13 @@ def _shared_bytes(rows: int) -> int:
 
 
 class LayerTail:
-    """The kernel's launches for one decoder, and the barrier counters they share (a launch leaves them at zero;
-    sync[2] is raised if a barrier gave up waiting, which the cooperative launch, every program resident, rules
-    out)."""
+    """The kernel's launches for one decoder, and the barrier counter they share: sync[0] counts every arrival at a
+    barrier since it was made (each launch adds a multiple of its programs, so nothing resets it; int64), sync[1] is
+    raised if a barrier gave up waiting, which the cooperative launch, every program resident, rules out."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.sync = torch.zeros(3, dtype=torch.int32, device=device)  # barrier count, programs out, error flag
+        self.sync = torch.zeros(2, dtype=torch.int64, device=device)  # arrivals, error flag
         self.programs = torch.cuda.get_device_properties(device).multi_processor_count
 
     def __call__(self, attended: torch.Tensor, res_in: torch.Tensor, res: torch.Tensor, w, next_w,
@@ -181,42 +181,39 @@ if gluon is not None:
             gl.store(times_ptr + (pid * 6 + phase) * 2 + end, clock)
 
     @gluon.jit
-    def grid_barrier(sync_ptr, target):
-        """Every program arrives (release) and waits until `target` have (acquire): sync_ptr[0] counts arrivals
-        over the launch; sync_ptr[2] is raised if the wait gave up."""
+    def grid_barrier(sync_ptr, target, P):
+        """Every program arrives (release) and waits until the count reaches `target` (acquire); sync_ptr[1] is
+        raised if the wait gave up. Target 0: the launch's first barrier, whose target follows from the count before
+        this arrival (every launch before has ended, each adding a multiple of P; of this launch's, at most P - 1
+        came before). Returns the target. The last to arrive knows it from its own arrival and does not poll."""
         gl.thread_barrier()
         _proxy_fence()
-        gl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+        before = gl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu")
+        if target == 0:
+            target = before - before % P + P
         spins = 0
-        while (gl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < target) & (spins < MAX_SPINS):
-            spins += 1
+        if before + 1 < target:
+            while (gl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < target) & (spins < MAX_SPINS):
+                spins += 1
         if spins >= MAX_SPINS:
-            gl.store(sync_ptr + 2, 1)
+            gl.store(sync_ptr + 1, 1)
         _proxy_fence()
         gl.thread_barrier()
+        return target
 
     @gluon.jit
-    def leave(sync_ptr, P):
-        """The last program out resets the counters for the next launch."""
-        gl.thread_barrier()
-        if gl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:
-            gl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
-            gl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
-
-    @gluon.jit
-    def norm_rows(part_ptr, res_in_ptr, res_ptr, norm_ptr, xn_ptr, pid, P, eps, S: gl.constexpr, M: gl.constexpr,
+    def norm_rows(part_ptr, res_in_ptr, res_ptr, norm, xn_ptr, pid, P, eps, S: gl.constexpr, M: gl.constexpr,
                   H: gl.constexpr, num_warps: gl.constexpr):
-        """res = res_in + the S partial sums, in order; xn = rmsnorm(res) * norm, one row per program."""
-        layout: gl.constexpr = gl.BlockedLayout([H // (32 * num_warps)], [32], [num_warps], [0])
-        cols = gl.arange(0, H, layout=layout)
+        """res = res_in + the S partial sums, in order; xn = rmsnorm(res) * norm (fp32, in the kernel's norm_layout),
+        one row per program."""
+        cols = gl.arange(0, H, layout=norm.type.layout)
         for r in range(pid, M, P):
             row = gl.load(res_in_ptr + r * H + cols).to(gl.float32)  # (res_in: fp32, or bf16 input rows)
             for s in range(S):
                 row += gl.load(part_ptr + (s * M + r) * H + cols)
             gl.store(res_ptr + r * H + cols, row)
             inv = gl.rsqrt(gl.sum(row * row, axis=0) / H + eps)
-            y = row * inv * gl.load(norm_ptr + cols).to(gl.float32)
-            gl.store(xn_ptr + r * H + cols, y.to(xn_ptr.dtype.element_ty))
+            gl.store(xn_ptr + r * H + cols, (row * inv * norm).to(xn_ptr.dtype.element_ty))
 
     @gluon.jit
     def _items(j, H: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr, S_O: gl.constexpr,
@@ -352,6 +349,11 @@ if gluon is not None:
         for _first in range(NS):
             f, it, pc, ti = _issue(f, it, pc, ti, pid, P, ring, bars, d_o, d_gu, d_down, d_qkv, NJ, NS, H, W, HQ,
                                    INTER, BN, BK, S_O, S_D)
+        # the norms' weights, read while nothing waits on them (entry 101)
+        norm_layout: gl.constexpr = gl.BlockedLayout([H // (32 * num_warps)], [32], [num_warps], [0])
+        norm_cols = gl.arange(0, H, layout=norm_layout)
+        post_norm = gl.load(post_norm_ptr + norm_cols).to(gl.float32)
+        next_norm = gl.load(next_norm_ptr + norm_cols).to(gl.float32)
         if PDL:  # (the weights above depend on nothing before; everything below may)
             _after_predecessor()
         tc = 0  # weight tiles consumed
@@ -368,11 +370,11 @@ if gluon is not None:
                                                       S_O, S_D)
             gl.store(part_ptr + (s * M + rows[:, None]) * H + ((item % (H // BN)) * BN + cols)[None, :], acc)
         _stamp(times_ptr, pid, 0, 1, TIMING)
-        grid_barrier(sync_ptr, P)
+        base = grid_barrier(sync_ptr, 0, P) - P  # (the arrivals counted before this launch)
         _stamp(times_ptr, pid, 1, 0, TIMING)
-        norm_rows(part_ptr, res_in_ptr, res_ptr, post_norm_ptr, xn2_ptr, pid, P, eps, S_O, M, H, num_warps)
+        norm_rows(part_ptr, res_in_ptr, res_ptr, post_norm, xn2_ptr, pid, P, eps, S_O, M, H, num_warps)
         _stamp(times_ptr, pid, 1, 1, TIMING)
-        grid_barrier(sync_ptr, 2 * P)
+        grid_barrier(sync_ptr, base + 2 * P, P)
         _stamp(times_ptr, pid, 2, 0, TIMING)
 
         for item in range(pid, INTER // BN, P):  # h = silu(xn2 Wg^T) * (xn2 Wu^T): gate and up tiles alternate
@@ -385,7 +387,7 @@ if gluon is not None:
             act = g / (1.0 + gl.exp(-g)) * u
             gl.store(h_ptr + rows[:, None] * INTER + (item * BN + cols)[None, :], act.to(gl.bfloat16))
         _stamp(times_ptr, pid, 2, 1, TIMING)
-        grid_barrier(sync_ptr, 3 * P)
+        grid_barrier(sync_ptr, base + 3 * P, P)
         _stamp(times_ptr, pid, 3, 0, TIMING)
 
         for item in range(pid, (H // BN) * S_D, P):  # down, K split in S_D ranges
@@ -397,13 +399,13 @@ if gluon is not None:
                                                       BK, S_O, S_D)
             gl.store(part_ptr + (s * M + rows[:, None]) * H + ((item % (H // BN)) * BN + cols)[None, :], acc)
         _stamp(times_ptr, pid, 3, 1, TIMING)
-        grid_barrier(sync_ptr, 4 * P)
+        grid_barrier(sync_ptr, base + 4 * P, P)
         _stamp(times_ptr, pid, 4, 0, TIMING)
-        norm_rows(part_ptr, res_ptr, res_ptr, next_norm_ptr, xn_ptr, pid, P, eps, S_D, M, H, num_warps)
+        norm_rows(part_ptr, res_ptr, res_ptr, next_norm, xn_ptr, pid, P, eps, S_D, M, H, num_warps)
         _stamp(times_ptr, pid, 4, 1, TIMING)
 
         if NEXT:  # the next layer's qkv = xn Wqkv^T (or the head's logits, in fp32)
-            grid_barrier(sync_ptr, 5 * P)
+            grid_barrier(sync_ptr, base + 5 * P, P)
             _stamp(times_ptr, pid, 5, 0, TIMING)
             for item in range(pid, W // BN, P):
                 acc = gl.zeros([M, BN], gl.float32, acc_layout)
@@ -412,4 +414,3 @@ if gluon is not None:
                                                           NJ, NS, XS, M, H, W, HQ, INTER, BN, BK, S_O, S_D)
                 gl.store(qkv_ptr + rows[:, None] * W + (item * BN + cols)[None, :], acc.to(qkv_ptr.dtype.element_ty))
             _stamp(times_ptr, pid, 5, 1, TIMING)
-        leave(sync_ptr, P)
