@@ -193,6 +193,20 @@ def test_text_that_is_not_unicode_is_a_bad_request(server):
         assert error["param"] == field and "not valid Unicode" in error["message"], error
 
 
+def test_websocket_text_that_is_not_unicode_names_its_field(server):
+    """A lone surrogate in an input.text message is refused as it arrives, naming `text` (it once surfaced when its
+    segment was spoken, naming the HTTP API's `input`)."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        ws.send(json.dumps({"type": "input.text", "text": "Hi \ud800 there."}))
+        ws.send(json.dumps({"type": "input.done"}))
+        events, _ = _session(ws)
+    error = events[-1]["error"]
+    assert (error["param"], error["message"]) == ("text", "text is not valid Unicode: surrogates not allowed at "
+                                                          "character 3"), error
+
+
 def test_messages_name_the_http_fields(server):
     """The request builder names its arguments as Python spells them (`text`, `instruct`); the API's messages name
     the fields the client sent, as `param` does."""

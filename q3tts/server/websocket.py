@@ -44,7 +44,8 @@ from pydantic import ValidationError
 from ..engine import EngineError
 from ..engine.sequence import FRAME_SECONDS
 from ..engine.stream import FRAME_SAMPLES
-from ..errors import quote
+from ..errors import RequestError, quote
+from ..request import check_unicode
 from ..text_segmenter import TextSegmenter
 from . import errors
 from .audio_encoding import encode_async, flush_async, make_encoder
@@ -141,6 +142,10 @@ class StreamSession:
                 text = message.get("text")
                 if not isinstance(text, str):
                     raise errors.bad_request("input.text needs a string `text`", param="text")
+                try:  # (refused here, naming this field, not when its segment is spoken)
+                    check_unicode(text, "text")
+                except RequestError as e:
+                    raise errors.bad_request(e.message, param="text") from None
                 if self.queued_chars + len(self.segmenter.buffer) + len(text) > self.max_pending_chars:
                     raise errors.bad_request(f"more than {self.max_pending_chars} characters of text are waiting "
                                              "to be spoken; send more as the audio arrives", param="text",
