@@ -4,6 +4,11 @@ command line, the HTTP server) can name it its own way."""
 from __future__ import annotations
 
 import re
+import sys
+import warnings
+from pathlib import Path
+
+_PACKAGE = str(Path(__file__).resolve().parent)
 
 
 class RequestError(ValueError):
@@ -44,3 +49,11 @@ def quote(value: object, limit: int = 40) -> str:
 
 class RequestTypeError(RequestError, TypeError):
     """A request argument of the wrong type or name."""
+
+
+def warn_caller(message: str) -> None:
+    """A UserWarning attributed to the first caller outside this package (the user's line)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, stacklevel=level)

@@ -1,7 +1,8 @@
-"""Downloading reference audio from an http(s) URL, within limits: a size and time limit, at most a few
-redirects, and (for the server) only hosts it allows and no private, loopback or link-local address unless
-allowed. The address checked is the address connected to (no second DNS lookup a server could be tricked
-with), at every redirect.
+"""Downloading reference audio from an http(s) URL, within limits: a size and time limit, at most
+MAX_REDIRECTS redirects, and (for the server) only hosts it allows and no private, loopback or link-local address
+unless allowed. The address checked is the address connected to (no second DNS lookup a server could be tricked
+with), at every redirect. Without those restrictions (the Python API's default) the download goes through urllib,
+as the official API's does: the proxies the environment names (http_proxy, https_proxy, no_proxy) are used.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import ipaddress
 import socket
 import ssl
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlparse
 
-MAX_REDIRECTS = 3
+MAX_REDIRECTS = 10  # (urllib's, which the official API follows)
+HEADERS = {"User-Agent": "q3tts", "Accept": "*/*"}
 
 
 class FetchError(ValueError):
@@ -28,25 +32,37 @@ class FetchPolicy:
     hosts: tuple[str, ...] = ()  # if given, only these hosts (and their private addresses too)
     allow_private: bool = True  # private, loopback, link-local... addresses (the server says False)
 
+    @property
+    def restricted(self) -> bool:
+        return bool(self.hosts) or not self.allow_private
+
 
 def fetch(url: str, policy: FetchPolicy = FetchPolicy()) -> bytes:
     """The body of `url` (http or https), following at most MAX_REDIRECTS redirects, each checked."""
     deadline = time.monotonic() + policy.timeout_s
+    get = _get if policy.restricted else _get_by_urllib
+    target = url
     for _ in range(MAX_REDIRECTS + 1):
-        status, location, body = _get(url, policy, deadline)
+        status, location, body = get(target, policy, deadline)
         if status in (301, 302, 303, 307, 308) and location:
-            url = urljoin(url, location)
+            target = urljoin(target, location)
             continue
         if status != 200:
-            raise FetchError(f"could not download {_short(url)}: HTTP {status}")
+            moved = f" (redirected to {_short(target)})" if target != url else ""
+            raise FetchError(f"could not download {_short(url)}{moved}: HTTP {status}")
         return body
     raise FetchError(f"{_short(url)}: more than {MAX_REDIRECTS} redirects")
 
 
-def _get(url: str, policy: FetchPolicy, deadline: float) -> tuple[int, str | None, bytes]:
+def _check_scheme(url: str) -> None:
     parts = urlparse(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FetchError(f"not an http(s) URL: {_short(url)}")
+
+
+def _get(url: str, policy: FetchPolicy, deadline: float) -> tuple[int, str | None, bytes]:
+    _check_scheme(url)
+    parts = urlparse(url)
     host = parts.hostname.lower()
     if policy.hosts and host not in policy.hosts:
         raise FetchError(f"host {host!r} is not among the hosts this server downloads from")
@@ -55,18 +71,43 @@ def _get(url: str, policy: FetchPolicy, deadline: float) -> tuple[int, str | Non
     conn = _Connection(parts.scheme, host, parts.port, address, max(deadline - time.monotonic(), 0.1))
     try:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        conn.request("GET", path, headers={"User-Agent": "q3tts", "Accept": "*/*"})
-        response = conn.getresponse()
-        if response.status != 200:
-            return response.status, response.getheader("Location"), b""
-        length = response.getheader("Content-Length")
-        if length and length.isdigit() and int(length) > policy.max_bytes:
-            raise FetchError(f"{_short(url)} is {int(length)} bytes; the limit is {policy.max_bytes}")
-        return 200, None, _read_limited(response, url, policy.max_bytes, deadline)
+        conn.request("GET", path, headers=HEADERS)
+        return _answer(conn.getresponse(), url, policy, deadline)
     except (OSError, http.client.HTTPException) as e:
         raise FetchError(f"could not download {_short(url)}: {e}") from e
     finally:
         conn.close()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects come back to `fetch`, which checks and counts them."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def _get_by_urllib(url: str, policy: FetchPolicy, deadline: float) -> tuple[int, str | None, bytes]:
+    _check_scheme(url)
+    opener = urllib.request.build_opener(_NoRedirect)  # (its ProxyHandler reads the environment's proxies now)
+    try:
+        with opener.open(urllib.request.Request(url, headers=HEADERS),
+                          timeout=max(deadline - time.monotonic(), 0.1)) as response:
+            return _answer(response, url, policy, deadline)
+    except urllib.error.HTTPError as e:  # (any status but 2xx, redirects included)
+        return e.code, e.headers.get("Location"), b""
+    except (OSError, http.client.HTTPException) as e:
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        raise FetchError(f"could not download {_short(url)}: {reason}") from e
+
+
+def _answer(response: http.client.HTTPResponse, url: str, policy: FetchPolicy, deadline: float
+            ) -> tuple[int, str | None, bytes]:
+    if response.status != 200:
+        return response.status, response.getheader("Location"), b""
+    length = response.getheader("Content-Length")
+    if length and length.isdigit() and int(length) > policy.max_bytes:
+        raise FetchError(f"{_short(url)} is {int(length)} bytes; the limit is {policy.max_bytes}")
+    return 200, None, _read_limited(response, url, policy.max_bytes, deadline)
 
 
 def _vetted_address(host: str, port: int, allow_private: bool) -> tuple[str, int]:

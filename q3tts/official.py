@@ -4,11 +4,14 @@ values (`from q3tts import Qwen3TTSModel`). `TTS` inherits these methods; they b
 `from_pretrained(pretrained_model_name_or_path, **kwargs)` too, with the keywords its callers pass (see
 `TTS.from_pretrained`: which are used and which ignored).
 
-Official behaviours kept: lists for batches (scalars broadcast), `language=None`/"auto", per-mode text feeding
-(`non_streaming_mode=True` for custom voice and voice design, False for cloning), an empty voice-design
-instruction allowed, a custom-voice speaker of None or "" allowed (no speaker in the prompt, no dialect tag, no
-warning), a 0.6B CustomVoice dropping `instruct` (with a warning), and the in-context cut of the
-reference's share of the audio by float truncation (which can keep one sample of the reference's audio).
+Official behaviours kept: lists for batches (scalars and, but for create_voice_clone_prompt's, 1-element lists
+broadcast), `language=None`/"auto" (None in a list refused), per-mode text feeding (`non_streaming_mode=True` for
+custom voice and voice design, False for cloning; None is False, as the official's truth test reads it), an empty
+voice-design instruction allowed, a custom-voice speaker of None or "" allowed (no speaker in the prompt, no dialect
+tag, no warning), a 0.6B CustomVoice dropping `instruct` before anything reads it (with a warning), a prompt item in
+neither x-vector nor in-context mode giving no speaker position, `eos_token_id` (only the codec's own: the engine
+stops there), and the in-context cut of the reference's share of the audio by float truncation (which can keep one
+sample of the reference's audio).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import RequestError, RequestTypeError
+from .errors import RequestError, RequestTypeError, warn_caller
 from .request import Request
 from .voice import Voice, clone_voices
 
@@ -42,12 +45,17 @@ class OfficialAPI:
         """Preset speaker (CustomVoice checkpoints), with an optional instruction on 1.7B. A speaker of None or ""
         leaves the speaker out of the prompt, as the official method does."""
         self.require("custom_voice", "generate_custom_voice")
+        if not self.config.supports_instruct and instruct is not None:  # (as the official: before any check)
+            if instruct not in ("", []):
+                warn_caller("this 0.6B CustomVoice checkpoint ignores `instruct` (the official API drops it too)")
+            instruct = None
         texts = _as_list(text, "text")
-        items = zip(texts, _broadcast(speaker, len(texts), "speaker"), _broadcast(language, len(texts), "language"),
+        items = zip(texts, _broadcast(speaker, len(texts), "speaker"), _languages(language, len(texts)),
                     _broadcast(instruct, len(texts), "instruct"), _broadcast(kwargs.pop("seed", None), len(texts),
                                                                              "seed"))
+        sampling = _sampling(self, kwargs)
         requests = [self.builder.build(t, speaker=spk, language=lang, instruct=ins, seed=seed, official=True,
-                                        non_streaming_mode=non_streaming_mode, sampling=kwargs)
+                                        non_streaming_mode=_feeding(non_streaming_mode), sampling=sampling)
                     for t, spk, lang, ins, seed in items]
         return self._render(requests, official_cut=True), self.sample_rate
 
@@ -57,10 +65,11 @@ class OfficialAPI:
         """A voice described in words (VoiceDesign checkpoints)."""
         self.require("voice_design", "generate_voice_design")
         texts = _as_list(text, "text")
-        items = zip(texts, _broadcast(instruct, len(texts), "instruct"), _broadcast(language, len(texts), "language"),
+        items = zip(texts, _broadcast(instruct, len(texts), "instruct"), _languages(language, len(texts)),
                     _broadcast(kwargs.pop("seed", None), len(texts), "seed"))
+        sampling = _sampling(self, kwargs)
         requests = [self.builder.build(t, instruct=ins, language=lang, seed=seed, official=True,
-                                        non_streaming_mode=non_streaming_mode, sampling=kwargs)
+                                        non_streaming_mode=_feeding(non_streaming_mode), sampling=sampling)
                     for t, ins, lang, seed in items]
         return self._render(requests, official_cut=True), self.sample_rate
 
@@ -72,8 +81,9 @@ class OfficialAPI:
         """Voice cloning (Base checkpoints) from reference audio or from prepared voices."""
         self.require("base", "generate_voice_clone")
         texts = _as_list(text, "text")
-        languages = _broadcast(language, len(texts), "language")
+        languages = _languages(language, len(texts))
         seeds = _broadcast(kwargs.pop("seed", None), len(texts), "seed")
+        kwargs = _sampling(self, kwargs)
         self.builder.params(kwargs)  # bad sampling arguments are refused before the voices are made
         if voice_clone_prompt is None:
             if ref_audio is None:
@@ -83,7 +93,7 @@ class OfficialAPI:
             voices = _voices_from_prompt(voice_clone_prompt)
         voices = _broadcast(voices, len(texts), "voice_clone_prompt")
         requests: list[Request] = [
-            self.builder.build(t, voice=v, language=lang, seed=seed, non_streaming_mode=non_streaming_mode,
+            self.builder.build(t, voice=v, language=lang, seed=seed, non_streaming_mode=_feeding(non_streaming_mode),
                                 sampling=kwargs, official=True)
             for t, lang, v, seed in zip(texts, languages, voices, seeds)]
         return self._render(requests, official_cut=True), self.sample_rate
@@ -94,8 +104,9 @@ class OfficialAPI:
         self.require("base", "create_voice_clone_prompt")
         audios = ref_audio if isinstance(ref_audio, list) else [ref_audio]
         return clone_voices(self.speech_tokenizer, self.model.speaker_encoder, self.config, audios,
-                            _broadcast(ref_text, len(audios), "ref_text", "reference audios"),
-                            _broadcast(x_vector_only_mode, len(audios), "x_vector_only_mode", "reference audios"))
+                            _broadcast(ref_text, len(audios), "ref_text", "reference audios", stretch=False),
+                            _broadcast(x_vector_only_mode, len(audios), "x_vector_only_mode", "reference audios",
+                                       stretch=False))
 
 
 def _as_list(value: Any, name: str) -> list:
@@ -105,14 +116,42 @@ def _as_list(value: Any, name: str) -> list:
     return values
 
 
-def _broadcast(value: Any, n: int, name: str, items: str = "texts") -> list:
-    """A scalar or a 1-element list applies to every item; otherwise the list length must match."""
-    values = value if isinstance(value, list) else [value]
-    if len(values) == 1:
+def _broadcast(value: Any, n: int, name: str, items: str = "texts", stretch: bool = True) -> list:
+    """A scalar (or, with `stretch`, a 1-element list) applies to every item; otherwise the list length must
+    match."""
+    if not isinstance(value, list):
+        return [value] * n
+    values = value
+    if len(values) == 1 and stretch:
         return values * n
     if len(values) != n:
         raise RequestError(f"batch size mismatch: {n} {items} but {len(values)} values for {name}", name)
     return values
+
+
+def _feeding(non_streaming_mode: Any) -> Any:
+    """None is False, as the official's `if non_streaming_mode:` reads it (the builder takes None for the mode's
+    default); other values go to the builder's check."""
+    return False if non_streaming_mode is None else non_streaming_mode
+
+
+def _languages(language: Any, n: int) -> list:
+    """None alone is "auto"; in a list, the official refuses it as an unsupported language."""
+    if isinstance(language, list) and any(value is None for value in language):
+        raise RequestError("unsupported language None in the `language` list (None alone means auto)", "language")
+    return _broadcast(language, n, "language")
+
+
+def _sampling(tts: TTS, kwargs: dict) -> dict:
+    """The generation arguments without `eos_token_id`, which the official generate() takes: the codec's own end
+    token (or None) is what the engine stops at; any other is refused."""
+    kwargs = dict(kwargs)
+    eos = kwargs.pop("eos_token_id", None)
+    own = tts.config.talker_config.codec_eos_token_id
+    if eos is not None and eos != own:
+        raise RequestError(f"eos_token_id {eos!r} is not supported: generation stops at the codec's end token "
+                           f"({own})", "eos_token_id")
+    return kwargs
 
 
 PROMPT_KEYS = ("ref_spk_embedding", "x_vector_only_mode", "icl_mode")  # (and ref_code, ref_text: None allowed)

@@ -15,7 +15,7 @@ what fits.
 
 from __future__ import annotations
 
-import warnings
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .config import GenerationConfig, ModelConfig
-from .errors import RequestError, RequestTypeError, quote
+from .errors import RequestError, RequestTypeError, quote, warn_caller
 from .prompt import PromptSpec, prompt_length
 from .sampling import SamplingParams
 from .text_tokenizer import TextTokenizer, assistant_text, instruct_text, ref_text
@@ -70,6 +70,10 @@ class Request:
         return len(self.spec.input_ids) - 8  # the text without the chat template's tokens
 
 
+GREEDY_UNUSED = {"do_sample": ("temperature", "top_k", "top_p"),
+                 "subtalker_dosample": ("subtalker_temperature", "subtalker_top_k", "subtalker_top_p")}
+
+
 class RequestBuilder:
     """Validates requests for one loaded checkpoint. `context_limit()` returns the positions one request may
     hold and the name of the setting that bounds it (None: the model's own limit)."""
@@ -88,8 +92,7 @@ class RequestBuilder:
               seed: int | None = None, sampling: dict[str, Any] | None = None, official: bool = False,
               runaway_guard: RunawayGuard | None = None) -> Request:
         """One request in whatever mode the checkpoint offers. `official`: the official API's leniencies (an
-        empty voice-design instruction; a CustomVoice request without a speaker; a 0.6B CustomVoice drops
-        `instruct` with a warning instead of refusing it)."""
+        empty voice-design instruction; a CustomVoice request without a speaker)."""
         if isinstance(voice, (str, Path)):
             voice = Voice.load(voice)
         instruct = self.check_mode(speaker, voice is not None, instruct, official)
@@ -102,8 +105,7 @@ class RequestBuilder:
         spec = self._spec(text, self.language(language), bool(non_streaming_mode), instruct, speaker,
                           self.voice(voice) if voice is not None else None)
         length = prompt_length(self.config, spec)
-        return Request(spec, self.sampling({**(sampling or {}), "seed": seed}, length, official), length,
-                       runaway_guard)
+        return Request(spec, self.sampling({**(sampling or {}), "seed": seed}, length), length, runaway_guard)
 
     def check_mode(self, speaker: str | None, has_voice: bool, instruct: str | None, official: bool = False
                    ) -> str | None:
@@ -130,13 +132,9 @@ class RequestBuilder:
                                "missing")
         if instruct and kind == "base":
             raise RequestError("Base checkpoints take no `instruct`", "instruct")
-        if instruct and not self.config.supports_instruct:
-            if not official:
-                raise RequestError("this 0.6B CustomVoice checkpoint does not follow `instruct` (1.7B ones do)",
-                                   "instruct")
-            warnings.warn("this 0.6B CustomVoice checkpoint ignores `instruct` (the official API drops it too)",
-                          stacklevel=5)
-            return None
+        if instruct and not self.config.supports_instruct:  # (the official drop-in drops it before: official.py)
+            raise RequestError("this 0.6B CustomVoice checkpoint does not follow `instruct` (1.7B ones do)",
+                               "instruct")
         return instruct or None
 
     def language(self, language: str | None) -> str:
@@ -201,13 +199,24 @@ class RequestBuilder:
             raise RequestTypeError(f"unexpected generation arguments {unknown}; accepted: {sorted(SAMPLING_ARGS)}",
                                    unknown[0])
         defaults = {f.name: getattr(self.generation_config, f.name) for f in fields(GenerationConfig)}
-        return SamplingParams(**{**defaults, **{k: v for k, v in arguments.items() if v is not None}})
+        given = {k: v for k, v in arguments.items() if v is not None}
+        # A stage decoded greedily uses none of its sampling arguments: as in transformers, they are ignored with a
+        # warning (not checked: temperature=0 beside do_sample=False is no mistake).
+        unused = []
+        for switch, names in GREEDY_UNUSED.items():
+            sampled = given.get(switch, defaults[switch])
+            if isinstance(sampled, numbers.Integral) and not sampled:
+                unused += [name for name in names if name in given]
+        if unused:
+            warn_caller(f"{', '.join(unused)}: only used in sampling, ignored with greedy decoding "
+                        f"(do_sample / subtalker_dosample False)")
+        return SamplingParams(**{**defaults, **{k: v for k, v in given.items() if k not in unused}})
 
-    def sampling(self, arguments: dict[str, Any], num_positions: int, official: bool = False) -> SamplingParams:
-        """`params`, with the length rule applied for a prompt of `num_positions` positions (and, but for the
-        official API, which returns empty audio for it, a max_new_tokens of at least MIN_FRAMES)."""
+    def sampling(self, arguments: dict[str, Any], num_positions: int) -> SamplingParams:
+        """`params`, with the length rule applied for a prompt of `num_positions` positions, and a max_new_tokens
+        of at least MIN_FRAMES (the official API fails on 1, in torch.stack)."""
         params = self.params(arguments)
-        if not official and arguments.get("max_new_tokens") is not None and params.max_new_tokens < MIN_FRAMES:
+        if arguments.get("max_new_tokens") is not None and params.max_new_tokens < MIN_FRAMES:
             raise RequestError(f"max_new_tokens must be at least {MIN_FRAMES}, got {params.max_new_tokens}: the "
                                f"step that ends the audio is one of them, so N gives at most N - 1 frames",
                                "max_new_tokens")
@@ -237,7 +246,10 @@ class RequestBuilder:
         return PromptSpec(
             input_ids=input_ids, language=language, non_streaming_mode=non_streaming_mode,
             instruct_ids=instruct_ids, speaker=speaker,
-            speaker_embedding=voice.ref_spk_embedding if voice is not None else None,
+            # (a voice in neither mode, which only a hand-made official prompt item can be: no speaker position, as
+            # the official builds it)
+            speaker_embedding=voice.ref_spk_embedding if voice is not None and (voice.x_vector_only_mode or icl)
+            else None,
             ref_ids=self.text_tokenizer.encode(ref_text(voice.ref_text)) if icl else None,
             ref_codes=voice.ref_code if icl else None)
 

@@ -251,6 +251,65 @@ def test_instruct_on_small_custom_voice_warns_and_is_dropped(custom_small, monke
     assert specs[0].instruct_ids is None
 
 
+@pytest.fixture
+def built(monkeypatch) -> list:
+    """The requests the drop-in methods build (nothing runs: each call returns no audio)."""
+    requests = []
+    monkeypatch.setattr(q3tts.api.TTS, "_render", lambda self, rs, **kw: requests.extend(rs) or [])
+    return requests
+
+
+def test_the_drop_in_reads_its_arguments_as_the_official_does(custom, custom_small, design, base, ref_wav, built):
+    """Found against the official package (qwen-tts 0.1.1): non_streaming_mode=None feeds the text streaming (its
+    `if non_streaming_mode:`; once the mode's default, True); a 0.6B CustomVoice drops `instruct` before any check;
+    None in a language list, and 1-element ref_text / x_vector_only_mode lists for several references, are refused;
+    eos_token_id is the codec's own or refused; max_new_tokens=1 is refused (the official fails in torch.stack; once
+    empty audio here); a prompt item in neither x-vector nor in-context mode has no speaker position."""
+    custom.generate_custom_voice("Hi.", "ryan", non_streaming_mode=None)
+    custom.generate_custom_voice("Hi.", "ryan")
+    design.generate_voice_design("Hi.", "A calm voice.", non_streaming_mode=None)
+    assert [r.spec.non_streaming_mode for r in built] == [False, True, False]
+    for instruct in (["a", "b", "c"], 5):
+        with pytest.warns(UserWarning, match="ignores `instruct`"):
+            custom_small.generate_custom_voice("Hi.", "ryan", instruct=instruct)
+    assert built[-1].spec.instruct_ids is None
+    with pytest.raises(RequestError, match="unsupported language None") as e:
+        custom.generate_custom_voice(["Hi.", "Ho."], "ryan", language=[None, "english"])
+    assert e.value.param == "language"
+    for name, value in (("ref_text", ["Good morning."]), ("x_vector_only_mode", [True])):
+        with pytest.raises(RequestError, match=f"2 reference audios but 1 values for {name}"):
+            base.create_voice_clone_prompt([str(ref_wav)] * 2, **{name: value})
+    eos = custom.config.talker_config.codec_eos_token_id
+    custom.generate_custom_voice("Hi.", "ryan", eos_token_id=eos)
+    with pytest.raises(RequestError, match=f"eos_token_id 5 is not supported: .* end token \\({eos}\\)"):
+        custom.generate_custom_voice("Hi.", "ryan", eos_token_id=5)
+    with pytest.raises(RequestError, match="max_new_tokens must be at least 2, got 1"):
+        custom.generate_custom_voice("Hi.", "ryan", max_new_tokens=1)
+    embedding = base.create_voice(str(ref_wav), x_vector_only=True).ref_spk_embedding
+    neither = VoiceClonePromptItem(None, embedding, x_vector_only_mode=False, icl_mode=False)
+    base.generate_voice_clone(["Hi.", "Ho."], voice_clone_prompt=[neither, Voice(None, embedding, True, False)])
+    assert built[-2].spec.speaker_embedding is None and built[-1].spec.speaker_embedding is not None
+    assert built[-1].num_positions == built[-2].num_positions + 1
+
+
+def test_greedy_decoding_ignores_sampling_arguments_with_a_warning(custom, built):
+    """A stage decoded greedily uses none of its sampling arguments: as transformers does (and so the official
+    package), they are ignored with a warning and not checked (temperature=0 beside do_sample=False is no
+    mistake); a stage that samples still refuses them."""
+    with pytest.warns(UserWarning, match="temperature, top_k: only used in sampling, ignored with greedy"):
+        custom.generate_custom_voice("Hi.", "ryan", do_sample=False, temperature=0.0, top_k=-1)
+    with pytest.warns(UserWarning, match="subtalker_temperature: only used in sampling"):
+        request = custom.request("Hi.", speaker="ryan", subtalker_dosample=False, subtalker_temperature=0)
+    assert request.params.subtalker_temperature == custom.generation_config.subtalker_temperature
+    params, defaults = built[0].params, custom.generation_config
+    assert (params.temperature, params.top_k) == (defaults.temperature, defaults.top_k)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        custom.generate_custom_voice("Hi.", "ryan", do_sample=False, subtalker_temperature=0.5)
+        with pytest.raises(RequestError, match="temperature must be a finite number > 0"):
+            custom.generate_custom_voice("Hi.", "ryan", temperature=0.0)
+
+
 def test_reference_audio_errors(base, tmp_path, no_compute):
     with pytest.raises(ValueError, match="ref_text is required"):
         base.generate_voice_clone("Hello.", ref_audio=str(tmp_path / "x.wav"))
@@ -421,8 +480,8 @@ def test_voice_clone_prompts_of_every_shape_or_a_clear_error(base, ref_wav, tmp_
 
 def test_native_inputs_of_the_wrong_kind_are_request_errors(base, ref_wav, no_compute):
     """A voice that is not one, texts where requests belong, a transcript that is not a string (once a voice that
-    saved but never loaded), a max_new_tokens that leaves no audio (the official API keeps its empty result), and
-    a batch mismatch counted in what was given."""
+    saved but never loaded), a max_new_tokens that leaves no audio, and a batch mismatch counted in what was
+    given."""
     with pytest.raises(RequestTypeError, match="got ndarray"):
         base.synthesize("Hi.", voice=np.zeros(3))
     with pytest.raises(RequestTypeError, match="takes requests made by TTS.request, not str"):

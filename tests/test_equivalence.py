@@ -68,6 +68,9 @@ CASES: dict[str, tuple[str, str, float, list[dict]]] = {
              max_new_tokens=10),
         call("generate_custom_voice", text="Good morning, seven bright stars.", speaker=None, language="chinese",
              non_streaming_mode=False, max_new_tokens=10),
+        # non_streaming_mode=None reads as False (the official's truth test); 0.6B drops any instruct unread.
+        call("generate_custom_voice", text="Thank you very much.", speaker="ryan", instruct=["slowly", "fast", "x"],
+             non_streaming_mode=None, max_new_tokens=8),
     ]),
     "design-1b7": ("voice_design", "1b7", 1.0, [
         call("generate_voice_design", text="Thank you very much.", instruct="A calm old man, whisper.",

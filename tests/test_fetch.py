@@ -23,7 +23,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._answer()
 
     def _answer(self) -> None:
-        if self.path == "/audio.wav":
+        if self.path in ("/audio.wav", "http://audio.invalid/proxied.wav"):  # (the second: asked of a proxy)
             self._send(200, BODY)
         elif self.path == "/big.wav":  # no Content-Length: the limit must hold while reading
             self.send_response(200)
@@ -71,7 +71,8 @@ def test_download_and_redirect(base_url):
 @pytest.mark.parametrize(("path", "policy", "match"), [
     ("/big.wav", FetchPolicy(max_bytes=100_000), "the limit is 100000"),
     ("/slow.wav", FetchPolicy(timeout_s=0.5), "too long|timed out"),
-    ("/loop", FetchPolicy(), "more than 3 redirects"),
+    ("/loop", FetchPolicy(), "/loop: more than 10 redirects"),
+    ("/loop", FetchPolicy(hosts=("127.0.0.1",)), "/loop: more than 10 redirects"),
     ("/missing.wav", FetchPolicy(), "could not download .*HTTP 404"),
     ("/audio.wav", FetchPolicy(allow_private=False), "private, loopback or link-local"),
     ("/audio.wav", FetchPolicy(hosts=("example.org",)), "not among the hosts"),
@@ -91,3 +92,14 @@ def test_an_allowed_host_may_be_private(base_url):
 def test_only_http_urls(url):
     with pytest.raises(FetchError, match="not an http"):
         fetch(url)
+
+
+def test_the_environments_proxy_is_used(base_url, monkeypatch):
+    """As urllib (the official API's download) does, the Python API goes through the proxy the environment names:
+    here to a host that does not resolve, which only the proxy serves."""
+    for name in ("no_proxy", "NO_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", base_url)
+    assert fetch("http://audio.invalid/proxied.wav") == BODY
+    with pytest.raises(FetchError, match="not among the hosts"):  # (the server's restricted policy connects itself)
+        fetch("http://audio.invalid/proxied.wav", FetchPolicy(hosts=("127.0.0.1",)))
