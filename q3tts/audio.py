@@ -54,6 +54,15 @@ class AudioError(RequestError):
         super().__init__(message, param, code)
 
 
+def to_int16(pcm: np.ndarray) -> np.ndarray:
+    """Float audio as 16-bit samples (little-endian), as soundfile writes a 16-bit WAV of it: libsndfile rounds to
+    32 bits (x * 2^31, clipped) and keeps the high half. The server's pcm / wav / flac bytes and
+    `stream(pcm_format="int16")` hold the samples of `sf.write(path, audio, 24000)` of the same audio (the official
+    README's way of saving it; tests/test_server_audio.py checks it against soundfile)."""
+    wide = np.clip(np.rint(np.asarray(pcm, dtype=np.float64) * 2.0**31), -(2.0**31), 2.0**31 - 1)
+    return (wide.astype(np.int64) >> 16).astype("<i2")
+
+
 # ----------------------------------------------------------------------------------------------- loading
 
 

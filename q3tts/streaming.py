@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .audio import to_int16
 from .engine.sequence import FRAME_SECONDS
 from .engine.stream import RequestStream
 from .errors import RequestError
@@ -115,7 +116,7 @@ class _Chunker:
         s, frames = self.stream, self.pending
         pcm = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
         if s.pcm_format == "int16":
-            pcm = (np.clip(pcm, -1.0, 1.0) * 32767.0).round().astype(np.int16)
+            pcm = to_int16(pcm)
         chunk = AudioChunk(pcm=pcm, sample_rate=s.sample_rate, index=self.index, start_frame=self.frame,
                            num_frames=len(frames), elapsed_s=time.perf_counter() - s.started, is_last=is_last)
         self.index, self.frame, self.pending = self.index + 1, self.frame + len(frames), []

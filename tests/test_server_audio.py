@@ -8,6 +8,7 @@ import struct
 import av
 import numpy as np
 import pytest
+import soundfile as sf
 
 pytest.importorskip("fastapi")
 
@@ -41,7 +42,6 @@ def _decode(data: bytes) -> tuple[np.ndarray, int]:
 def test_every_format_decodes_to_the_right_duration(fmt, num_frames):
     """With PyAV (ffmpeg) and, for every format libsndfile knows (all but AAC), with soundfile; the shortest
     response the server sends (one 80 ms frame) included."""
-    import soundfile as sf
 
     parts = _encode(fmt, _speechlike(num_frames))
     pcm, rate = _decode(b"".join(parts))
@@ -58,10 +58,17 @@ def test_every_format_decodes_to_the_right_duration(fmt, num_frames):
 
 
 def test_pcm_is_exact_16_bit_little_endian():
+    """pcm and wav carry the samples soundfile writes in a 16-bit WAV of the same float audio (the official README
+    saves audio so): libsndfile's floor(x * 32768), clipped; they were once round(x * 32767), 1 LSB off in half the
+    samples."""
     frames = _speechlike(3)
-    data = b"".join(_encode("pcm", frames))
-    expected = (np.clip(np.concatenate(frames), -1, 1) * 32767).round().astype("<i2")
-    assert data == expected.tobytes()
+    frames[0][:4] = [1.0, -1.0, 1.5, -1.5]  # (full scale and beyond: clipped)
+    audio = np.concatenate(frames)
+    written = io.BytesIO()
+    sf.write(written, audio, 24000, format="WAV", subtype="PCM_16")
+    expected = sf.read(io.BytesIO(written.getvalue()), dtype="int16")[0].astype("<i2")
+    assert b"".join(_encode("pcm", frames)) == expected.tobytes()
+    assert b"".join(_encode("wav", frames))[44:] == expected.tobytes()
 
 
 def test_wav_is_a_streaming_header_then_exact_pcm():

@@ -24,6 +24,7 @@ from typing import Protocol
 import av
 import numpy as np
 
+from ..audio import to_int16
 from .time_stretch import TimeStretch
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
@@ -42,10 +43,6 @@ class AudioEncoder(Protocol):
     def encode(self, pcm: np.ndarray) -> bytes: ...
 
     def flush(self) -> bytes: ...
-
-
-def to_int16(pcm: np.ndarray) -> np.ndarray:
-    return (np.clip(pcm, -1.0, 1.0) * 32767.0).round().astype("<i2")
 
 
 class PCMEncoder:
