@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from .errors import RequestError, quote, renamed
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return args.run(args)
     except RequestError as e:
         print(f"q3tts: error: {_flag_message(e)}", file=sys.stderr)
     except (ValueError, TypeError, OSError, MemoryError) as e:  # AudioError, CheckpointError, ConfigError, ...
@@ -47,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         print("q3tts: interrupted", file=sys.stderr)
         return 130
     return 1
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings in this command line's terms (argument names as flags), one line each."""
+    print(f"q3tts: warning: {renamed(str(message), FLAG_NAMES)}", file=sys.stderr)
 
 
 def _flag_message(e: RequestError) -> str:

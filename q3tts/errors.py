@@ -53,7 +53,7 @@ class RequestTypeError(RequestError, TypeError):
 
 def warn_caller(message: str) -> None:
     """A UserWarning attributed to the first caller outside this package (the user's line)."""
-    frame, level = sys._getframe(1), 1
+    frame, level = sys._getframe(1), 2  # (stacklevel 2: warn_caller's caller)
     while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, stacklevel=level)

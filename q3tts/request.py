@@ -208,8 +208,8 @@ class RequestBuilder:
             if isinstance(sampled, numbers.Integral) and not sampled:
                 unused += [name for name in names if name in given]
         if unused:
-            warn_caller(f"{', '.join(unused)}: only used in sampling, ignored with greedy decoding "
-                        f"(do_sample / subtalker_dosample False)")
+            warn_caller(f"{', '.join(f'`{name}`' for name in unused)}: used only when sampling, ignored with "
+                        "greedy decoding")
         return SamplingParams(**{**defaults, **{k: v for k, v in given.items() if k not in unused}})
 
     def sampling(self, arguments: dict[str, Any], num_positions: int) -> SamplingParams:

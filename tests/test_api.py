@@ -296,9 +296,9 @@ def test_greedy_decoding_ignores_sampling_arguments_with_a_warning(custom, built
     """A stage decoded greedily uses none of its sampling arguments: as transformers does (and so the official
     package), they are ignored with a warning and not checked (temperature=0 beside do_sample=False is no
     mistake); a stage that samples still refuses them."""
-    with pytest.warns(UserWarning, match="temperature, top_k: only used in sampling, ignored with greedy"):
+    with pytest.warns(UserWarning, match="`temperature`, `top_k`: used only when sampling, ignored with greedy"):
         custom.generate_custom_voice("Hi.", "ryan", do_sample=False, temperature=0.0, top_k=-1)
-    with pytest.warns(UserWarning, match="subtalker_temperature: only used in sampling"):
+    with pytest.warns(UserWarning, match="`subtalker_temperature`: used only when sampling"):
         request = custom.request("Hi.", speaker="ryan", subtalker_dosample=False, subtalker_temperature=0)
     assert request.params.subtalker_temperature == custom.generation_config.subtalker_temperature
     params, defaults = built[0].params, custom.generation_config

@@ -28,6 +28,16 @@ def test_say_writes_a_wav(tmp_path, capsys):
     assert "speaker ryan" in capsys.readouterr().err
 
 
+def test_sampling_flags_beside_greedy_are_a_warning_line(tmp_path, capsys):
+    """Greedy decoding ignores the sampling flags: one warning line naming them as flags, and the audio."""
+    out = tmp_path / "greedy.wav"
+    assert main(["say", "Hello.", "-o", str(out), "--model", "tiny", "--max-new-tokens", "3", "--greedy",
+                 "--temperature", "0.5", "--top-k", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "q3tts: warning: --temperature, --top-k: used only when sampling, ignored with greedy decoding\n" in err
+    assert sf.info(out).frames == 2 * 1920
+
+
 def test_voice_create_then_say_with_it(tmp_path):
     ref = tmp_path / "ref.wav"
     sf.write(ref, speech_like(1.0, 16000, 9), 16000)
