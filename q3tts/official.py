@@ -121,12 +121,11 @@ def _broadcast(value: Any, n: int, name: str, items: str = "texts", stretch: boo
     match."""
     if not isinstance(value, list):
         return [value] * n
-    values = value
-    if len(values) == 1 and stretch:
-        return values * n
-    if len(values) != n:
-        raise RequestError(f"batch size mismatch: {n} {items} but {len(values)} values for {name}", name)
-    return values
+    if len(value) == 1 and stretch:
+        return value * n
+    if len(value) != n:
+        raise RequestError(f"batch size mismatch: {n} {items} but {len(value)} values for {name}", name)
+    return value
 
 
 def _feeding(non_streaming_mode: Any) -> Any:
