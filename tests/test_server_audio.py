@@ -58,16 +58,20 @@ def test_every_format_decodes_to_the_right_duration(fmt, num_frames):
 
 
 def test_pcm_is_exact_16_bit_little_endian():
-    """pcm and wav carry the samples soundfile writes in a 16-bit WAV of the same float audio (the official README
-    saves audio so): libsndfile's floor(x * 32768), clipped; they were once round(x * 32767), 1 LSB off in half the
-    samples."""
+    """pcm and wav carry rint(x * 32768), clipped: the samples soundfile writes in a 16-bit FLAC of the same float
+    audio (FFmpeg's conversion too), within 1 LSB of its 16-bit WAV (which floors); they were once round(x * 32767),
+    2 LSB off near full scale and -1.0 as -32767."""
     frames = _speechlike(3)
-    frames[0][:4] = [1.0, -1.0, 1.5, -1.5]  # (full scale and beyond: clipped)
+    frames[0][:6] = [1.0, -1.0, 1.5, -1.5, 0.5 / 32768, -1e-15]  # (full scale and beyond: clipped)
     audio = np.concatenate(frames)
-    written = io.BytesIO()
-    sf.write(written, audio, 24000, format="WAV", subtype="PCM_16")
-    expected = sf.read(io.BytesIO(written.getvalue()), dtype="int16")[0].astype("<i2")
+    written = {}
+    for fmt in ("FLAC", "WAV"):
+        data = io.BytesIO()
+        sf.write(data, audio, 24000, format=fmt, subtype="PCM_16")
+        written[fmt] = sf.read(io.BytesIO(data.getvalue()), dtype="int16")[0].astype("<i2")
+    expected = written["FLAC"]
     assert b"".join(_encode("pcm", frames)) == expected.tobytes()
+    assert np.abs(expected.astype(int) - written["WAV"]).max() == 1
     assert b"".join(_encode("wav", frames))[44:] == expected.tobytes()
 
 
