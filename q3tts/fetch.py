@@ -94,6 +94,7 @@ def _get_by_urllib(url: str, policy: FetchPolicy, deadline: float) -> tuple[int,
                           timeout=max(deadline - time.monotonic(), 0.1)) as response:
             return _answer(response, url, policy, deadline)
     except urllib.error.HTTPError as e:  # (any status but 2xx, redirects included)
+        e.close()
         return e.code, e.headers.get("Location"), b""
     except (OSError, http.client.HTTPException) as e:
         reason = e.reason if isinstance(e, urllib.error.URLError) else e
