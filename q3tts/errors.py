@@ -3,12 +3,12 @@ command line, the HTTP server) can name it its own way."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import warnings
-from pathlib import Path
 
-_PACKAGE = str(Path(__file__).resolve().parent)
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class RequestError(ValueError):
@@ -54,6 +54,6 @@ class RequestTypeError(RequestError, TypeError):
 def warn_caller(message: str) -> None:
     """A UserWarning attributed to the first caller outside this package (the user's line)."""
     frame, level = sys._getframe(1), 2  # (stacklevel 2: warn_caller's caller)
-    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_PACKAGE):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, stacklevel=level)
