@@ -54,15 +54,16 @@ def fetch(url: str, policy: FetchPolicy = FetchPolicy()) -> bytes:
     raise FetchError(f"{_short(url)}: more than {MAX_REDIRECTS} redirects")
 
 
-def _check_scheme(url: str) -> None:
+def _http_parts(url: str):
+    """`url` parsed, if it is an http(s) URL with a host."""
     parts = urlparse(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FetchError(f"not an http(s) URL: {_short(url)}")
+    return parts
 
 
 def _get(url: str, policy: FetchPolicy, deadline: float) -> tuple[int, str | None, bytes]:
-    _check_scheme(url)
-    parts = urlparse(url)
+    parts = _http_parts(url)
     host = parts.hostname.lower()
     if policy.hosts and host not in policy.hosts:
         raise FetchError(f"host {host!r} is not among the hosts this server downloads from")
@@ -87,7 +88,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 def _get_by_urllib(url: str, policy: FetchPolicy, deadline: float) -> tuple[int, str | None, bytes]:
-    _check_scheme(url)
+    _http_parts(url)
     opener = urllib.request.build_opener(_NoRedirect)  # (its ProxyHandler reads the environment's proxies now)
     try:
         with opener.open(urllib.request.Request(url, headers=HEADERS),

@@ -46,7 +46,7 @@ class OfficialAPI:
         leaves the speaker out of the prompt, as the official method does."""
         self.require("custom_voice", "generate_custom_voice")
         if not self.config.supports_instruct and instruct is not None:  # (as the official: before any check)
-            if instruct not in ("", []):
+            if not (isinstance(instruct, (str, list)) and not instruct):  # (an empty one says nothing)
                 warn_caller("this 0.6B CustomVoice checkpoint ignores `instruct` (the official API drops it too)")
             instruct = None
         texts = _as_list(text, "text")
