@@ -57,8 +57,8 @@ class AudioError(RequestError):
 def to_int16(pcm: np.ndarray) -> np.ndarray:
     """Float audio as 16-bit samples (little-endian): rint(x * 32768), clipped, as FFmpeg converts and as soundfile
     writes a 16-bit FLAC (its 16-bit WAV floors instead: at most 1 LSB apart). The server's pcm / wav / flac bytes and
-    `stream(pcm_format="int16")`. (Per 80 ms chunk of every stream, in the engine process: kept to three float32
-    passes; perf-notes 104.)"""
+    `stream(pcm_format="int16")`. (Per 80 ms chunk of every stream, in the server's event loop: kept to three
+    float32 passes; perf-notes 104-105.)"""
     wide = np.multiply(pcm, np.float32(32768.0), dtype=np.float32)
     np.rint(wide, out=wide)
     np.clip(wide, -32768.0, 32767.0, out=wide)
