@@ -11,9 +11,10 @@ the implementation the engine is tested against; streaming always runs on the en
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -183,14 +184,15 @@ class TTS(OfficialAPI):
         return prompts
 
     def submit(self, request: Request, request_id: str | None = None, asyncio_loop: bool = False,
-               prompt: Prompt | None = None) -> RequestStream:
+               prompt: Prompt | None = None, realtime: bool = True) -> RequestStream:
         """Queues a request on the engine; returns its stream of 1920-sample float32 frames (`asyncio_loop=True`
         from a running event loop: read it with `async for`). `prompt`: the request's prompt if already built
-        (`prepare`). Raises QueueFull when the engine's queue is at its limit."""
+        (`prepare`). `realtime=False`: the audio is read whole, not played as it comes (no lead to keep ahead of
+        playback when the engine admits others). Raises QueueFull when the engine's queue is at its limit."""
         guard = request.guard
         return self.engine.submit(prompt or self.prepare(request), request.params, request.spec.ref_codes, request_id,
                                   asyncio_loop, stop_after=guard.frame_limit(request.text_tokens) if guard else None,
-                                  stop_on_repeats=guard.repeated_frames if guard else None)
+                                  stop_on_repeats=guard.repeated_frames if guard else None, realtime=realtime)
 
     # ---- our API ------------------------------------------------------------------------------------------
 
@@ -227,7 +229,8 @@ class TTS(OfficialAPI):
                pcm_format: str = "float32", **sampling: Any) -> AudioStream:
         """Like `synthesize`, but yields `AudioChunk`s while the speech is generated (frames per chunk follow
         `chunk_schedule`; the last value repeats). Bad input raises here, before the stream opens. The
-        concatenated chunks equal `synthesize`'s audio. Leaving the loop early (or `close()`) frees the row."""
+        concatenated chunks equal `synthesize`'s audio (the same codes; for a long text the samples within ~2e-6:
+        its pieces are decoded in batches of other sizes). Leaving the loop early (or `close()`) frees the row."""
         started = time.perf_counter()
         schedule = check_chunking(chunk_schedule, pcm_format)
         requests = self.pieces(text, speaker=speaker, voice=voice, instruct=instruct, language=language,
@@ -258,32 +261,34 @@ class TTS(OfficialAPI):
             return self._render_reference(requests, official_cut, on_frame)
         streams = self._submit_all(requests)
         wavs = []
-        for request, stream in zip(requests, streams):
-            frames = []
-            for frame in stream:
-                frames.append(frame)
-                if on_frame is not None:
-                    on_frame(len(frames))
-            wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
-            ref = request.spec.ref_codes
-            if official_cut and ref is not None and _official_extra(ref.shape[0], len(frames), self._spf):
-                wav = np.concatenate([stream.channel.ref_tail.numpy(), wav])
-            wavs.append(wav)
+        with _cancelled_on_exit(streams):
+            for request, stream in zip(requests, streams):
+                frames = []
+                for frame in stream:
+                    frames.append(frame)
+                    if on_frame is not None:
+                        on_frame(len(frames))
+                wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
+                ref = request.spec.ref_codes
+                if official_cut and ref is not None and _official_extra(ref.shape[0], len(frames), self._spf):
+                    wav = np.concatenate([stream.channel.ref_tail.numpy(), wav])
+                wavs.append(wav)
         return wavs
 
     def _submit_all(self, requests: list[Request]) -> list[RequestStream]:
         """Submits every request (their prompts built together); when the engine's queue is full, waits for earlier
         ones before going on."""
         streams: list[RequestStream] = []
-        for request, prompt in zip(requests, self.prepare_many(requests)):
-            while True:
-                try:
-                    streams.append(self.submit(request, prompt=prompt))
-                    break
-                except QueueFull:
-                    if all(s.finished for s in streams):
-                        raise
-                    time.sleep(0.01)
+        with _cancelled_on_exit(streams):
+            for request, prompt in zip(requests, self.prepare_many(requests)):
+                while True:
+                    try:
+                        streams.append(self.submit(request, prompt=prompt, realtime=False))
+                        break
+                    except QueueFull:
+                        if all(s.finished for s in streams):
+                            raise
+                        time.sleep(0.01)
         return streams
 
     def _render_reference(self, requests: list[Request], official_cut: bool,
@@ -308,6 +313,18 @@ class TTS(OfficialAPI):
         if self.config.tts_model_type != kind:
             raise RequestError(f"{method} needs a {kind} checkpoint; this one is {self.config.tts_model_type} "
                                f"({self.config.tts_model_size})")
+
+
+@contextlib.contextmanager
+def _cancelled_on_exit(streams: list[RequestStream]) -> Iterator[None]:
+    """Cancels `streams` (as they are then) if the block raises, Ctrl-C included: an interrupted `synthesize`
+    frees its rows at once (the caller's traceback, which a REPL keeps, would otherwise keep them generating)."""
+    try:
+        yield
+    except BaseException:
+        for stream in streams:
+            stream.cancel()
+        raise
 
 
 def _official_extra(ref_frames: int, new_frames: int, samples_per_frame: int) -> bool:

@@ -104,7 +104,7 @@ def _render(tts: TTS, items: list[Item], window: int) -> Iterator[tuple[Item, np
     queue = iter(items)
     while True:
         while len(pending) < window and (item := next(queue, None)) is not None:
-            pending.append((item, [tts.submit(r) for r in item.requests]))
+            pending.append((item, [tts.submit(r, realtime=False) for r in item.requests]))
         if not pending:
             return
         item, streams = pending.popleft()

@@ -243,6 +243,13 @@ class RequestBuilder:
                                "text")
         instruct_ids = self.text_tokenizer.encode(instruct_text(instruct)) if instruct else None
         icl = voice is not None and voice.icl_mode
+        ref_ids = self.text_tokenizer.encode(ref_text(voice.ref_text)) if icl else None
+        if icl and not non_streaming_mode:  # (the transcript's tokens beyond its frames trail before the text)
+            ref_tokens, frames = len(ref_ids) - 5, voice.ref_code.shape[0]
+            if len(input_ids) - 8 + max(0, ref_tokens - frames) > MAX_TEXT_TOKENS:
+                raise RequestError(f"text ({len(input_ids) - 8} tokens) and the {ref_tokens - frames} tokens of the "
+                                   f"voice's reference transcript that run past its audio ({ref_tokens} tokens for "
+                                   f"{frames} frames) are over the {MAX_TEXT_TOKENS} per request", "text")
         return PromptSpec(
             input_ids=input_ids, language=language, non_streaming_mode=non_streaming_mode,
             instruct_ids=instruct_ids, speaker=speaker,
@@ -250,7 +257,7 @@ class RequestBuilder:
             # the official builds it)
             speaker_embedding=voice.ref_spk_embedding if voice is not None and (voice.x_vector_only_mode or icl)
             else None,
-            ref_ids=self.text_tokenizer.encode(ref_text(voice.ref_text)) if icl else None,
+            ref_ids=ref_ids,
             ref_codes=voice.ref_code if icl else None)
 
 

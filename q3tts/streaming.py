@@ -62,16 +62,20 @@ class AudioStream:
                  sample_rate: int, started: float, submit_now: bool = True):
         """open_frames: submits the request (now, or at the first `async for` if `submit_now` is False)."""
         self._open, self._frames = open_frames, open_frames() if submit_now else None
+        self._closed = False
         self.schedule, self.pcm_format, self.sample_rate, self.started = schedule, pcm_format, sample_rate, started
 
     @property
     def frames(self) -> RequestStream:
         """The underlying stream of 1920-sample frames (its `channel` has the request's timings and codes)."""
         if self._frames is None:
+            if self._closed:
+                raise RuntimeError("the stream was closed before its request was submitted")
             self._frames = self._open()
         return self._frames
 
     def close(self) -> None:
+        self._closed = True
         if self._frames is not None:
             self._frames.cancel()
 
@@ -86,6 +90,8 @@ class AudioStream:
             self.close()
 
     async def __aiter__(self) -> AsyncIterator[AudioChunk]:
+        if self._closed and self._frames is None:
+            return  # closed before its request was submitted: nothing to generate
         chunker = _Chunker(self)
         try:
             async for frame in self.frames:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 
@@ -501,3 +502,38 @@ def test_native_inputs_of_the_wrong_kind_are_request_errors(base, ref_wav, no_co
     loud = (1e30 * np.sin(np.arange(48000) / 20)).astype(np.float32)
     with pytest.raises(AudioError, match="speaker embedding with NaN or infinite values: its samples reach 1e"):
         base.create_voice((loud, 24000), x_vector_only=True)  # (once a voice stored, then refused at every use)
+
+
+def test_an_interrupted_synthesize_frees_its_rows(custom):
+    """Ctrl-C (any exception) while synthesize waits ends every request it submitted, even while the traceback,
+    which holds them, is kept (as a REPL keeps sys.last_traceback)."""
+    class Interrupt(BaseException):
+        pass
+
+    def interrupt(frames: int) -> None:
+        if frames == 2:
+            raise Interrupt
+
+    requests = [custom.request(text, speaker="ryan", max_new_tokens=400, seed=7) for text in ("One.", "Two.", "Six.")]
+    with pytest.raises(Interrupt) as caught:
+        custom.synthesize_all(requests, on_frame=interrupt)
+    deadline = time.monotonic() + 10
+    while custom.engine.num_running or custom.engine.num_waiting:
+        assert time.monotonic() < deadline, f"{custom.engine.num_running} rows still running after the interrupt"
+        time.sleep(0.01)
+    assert caught.value.__traceback__ is not None
+
+
+def test_an_in_context_voice_whose_transcript_outruns_its_audio_counts_it_against_the_text_limit(base, ref_wav,
+                                                                                                 no_compute):
+    """In-context cloning trails the transcript's tokens beyond the reference's frames before the text: refused
+    while the request is built, naming both counts, not later by the engine."""
+    per_word = len(base.text_tokenizer.encode("word " * 100)) / 100
+    voice = base.create_voice(ref_wav, "word " * 30)  # more tokens than the 1 s reference's 12-13 frames
+    text = "word " * int(4090 / per_word)  # under the 4,096 alone
+    with pytest.raises(RequestError, match=r"text \(\d+ tokens\) and the \d+ tokens of the voice's reference "
+                                           r"transcript that run past its audio") as caught:
+        base.request(text, voice=voice)
+    assert caught.value.param == "text"
+    base.request(text, voice=voice, non_streaming_mode=True)  # (nothing trails there)
+    base.request("word " * int(4000 / per_word), voice=voice)

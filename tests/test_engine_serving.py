@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from q3tts import TTS, EngineConfig, RequestError
-from q3tts.engine import Engine, EngineError, QueueFull
+from q3tts.engine import Engine, EngineError, QueueFull, scheduler
 from q3tts.tiny import tiny_checkpoint
 
 TEXTS = ["Hello world.", "Thank you very much.", "Good morning, seven bright stars.", "One two three four.",
@@ -89,6 +89,27 @@ def test_requests_join_a_running_batch(tts, reference, engine):
     assert_close(np.concatenate(frames), alone(reference, 0, True, 40))
     assert_close(second.read_all(), alone(reference, 1, True, 20))
     assert list(first) == []  # a stream read to its end stays ended
+
+
+@pytest.mark.parametrize("case", ["frames slower than real time", "read whole"])
+def test_requests_join_a_batch_whose_streams_are_behind(tts, monkeypatch, case):
+    """A running stream behind real time holds newcomers back only while frames outpace its playback (it then
+    catches up); on frames slower than that (every frame, here) a newcomer joins at the next boundary instead of
+    waiting for the batch to end, and a request read whole (realtime=False) has no lead to keep at all."""
+    slow = case == "frames slower than real time"
+    if slow:
+        monkeypatch.setattr(scheduler, "FRAME_SECONDS", 0.0)
+    engine = make_engine(tts, max_rows=4, max_waiting=8, block_size=16, safety_seconds=1e3)  # always "at risk"
+    try:
+        r = request(tts, 0, True, 200)
+        first = engine.submit(tts.prepare(r), r.params, realtime=slow)
+        for _ in zip(range(3), first):  # its first audio: from now on it has a lead (negative with this safety)
+            pass
+        second = submit(engine, tts, 1, True, max_new=4)
+        assert len(second.read_all()) == 3 * 1920
+        assert not first.channel.finished  # (it had ~190 frames to go)
+    finally:
+        engine.stop()
 
 
 def test_an_engine_on_the_cpu_computes_with_every_thread(engine):

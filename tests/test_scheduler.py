@@ -145,3 +145,26 @@ def test_the_prefill_budget_counts_what_will_be_computed():
         for seq in seqs:
             s.add(Sequence(seq.request_id, seq.num_positions, 0.0))
         assert len(s.admit(0.0)[1]) == expected
+
+
+def test_streams_behind_slower_than_real_time_frames_do_not_stop_admission():
+    """Waiting lets a stream catch up only while frames outpace playback: on a device slower than real time the
+    running streams never catch up, and holding every newcomer back would wait for the whole batch to end."""
+    s = scheduler(max_running=8, prefill_seconds_per_token=1e-3, safety_seconds=0.1)
+    s.add(seq(0))
+    running = admitted(s)[0]
+    running.first_audio, running.frames = 0.0, 5  # 0.4 s of audio by t = 1.0: 0.6 s behind
+    for i in (1, 2):
+        s.add(seq(i, tokens=100))
+    assert s.admit(1.0, frame_seconds=0.05) == ([], [])  # frames faster than playback: it catches up first
+    resumed, new = s.admit(1.0, frame_seconds=0.12)
+    assert not resumed and [x.request_id for x in new] == ["r1"]  # one per boundary, not all at once
+
+
+def test_a_request_read_whole_has_no_lead_to_keep():
+    s = scheduler(max_running=8, prefill_seconds_per_token=1e-3, safety_seconds=0.1)
+    s.add(Sequence("r0", 50, 0.0, realtime=False))
+    running = admitted(s)[0]
+    running.first_audio, running.frames = 0.0, 5  # 0.6 s "behind" at t = 1.0: nobody plays it
+    s.add(seq(1, tokens=100))
+    assert [x.request_id for x in admitted(s, 1.0)] == ["r1"]

@@ -92,6 +92,23 @@ def test_astream_yields_the_same_chunks(custom):
     assert np.array_equal(np.concatenate([c.pcm for c in chunks]), np.concatenate([c.pcm for c in sync]))
 
 
+def test_an_astream_closed_before_its_first_iteration_submits_nothing(custom, monkeypatch):
+    stream = custom.astream("Good evening.", speaker="serena", **SAMPLE)  # (no running loop: submitted when read)
+    stream.close()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a closed stream submitted its request")
+
+    monkeypatch.setattr(custom, "_submit_pieces", refuse)
+
+    async def read():
+        return [c async for c in stream]
+
+    assert asyncio.run(read()) == []
+    with pytest.raises(RuntimeError, match="closed before its request was submitted"):
+        _ = stream.frames
+
+
 def test_stream_ending_on_eos(tmp_path):
     """A request that ends on its own (EOS) streams exactly its offline frames (the EOS frame never reaches
     the codec)."""

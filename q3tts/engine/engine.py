@@ -10,7 +10,8 @@ background thread runs the frame loop; at every frame boundary it:
      each request (a stream far enough ahead of real time gets its frames in groups: stream.py), then brings
      back preempted requests and admits waiting ones as the scheduler decides (batched prefill, queued behind
      the frame).
-Each request's output depends only on its own prompt, parameters and seed, never on what else is in the batch.
+Each request's codes depend only on its own prompt, parameters and seed, never on what else is in the batch (its
+audio too, up to float rounding: the codec decodes the batch's rows together, ~1e-6).
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class Engine:
         self._cv = threading.Condition()
         self._dropped: collections.deque[str] = collections.deque()  # ended by RequestStream finalizers
         self._preempted: list[Channel] = []  # since the last hand-out: their held frames go out now
+        self._launched: float | None = None  # when the last frame was launched (None: none running since)
+        self._frame_seconds = 0.0  # the time between the last two launches: how long a frame takes now
         self._stopping = False
         self._saved_switch_interval: float | None = None
         # The thread captures the CUDA graphs, then runs the frame loop (graphs.py says why there).
@@ -157,9 +160,10 @@ class Engine:
 
     def submit(self, prompt: Prompt, params: SamplingParams, ref_codes: torch.Tensor | None = None,
                request_id: str | None = None, asyncio_loop: bool = False, stop_after: int | None = None,
-               stop_on_repeats: int | None = None) -> RequestStream:
+               stop_on_repeats: int | None = None, realtime: bool = True) -> RequestStream:
         """Queues a request and returns its stream. With `asyncio_loop=True` (call from a running event loop)
-        the stream is read with `async for`, otherwise with `for` from any thread. `stop_after` frames, or
+        the stream is read with `async for`, otherwise with `for` from any thread. `realtime=False`: its audio is
+        read whole, not played as it comes (the scheduler keeps no lead for it). `stop_after` frames, or
         `stop_on_repeats` identical frames in a row, end it early (finish reason "runaway" / "repetition"). Raises
         QueueFull when the queue is at its limit, RequestError when the request cannot fit this engine,
         EngineError when the engine has failed or was stopped."""
@@ -178,7 +182,7 @@ class Engine:
         channel = Channel(request_id, asyncio.get_running_loop() if asyncio_loop else None)
         payload = _Payload(prompt, params, ref_codes, channel, prompt.num_positions + params.max_new_tokens,
                            stop_after, stop_on_repeats)
-        seq = Sequence(request_id, prompt.num_positions, time.perf_counter(), payload=payload)
+        seq = Sequence(request_id, prompt.num_positions, time.perf_counter(), payload=payload, realtime=realtime)
         self.start()
         with self._cv:
             if self._stopping:
@@ -188,7 +192,12 @@ class Engine:
         return RequestStream(channel, self.cancel, self._dropped.append)
 
     def cancel(self, request_id: str) -> None:
-        """Ends a request: a waiting one now, a running one at the next frame boundary."""
+        """Ends a request: a waiting one now, a running one at the next frame boundary. On the engine's own thread
+        (a stream's `finally` run by the garbage collector there, perhaps inside the loop's critical section,
+        whose lock is re-entrant) it goes through the drop queue instead, as a dropped stream's does."""
+        if threading.current_thread() is self._thread:
+            self._dropped.append(request_id)
+            return
         with self._cv:
             seq = self.scheduler.cancel(request_id)
             if seq is not None and seq not in self.rows:  # waiting or swapped: done now
@@ -311,6 +320,8 @@ class Engine:
                 if self.rows:
                     self._grow()
             row_map = self._launch(readback) if self.rows else None
+            if row_map is None:
+                self._launched = None
             with self._cv:
                 if last is not None:
                     audio = self._settle(*last, outbox)
@@ -326,13 +337,16 @@ class Engine:
                 self._dropped.append(channel.request_id)
             with self._cv:
                 start = len(self.rows)
-                resumed, admitted = self.scheduler.admit(time.perf_counter())
+                resumed, admitted = self.scheduler.admit(time.perf_counter(), self._frame_seconds)
                 self._join(resumed, admitted)
                 self._start_codec(start, resumed, admitted)
             last = (readback.pop(wait_pcm=False), row_map) if row_map is not None else None
 
     def _launch(self, readback: Readback) -> list[Sequence]:
         """Launches the next frame of rows 0..B-1 and its decode; returns the rows' sequences in that frame."""
+        now = time.perf_counter()
+        self._frame_seconds = now - self._launched if self._launched is not None else 0.0
+        self._launched = now
         B = len(self.rows)
         self.runner.step(B)
         self.codec.step(B)

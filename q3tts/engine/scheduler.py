@@ -5,7 +5,10 @@ a deadline rule. A running stream that has started playing has a lead: the audio
 since its first audio. Admitting requests stalls every running stream for their prefill (~tokens x seconds per
 token); a boundary admits only as much prefill as the smallest lead can absorb, keeping a safety margin (a
 stream's next frame comes about two frame steps after the stall), but always at least one request when no
-running stream is at risk.
+running stream is at risk. Holding requests back lets a stream at risk catch up only while frames come faster
+than they play: when the last frame took longer than its 80 ms (a slow or overloaded device), one request joins
+per boundary regardless, or continuous batching would turn into static batching (every newcomer waiting for the
+whole batch to end). Requests read whole (`synthesize`, `q3tts batch`) have no lead to keep.
 
 KV blocks: a request is admitted only if its prompt (and first frame) fit the free blocks with a small reserve
 left for the running rows' growth. When a running row needs a block and none is free, the engine preempts the
@@ -22,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 
 from .kv_blocks import KVBlocks
-from .sequence import Sequence
+from .sequence import FRAME_SECONDS, Sequence
 
 
 class QueueFull(Exception):
@@ -77,9 +80,9 @@ class Scheduler:
         self.swapped.sort(key=lambda s: s.order)
         return seq
 
-    def admit(self, now: float) -> tuple[list[Sequence], list[Sequence]]:
+    def admit(self, now: float, frame_seconds: float = 0.0) -> tuple[list[Sequence], list[Sequence]]:
         """(swapped requests to bring back, waiting requests to prefill) at this frame boundary; both become
-        running. New requests wait while any preempted one does."""
+        running. New requests wait while any preempted one does. frame_seconds: how long the last frame took."""
         free_rows = self.max_running - len(self.running)
         free_blocks = self.kv.num_free
         resumed = []
@@ -91,12 +94,12 @@ class Scheduler:
             resumed.append(self._run(self.swapped.pop(0), keep_order=True))
         if self.swapped:
             return resumed, []
-        return resumed, self._admit_waiting(now, free_rows - len(resumed), free_blocks)
+        return resumed, self._admit_waiting(now, free_rows - len(resumed), free_blocks, frame_seconds)
 
-    def _admit_waiting(self, now: float, free_rows: int, free_blocks: int) -> list[Sequence]:
+    def _admit_waiting(self, now: float, free_rows: int, free_blocks: int, frame_seconds: float) -> list[Sequence]:
         lead = min((s.lead(now) for s in self.running.values()), default=float("inf"))
         stall_budget = lead - self.safety_seconds
-        if stall_budget <= 0:
+        if stall_budget <= 0 and frame_seconds < FRAME_SECONDS:
             return []  # a running stream is about to fall behind: let it catch up first
         admitted, tokens = [], 0
         while self.waiting and len(admitted) < free_rows:

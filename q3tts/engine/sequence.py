@@ -60,10 +60,12 @@ class Sequence:
     first_audio: float | None = None  # when the first frame was delivered
     cancelled: bool = False
     order: int = 0  # admission order (preemption takes the newest first)
+    realtime: bool = True  # its audio is played as it comes (False: read whole, e.g. `synthesize`: no lead to keep)
     payload: object = field(default=None, repr=False)  # the engine's own request data
 
     def lead(self, now: float) -> float:
-        """Seconds of audio produced ahead of real-time playback since the first audio (inf before it)."""
-        if self.first_audio is None:
+        """Seconds of audio produced ahead of real-time playback since the first audio (inf before it, and for a
+        request whose audio is not played as it comes)."""
+        if self.first_audio is None or not self.realtime:
             return float("inf")
         return self.frames * FRAME_SECONDS - (now - self.first_audio)
