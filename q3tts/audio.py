@@ -154,6 +154,8 @@ def _sample_rate(sr: Any) -> int:
 
 def _from_string(text: str) -> tuple[np.ndarray, int]:
     # Same decisions, in the same order, as the official `_load_audio_to_np`: URL, then base64, then path.
+    if not text.strip():  # (as a path, "" is the current folder)
+        raise AudioError("the reference audio is an empty string (give a file path, a URL or base64 audio)")
     if _is_url(text):
         return _read_bytes(_fetch(text), f"audio at {text}")
     if _is_probably_base64(text):

@@ -3,8 +3,9 @@
 Each line is one object: `text` (required), and as the checkpoint needs `speaker`, `voice` (a voice file),
 `instruct`; optionally `language`, `seed`, `id` (the output's name, else the line number), `non_streaming_mode`
 and any sampling field (`temperature`, `max_new_tokens`, ...). Every line is checked first: a bad one is reported
-with its number and skipped, the rest run. Items whose output exists already are skipped (run it again to
-resume). `manifest.jsonl` in the folder lists every item: its line, id, file, seconds of audio, or its error.
+with its number and skipped, the rest run (the command then exits with status 1). Items whose output exists
+already are skipped (run it again to resume). `manifest.jsonl` in the folder lists every item: its line, id,
+file, seconds of audio, or its error. A `voice` path is read relative to the current folder.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def run(tts: TTS, jobs: Path, out_dir: Path, window: int = 128, log=print) -> di
     todo = [item for item in items if not item.file(out_dir).exists()]
     progress = _Progress(len(todo), log)
     manifest = [{"line": e["line"], "error": e["error"]} for e in errors]
-    manifest += [_entry(item, out_dir, "skipped (already rendered)") for item in items if item not in todo]
+    manifest += [_entry(item, out_dir, "skipped (already rendered)", _seconds(item.file(out_dir)))
+                 for item in items if item not in todo]
     for item, wav in _render(tts, todo, window):
         partial = item.file(out_dir).with_suffix(".partial")  # renamed when whole: resume never sees half a file
         sf.write(partial, wav, tts.sample_rate, format="WAV")
@@ -109,6 +111,15 @@ def _render(tts: TTS, items: list[Item], window: int) -> Iterator[tuple[Item, np
             return
         item, streams = pending.popleft()
         yield item, join([s.read_all() for s in streams])
+
+
+def _seconds(path: Path) -> float | None:
+    """The length of an audio file rendered before (None if it cannot be read: a file of the same name made by
+    something else)."""
+    try:
+        return sf.info(str(path)).duration
+    except (sf.SoundFileError, OSError, RuntimeError):
+        return None
 
 
 def _entry(item: Item, out_dir: Path, status: str, seconds: float | None = None) -> dict:

@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 TINY_HINT = ("pass a local folder that holds a downloaded checkpoint (config.json, model.safetensors, "
-             "speech_tokenizer/), or use the built-in random model `tiny` (`--model tiny --max-new-tokens 50`, "
-             "noise only: a random model never ends on its own) to check the pipeline without weights")
+             "speech_tokenizer/), or check the pipeline without weights with a built-in random model: `tiny` "
+             "(CustomVoice), `tiny-base` (voice cloning) or `tiny-voice-design`, noise only and never ending on its "
+             "own, so limit max_new_tokens (e.g. `q3tts say Hi --model tiny --max-new-tokens 50`)")
 
 
 class CheckpointError(ValueError):

@@ -4,6 +4,7 @@ HTTP server."""
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import sys
@@ -19,14 +20,16 @@ SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "repetition_penalty", "subtal
                   "subtalker_top_p", "max_new_tokens")
 # Python argument names in error messages -> this command line's flags.
 FLAG_NAMES = {name: "--" + name.replace("_", "-") for name in (*SAMPLING_FLAGS, "max_context", "kv_cache_gb",
-                                                               "gpu_memory_utilization", "ref_text", "ref_audio")}
+                                                               "gpu_memory_utilization", "ref_text", "ref_audio",
+                                                               "max_rows")}
 # `q3tts serve`: the server's and engine's setting names -> its flags.
 SERVE_FLAG_NAMES = {"max_rows": "--max-running", "body_timeout_s": "--body-timeout", "send_timeout_s": "--send-timeout",
                     "drain_timeout_s": "--drain-timeout"}
 SERVE_FLAG_NAMES |= {name: "--" + name.replace("_", "-") for name in (
     "max_waiting", "max_input_chars", "max_context", "kv_cache_gb", "gpu_memory_utilization", "prefix_cache_gb",
-    "max_body_bytes")}
-FLAG_NAMES |= {"do_sample=False": "--greedy", "do_sample": "--greedy", "subtalker_dosample": "--greedy",
+    "max_body_bytes", "port", "voices_dir")}
+FLAG_NAMES |= {"do_sample=False": "--greedy", "do_sample": "--greedy", "subtalker_dosample=False": "--greedy",
+               "subtalker_dosample": "--greedy",
                "x_vector_only_mode=False": "without --x-vector-only", "x_vector_only_mode": "--x-vector-only",
                "text": "the text", "speaker": "--speaker", "voice": "--voice", "instruct": "--instruct",
                "language": "--language", "seed": "--seed"}
@@ -82,10 +85,10 @@ def _parser() -> argparse.ArgumentParser:
     say = sub.add_parser("say", help="synthesise text to a WAV file")
     say.add_argument("text", nargs="?", help="the text to speak ('-': read it from standard input; any length: "
                      "long texts are spoken in pieces)")
-    say.add_argument("-f", "--file", type=Path, help="read the text from this file instead")
+    say.add_argument("-f", "--file", type=Path, help="read the text from this file instead ('-': standard input)")
     say.add_argument("-o", "--output", default="out.wav",
                      help="audio file to write, in the format its extension names: .wav, .flac, .ogg ... "
-                          "(default: out.wav)")
+                          "('-': a WAV file on standard output; default: out.wav)")
     say.add_argument("--play", action="store_true",
                      help="also play the audio as it is generated (needs an audio output and `pip install "
                           "'q3tts[play]'`; without them, says so and only writes the file)")
@@ -110,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     sampling.add_argument("--subtalker-temperature", type=float)
     sampling.add_argument("--subtalker-top-k", type=int)
     sampling.add_argument("--subtalker-top-p", type=float)
-    sampling.add_argument("--max-new-tokens", type=int, help="at most this many codec frames (12.5 per second)")
+    sampling.add_argument("--max-new-tokens", type=int, help="generation steps: N gives at most N-1 codec frames "
+                          "(12.5 per second; the last step ends the audio)")
     sampling.add_argument("--seed", type=int, help="makes sampled output reproducible")
     say.set_defaults(run=_say)
 
@@ -291,19 +295,22 @@ def _say(args) -> int:
     from .voice import Voice
 
     text = check_text(_read_text(args))
-    output = _output_path(args.output)
+    to_stdout = args.output == "-"  # (a WAV file on standard output, for a pipe)
+    output = Path("out.wav") if to_stdout else _output_path(args.output)
     if not sf.check_format(output.suffix[1:].upper()):
         raise ValueError(f"-o {args.output}: the file's extension names no audio format that can be written; use "
                          ".wav (or .flac, .ogg, .mp3 ...)")
     sampling = _sampling(args)
     engine = _engine_options(args, max_rows=2)
-    _check_cloning_flags(args, _check_model(args).tts_model_type)
+    config = _check_model(args)
+    kind = config.tts_model_type
+    _check_cloning_flags(args, kind)
     voice = Voice.load(args.voice) if args.voice else None
+    speaker = args.speaker if args.speaker is not None else DEFAULT_SPEAKER if kind == "custom_voice" else None
+    _check_voice_flags(args, config, speaker, voice)
     tts = _load(args, **engine)
-    kind = tts.config.tts_model_type
     if kind == "base" and voice is None:
         voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
-    speaker = args.speaker if args.speaker is not None else DEFAULT_SPEAKER if kind == "custom_voice" else None
     kwargs = dict(speaker=speaker, voice=voice, instruct=args.instruct, language=args.language,
                   non_streaming_mode=args.non_streaming_mode, seed=args.seed, **sampling)
     requests = tts.pieces(text, **kwargs)  # validated before anything runs
@@ -320,10 +327,16 @@ def _say(args) -> int:
         player.stop()
     wav = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
     try:
-        sf.write(output, wav, tts.sample_rate)
+        if to_stdout:
+            data = io.BytesIO()
+            sf.write(data, wav, tts.sample_rate, format="WAV", subtype="PCM_16")
+            sys.stdout.buffer.write(data.getvalue())
+            sys.stdout.flush()
+        else:
+            sf.write(output, wav, tts.sample_rate)
     except (sf.SoundFileError, OSError) as e:  # (a full disk, a file removed or locked since the check)
         raise OSError(f"-o {args.output}: could not write the audio: {e}") from e
-    print(f"wrote {args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
+    print(f"wrote {'standard output' if to_stdout else args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
           + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
     return 0
 
@@ -355,6 +368,36 @@ def _check_cloning_flags(args, kind: str) -> None:
         raise ValueError(f"--voice is a voice already cloned: give it or {' and '.join(given)}, not both")
     if kind == "base" and not args.voice and not args.ref_audio:
         raise ValueError("this Base checkpoint clones a voice: give --ref-audio (and --ref-text) or --voice")
+    _check_reference_flags(args)
+
+
+def _check_reference_flags(args) -> None:
+    """--ref-audio names a file (or a URL) and --ref-text comes with it unless --x-vector-only."""
+    if not args.ref_audio:
+        return
+    if "://" not in args.ref_audio and not Path(args.ref_audio).expanduser().is_file():
+        raise FileNotFoundError(f"--ref-audio {args.ref_audio}: no such file")
+    if args.x_vector_only and args.ref_text:
+        warnings.warn("`ref_text` is not used with `x_vector_only_mode` (the voice is the speaker embedding alone)",
+                      stacklevel=2)
+    elif not args.x_vector_only and not args.ref_text:
+        raise ValueError("--ref-text (the reference's transcript) is needed for in-context cloning; or clone from the "
+                         "speaker embedding alone with --x-vector-only")
+
+
+def _check_voice_flags(args, config, speaker: str | None, voice) -> None:
+    """--speaker, --instruct, --language and --voice against the checkpoint's config, before the model loads (the
+    request's own checks, on the config alone)."""
+    from .config import GenerationConfig
+    from .request import RequestBuilder
+
+    builder = RequestBuilder(config, None, GenerationConfig(), lambda: (0, None))
+    builder.check_mode(speaker, voice is not None or bool(args.ref_audio), args.instruct)
+    builder.language(args.language)
+    if speaker is not None:
+        builder.speaker(speaker)
+    if voice is not None:
+        builder.voice(voice)
 
 
 def _read_text(args) -> str:
@@ -362,7 +405,7 @@ def _read_text(args) -> str:
         if args.text is not None:
             raise ValueError("give the text or --file, not both")
         try:
-            return args.file.read_text(encoding="utf-8")
+            return sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"--file {args.file}: {e}") from e
     if args.text is None:
@@ -398,7 +441,7 @@ def _batch(args) -> int:
                  log=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"{counts['rendered']} rendered, {counts['skipped']} already there, {counts['bad_lines']} bad lines; "
           f"manifest: {args.out_dir / 'manifest.jsonl'}", file=sys.stderr)
-    return 0
+    return 1 if counts["bad_lines"] else 0  # (a script sees that some lines were not rendered)
 
 
 def _output_path(output: str | Path) -> Path:
@@ -427,6 +470,7 @@ def _voice_create(args) -> int:
     kind = _check_model(args).tts_model_type
     if kind != "base":
         raise ValueError(f"voice cloning needs a Base checkpoint; {args.model} is {kind}")
+    _check_reference_flags(args)
     tts = _load(args)
     voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
     voice.save(args.output)

@@ -246,9 +246,18 @@ class GenerationConfig:
 
     @classmethod
     def from_file(cls, path: str | Path | None) -> GenerationConfig:
+        """The file's defaults, checked as a request's arguments are (a bad value is the checkpoint's error, not
+        a later request's)."""
         if path is None or not Path(path).exists():
             return cls()
-        return _from_dict(cls, read_json(path), str(path))
+        from .sampling import SamplingParams
+
+        config = _from_dict(cls, read_json(path), str(path))
+        try:
+            SamplingParams(**{f.name: getattr(config, f.name) for f in fields(cls)}, seed=0)
+        except ValueError as e:
+            raise ConfigError(f"{path}: {e}") from None
+        return config
 
 
 @dataclass

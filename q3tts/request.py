@@ -15,6 +15,7 @@ what fits.
 
 from __future__ import annotations
 
+import difflib
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -93,6 +94,7 @@ class RequestBuilder:
               runaway_guard: RunawayGuard | None = None) -> Request:
         """One request in whatever mode the checkpoint offers. `official`: the official API's leniencies (an
         empty voice-design instruction; a CustomVoice request without a speaker)."""
+        _check_known(sampling or {}, ("speaker", "voice", "instruct", "language", "non_streaming_mode", "seed"))
         if isinstance(voice, (str, Path)):
             voice = Voice.load(voice)
         instruct = self.check_mode(speaker, voice is not None, instruct, official)
@@ -194,10 +196,7 @@ class RequestBuilder:
 
     def params(self, arguments: dict[str, Any]) -> SamplingParams:
         """SamplingParams from the caller's sampling arguments (None or absent: the checkpoint's default)."""
-        unknown = sorted(set(arguments) - SAMPLING_ARGS)
-        if unknown:
-            raise RequestTypeError(f"unexpected generation arguments {unknown}; accepted: {sorted(SAMPLING_ARGS)}",
-                                   unknown[0])
+        _check_known(arguments)
         defaults = {f.name: getattr(self.generation_config, f.name) for f in fields(GenerationConfig)}
         given = {k: v for k, v in arguments.items() if v is not None}
         # A stage decoded greedily uses none of its sampling arguments: as in transformers, they are ignored with a
@@ -259,6 +258,17 @@ class RequestBuilder:
             else None,
             ref_ids=ref_ids,
             ref_codes=voice.ref_code if icl else None)
+
+
+def _check_known(arguments: dict[str, Any], others: tuple[str, ...] = ()) -> None:
+    """Refuses arguments that are neither sampling arguments nor `others` (a misspelled `speakr`, say: named, with
+    the likely intended one, before it can be mistaken for a missing `speaker`)."""
+    unknown = sorted(set(arguments) - SAMPLING_ARGS)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], [*others, *SAMPLING_ARGS], n=1)
+        raise RequestTypeError(f"unexpected generation arguments {unknown}"
+                               + (f" (did you mean `{close[0]}`?)" if close else "")
+                               + f"; accepted: {sorted(SAMPLING_ARGS)}", unknown[0])
 
 
 def _is_no_speaker(speaker: Any) -> bool:

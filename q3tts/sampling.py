@@ -72,7 +72,8 @@ def _check(params: SamplingParams, name: str) -> None:
     else:  # max_new_tokens
         ok, rule = _is_int(value) and value >= 1, "must be a positive integer"
     if not ok:
-        hint = " (use do_sample=False for greedy decoding)" if base == "temperature" else ""
+        switch = "subtalker_dosample" if name.startswith("subtalker_") else "do_sample"
+        hint = f" (use {switch}=False for greedy decoding)" if base == "temperature" else ""
         raise RequestError(f"{name} {rule}, got {value!r}{hint}", param=name)
 
 

@@ -80,6 +80,9 @@ class AudioStream:
             self._frames.cancel()
 
     def __iter__(self) -> Iterator[AudioChunk]:
+        if self._frames is None and not self._closed:  # (an astream made outside a running loop)
+            raise TypeError("this stream is for asyncio (`tts.astream`): read it with `async for` inside a running "
+                            "event loop, or use `tts.stream` with `for`")
         chunker = _Chunker(self)
         try:
             for frame in self.frames:

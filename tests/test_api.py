@@ -131,6 +131,15 @@ def test_bad_config_is_named(tiny_root, tmp_path):
         TTS.from_pretrained(folder)
 
 
+def test_bad_generation_defaults_are_the_checkpoints_error(tiny_root, tmp_path):
+    """(They once loaded, and every later request failed as if the user had passed them.)"""
+    folder = _copy_checkpoint(tiny_checkpoint("tiny", tiny_root), tmp_path / "ckpt")
+    (folder / "generation_config.json").write_text('{"temperature": "hot"}')
+    with pytest.raises(ConfigError, match=r"generation_config\.json: temperature must be a finite number > 0, "
+                                          r"got 'hot'"):
+        TTS.from_pretrained(folder)
+
+
 def test_unreachable_hub_id_suggests_local_and_tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
@@ -224,7 +233,10 @@ def test_bytes_and_base64_reference_audio(base, ref_wav):
     ({"do_sample": "yes"}, ValueError, "do_sample must be True or False"),
     ({"top_k": 2.5}, ValueError, "top_k must be an integer"),
     ({"seed": -1}, ValueError, "seed must be a non-negative integer"),
-    ({"temprature": 0.5}, TypeError, "unexpected generation arguments"),
+    ({"temprature": 0.5}, TypeError, "unexpected generation arguments \\['temprature'\\] \\(did you mean "
+                                     "`temperature`\\?\\)"),
+    ({"speakr": "ryan"}, TypeError, "unexpected generation arguments \\['speakr'\\] \\(did you mean `speaker`"),
+    ({"subtalker_temperature": 0}, ValueError, "use subtalker_dosample=False for greedy decoding"),
 ])
 def test_custom_voice_input_errors(custom, no_compute, kwargs, error, match):
     args = {"text": "Hello.", "speaker": "ryan", **kwargs}

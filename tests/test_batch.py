@@ -26,7 +26,7 @@ def test_batch_renders_resumes_and_reports(tmp_path, capsys, monkeypatch):
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text("\n".join(j if isinstance(j, str) else json.dumps(j) for j in JOBS) + "\n\n")
     out = tmp_path / "out"
-    assert main(["batch", str(jobs), "--out-dir", str(out), "--model", "tiny", "--max-rows", "2"]) == 0
+    assert main(["batch", str(jobs), "--out-dir", str(out), "--model", "tiny", "--max-rows", "2"]) == 1  # bad lines
     err = capsys.readouterr().err
     reported = ((3, "not JSON"), (4, "text is empty"), (5, "unknown speaker"), (6, "id 'second' is used by"),
                 (9, "id '000009' (the default: the line number) is used by an earlier line: give this line an `id`"))
@@ -42,6 +42,11 @@ def test_batch_renders_resumes_and_reports(tmp_path, capsys, monkeypatch):
     assert [m.get("status") for m in manifest] == ["rendered", "rendered", None, None, None, None, "rendered",
                                                    "rendered", None]
     (out / "second.wav").unlink()
-    assert main(["batch", str(jobs), "--out-dir", str(out), "--model", "tiny"]) == 0
+    assert main(["batch", str(jobs), "--out-dir", str(out), "--model", "tiny"]) == 1
     assert "1 rendered, 3 already there, 5 bad lines" in capsys.readouterr().err
     assert sf.info(out / "second.wav").frames == 3 * 1920
+    manifest = {m["line"]: m for m in map(json.loads, (out / "manifest.jsonl").read_text().splitlines())}
+    assert manifest[1]["status"] == "skipped (already rendered)" and manifest[1]["seconds"] == 4 * 0.08
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(JOBS[0]) + "\n")
+    assert main(["batch", str(good), "--out-dir", str(tmp_path / "good"), "--model", "tiny"]) == 0

@@ -210,12 +210,24 @@ def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, tr
     (["--model", "tiny-base", "--voice", "me.voice", "--ref-audio", "me.wav"],
      "--voice is a voice already cloned: give it or --ref-audio, not both"),
     (["--model", "tiny-base", "--voice", "nowhere.voice"], "nowhere.voice: voice file not found"),
+    (["--model", "tiny-base", "--ref-audio", "nowhere.wav", "--ref-text", "Hi."], "--ref-audio nowhere.wav: no such "
+                                                                                  "file"),
+    (["--model", "tiny-base", "--ref-audio", "REF"], "--ref-text (the reference's transcript) is needed"),
+    (["--model", "tiny-base", "--ref-audio", "REF", "--ref-text", "Hi.", "--speaker", "ryan"],
+     "--speaker needs a CustomVoice checkpoint (this one is base)"),
+    (["--model", "tiny-voice-design"], "this VoiceDesign checkpoint needs --instruct"),
+    (["--language", "klingon"], "unsupported language 'klingon'"),
+    (["--model", "tiny-custom-voice-0.6b", "--instruct", "Whisper."], "this 0.6B CustomVoice checkpoint does not "
+                                                                       "follow --instruct"),
 ], ids=["max-new-tokens", "kv-cache", "max-context", "temperature", "seed", "mps", "meta", "ref-audio-on-custom",
-        "ref-text-on-custom", "x-vector-on-design", "voice-and-ref-audio", "voice-missing"])
+        "ref-text-on-custom", "x-vector-on-design", "voice-and-ref-audio", "voice-missing", "ref-audio-missing",
+        "ref-text-missing", "speaker-on-base", "design-without-instruct", "language", "instruct-on-0.6b"])
 def test_say_refuses_before_loading_the_model(args, message, tmp_path, capsys, no_model_load):
     """Flags that cannot work are refused in one line naming the flag, before the model loads (once some were
     refused only after "loading ...", some were silently ignored, and --max-new-tokens 1 wrote an empty file)."""
     out = tmp_path / "out.wav"
+    sf.write(tmp_path / "ref.wav", speech_like(1.0, 16000, 9), 16000)
+    args = [str(tmp_path / "ref.wav") if a == "REF" else a for a in args]
     argv = ["say", "Hello.", "--model", "tiny", "--max-new-tokens", "3", "-o", str(out), *args]
     assert main(argv) == 1
     err = capsys.readouterr().err
@@ -308,3 +320,36 @@ def test_an_empty_speaker_is_not_replaced_and_gpu_benchmarks_say_they_need_one(t
         err = capsys.readouterr().err
         assert err == f"q3tts: error: q3tts bench {command} needs a CUDA GPU and none is visible here " \
                       f"(torch {torch.__version__})\n", err
+
+
+def test_say_writes_a_wav_to_standard_output_and_reads_its_text_file_from_standard_input(tmp_path):
+    """`say -f - -o -`: a pipe in, a WAV file out (the messages on standard error)."""
+    done = subprocess.run([sys.executable, "-m", "q3tts.cli", "say", "-f", "-", "-o", "-", "--model", "tiny",
+                           "--max-new-tokens", "3", "--seed", "1"], input=b"From a pipe.", capture_output=True,
+                          env={**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache")}, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    import io
+
+    wav, sr = sf.read(io.BytesIO(done.stdout), dtype="int16")
+    assert sr == 24000 and len(wav) == 2 * 1920
+    assert b"wrote standard output" in done.stderr
+
+
+def test_x_vector_only_with_a_transcript_warns_that_it_is_unused(tmp_path, capsys):
+    ref = tmp_path / "ref.wav"
+    sf.write(ref, speech_like(1.0, 16000, 9), 16000)
+    assert main(["voice", "create", "--model", "tiny-base", "--ref-audio", str(ref), "--ref-text", "Hi.",
+                 "--x-vector-only", "-o", str(tmp_path / "x.voice")]) == 0
+    assert "q3tts: warning: --ref-text is not used with --x-vector-only" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (Linux): a folder no folder can be made in")
+def test_serve_refuses_an_unusable_voices_dir_in_one_line(tmp_path, capsys, no_model_load):
+    """(It once loaded the model, then ended in uvicorn's start-up traceback with exit 3.)"""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for folder in ("/proc/nope", str(afile)):
+        assert main(["serve", "tiny", "--device", "cpu", "--voices-dir", folder]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"q3tts: error: --voices-dir {folder!r} cannot be a folder of voices") and \
+            err.count("\n") == 1, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,13 @@ class ServerConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.voices_dir is not None:
             self.voices_dir = Path(self.voices_dir)
+            try:  # (made here, not first at start-up, where a failure would be a traceback after the model loaded)
+                self.voices_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"voices_dir {str(self.voices_dir)!r} cannot be a folder of voices: "
+                                 f"{e.strerror or e}") from None
+            if not os.access(self.voices_dir, os.W_OK | os.X_OK):
+                raise ValueError(f"voices_dir {str(self.voices_dir)!r} cannot be a folder of voices: not writable")
         self.engine_config()  # validates the engine's settings
 
     @property

@@ -77,10 +77,12 @@ def tiny_config(model_type: str, size: str, text_ids: dict[str, int]) -> dict:
     return config
 
 
-def write_tiny_checkpoint(folder: Path, model_type: str = "custom_voice", size: str = "1b7", seed: int = 0) -> Path:
+def write_tiny_checkpoint(folder: str | Path, model_type: str = "custom_voice", size: str = "1b7",
+                          seed: int = 0) -> Path:
     """Writes a complete random checkpoint to `folder` and returns it."""
     from ..models.qwen3_tts import Qwen3TTSModel
 
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     text_ids = write_tiny_text_tokenizer(folder)
     config = tiny_config(model_type, size, text_ids)
