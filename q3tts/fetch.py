@@ -7,10 +7,12 @@ as the official API's does: the proxies the environment names (http_proxy, https
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -70,14 +72,24 @@ def _get(url: str, policy: FetchPolicy, deadline: float) -> tuple[int, str | Non
     address = _vetted_address(host, parts.port or (443 if parts.scheme == "https" else 80),
                               policy.allow_private or bool(policy.hosts))
     conn = _Connection(parts.scheme, host, parts.port, address, max(deadline - time.monotonic(), 0.1))
+    # The socket's timeout bounds each read; a server that trickles its status line or headers a byte at a time
+    # would pass every one: at the deadline the connection is shut down under whatever read waits.
+    watchdog = threading.Timer(max(deadline - time.monotonic(), 0.0), conn.abort)
+    watchdog.start()
     try:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         conn.request("GET", path, headers=HEADERS)
-        return _answer(conn.getresponse(), url, policy, deadline)
+        answer = _answer(conn.getresponse(), url, policy, deadline)
     except (OSError, http.client.HTTPException) as e:
+        if conn.aborted:
+            raise FetchError(f"{_short(url)}: the download took too long") from e
         raise FetchError(f"could not download {_short(url)}: {e}") from e
     finally:
+        watchdog.cancel()
         conn.close()
+    if conn.aborted:  # (a read cut short by the shutdown sees an end, not an error: what came is not the answer)
+        raise FetchError(f"{_short(url)}: the download took too long")
+    return answer
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -130,12 +142,20 @@ class _Connection(http.client.HTTPSConnection):
 
     def __init__(self, scheme: str, host: str, port: int | None, address: tuple[str, int], timeout: float):
         super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
-        self.scheme, self.address = scheme, address
+        self.scheme, self.address, self.aborted = scheme, address, False
 
     def connect(self) -> None:
         self.sock = socket.create_connection(self.address, self.timeout)
         if self.scheme == "https":
             self.sock = self._context.wrap_socket(self.sock, server_hostname=self.host)
+
+    def abort(self) -> None:
+        """Ends the connection from another thread: a read waiting on it returns at once."""
+        self.aborted = True
+        sock = self.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 def _read_limited(response: http.client.HTTPResponse, url: str, max_bytes: int, deadline: float) -> bytes:

@@ -37,6 +37,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(b"z" * 100)
                 self.wfile.flush()
                 time.sleep(0.1)
+        elif self.path == "/trickled-headers.wav":  # every read within the socket's timeout, the whole never
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(60):
+                self.wfile.write(b"X")
+                self.wfile.flush()
+                time.sleep(0.1)
         elif self.path == "/loop":
             self.send_response(302)
             self.send_header("Location", "/loop")
@@ -72,6 +78,8 @@ def test_download_and_redirect(base_url):
 @pytest.mark.parametrize(("path", "policy", "match"), [
     ("/big.wav", FetchPolicy(max_bytes=100_000), "the limit is 100000"),
     ("/slow.wav", FetchPolicy(timeout_s=0.5), "too long|timed out"),
+    ("/slow.wav", FetchPolicy(timeout_s=0.5, hosts=("127.0.0.1",)), "too long"),
+    ("/trickled-headers.wav", FetchPolicy(timeout_s=0.5, hosts=("127.0.0.1",)), "took too long"),
     ("/loop", FetchPolicy(), "/loop: more than 10 redirects"),
     ("/loop", FetchPolicy(hosts=("127.0.0.1",)), "/loop: more than 10 redirects"),
     ("/missing.wav", FetchPolicy(), "could not download .*HTTP 404"),

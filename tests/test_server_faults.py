@@ -137,6 +137,8 @@ RAW_REQUESTS: list[tuple[str, dict]] = [
                              "headers": {"content-type": "application/json"}}),
     ("trailing garbage", {"content": json.dumps(speech()).encode() + b" garbage",
                           "headers": {"content-type": "application/json"}}),
+    ("integer of 5,000 digits", {"content": b'{"input": "hi", "voice": "ryan", "seed": ' + b"7" * 5000 + b"}",
+                                 "headers": {"content-type": "application/json"}}),
 ]
 OTHER_ROUTES = [("GET", SPEECH), ("PUT", SPEECH), ("DELETE", SPEECH), ("GET", "/v1/nothing"),
                 ("GET", "/v1/audio/voices/" + "v" * 10_000), ("DELETE", "/v1/audio/voices/nobody"),
@@ -180,7 +182,9 @@ def test_websocket_abuse(tmp_path):
         messages = [b"\x00\x01binary", "not json", "[1, 2]", json.dumps({"type": "input.text", "text": "hi"}),
                     json.dumps({"type": "session.config", "voice": "nobody"}),
                     json.dumps({"type": "session.config", "voice": "ryan", "speed": -1}),
-                    json.dumps({"type": "session.config", "voice": "x" * 100_000})]
+                    json.dumps({"type": "session.config", "voice": "x" * 100_000}),
+                    "[" * 100_000 + "]" * 100_000,  # (nested beyond the parser's depth)
+                    '{"type": "session.config", "voice": "ryan", "seed": ' + "7" * 5000 + "}"]  # (> 4,300 digits)
         for message in messages:
             with connect(ws_url) as ws:
                 ws.send(message)
@@ -390,6 +394,34 @@ def test_soak(tmp_path, front):
           f"requests, {counts['failures']} failures; {usage}")
     assert counts["failures"] == 0 and counts["requests"] > 20
     assert all((b[0] - a[0]) / 1024 < 40 and b[1] - a[1] <= 5 for a, b in zip(first, last))
+
+
+def test_a_client_that_leaves_mid_body_is_no_server_error_and_a_trickled_body_has_a_deadline(tmp_path, front):
+    """(A client that hung up mid-body was answered, and counted, as a 500 with an ERROR traceback; a body
+    trickled a byte per body timeout was never refused.)"""
+    with serve(tmp_path, "--body-timeout", "0.3", front=front) as (url, _):
+        host, port = url.removeprefix("http://").split(":")
+        for _ in range(3):
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(f"POST {SPEECH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: 100\r\n\r\n{{\"input\"".encode())
+        time.sleep(1)
+        errors = [line for line in httpx.get(url + "/metrics").text.splitlines() if 'status="500"' in line
+                  or ("internal_error" in line and not line.startswith("#"))]
+        assert not errors, errors
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(f"POST {SPEECH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: 1000\r\n\r\n".encode())
+            s.setblocking(False)
+            started, answer = time.monotonic(), b""
+            while not answer and time.monotonic() - started < 10:
+                with suppress(BlockingIOError, BrokenPipeError):
+                    s.send(b" ")  # a byte every 0.1 s: each part in time, the whole not
+                with suppress(BlockingIOError):
+                    answer = s.recv(4096)
+                time.sleep(0.1)
+            assert b" 408 " in answer.split(b"\r\n")[0] and b"whole within 3 s" in answer, answer[:300]
+            assert 2.5 < time.monotonic() - started < 6
 
 
 def test_body_limit_is_checked_before_reading(tmp_path):

@@ -3,6 +3,7 @@ before warm-up, and an engine failure in the middle of streams."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -107,6 +108,57 @@ def test_query_keys_stay_out_of_the_request_log(tts, capfd):
     assert "without completing handshake" not in log, log  # (uvicorn's ERROR line for a refused handshake)
 
 
+def test_a_client_that_stopped_reading_loses_its_connection_too(tts):
+    """Cut at --send-timeout, the stream's connection is reset, what was queued for the client dropped: closed the
+    usual way it waited, forever, for the client to read megabytes (socket and buffers held). The client's
+    stalled reading is simulated inside the server (a kernel's buffers would take megabytes to fill on the CPU)."""
+    import signal
+    import socket
+
+    from q3tts.server.app import create_app, uvicorn_server
+    from tests.server_harness import _free_port
+
+    class StalledClient:  # every body chunk after the first waits forever to be sent
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            chunks = 0
+
+            async def stalled(message):
+                nonlocal chunks
+                if message["type"] == "http.response.body" and message.get("body"):
+                    chunks += 1
+                    if chunks > 1:
+                        await asyncio.sleep(3600)
+                await send(message)
+
+            await self.app(scope, receive, stalled)
+
+    config = ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False, send_timeout_s=0.5,
+                          port=_free_port())
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        server = uvicorn_server(StalledClient(create_app(config, tts)), config, "warning", lambda: None)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    _wait(lambda: server.started)
+    try:
+        with socket.create_connection(("127.0.0.1", config.port)) as s:
+            body = json.dumps({**LONG, "max_new_tokens": 60}).encode()
+            s.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            s.settimeout(30)
+            with pytest.raises(ConnectionResetError):
+                while s.recv(65536):  # (the first chunk, then the reset)
+                    pass
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 def test_the_guards_refusals_are_counted(tts):
     """401, 413 and 408 are answered before the app runs (guard.py; the WebSocket's 401 in auth.py): they had no
     q3tts_errors_total series."""
@@ -137,6 +189,28 @@ def test_the_guards_refusals_are_counted(tts):
                       'q3tts_errors_total{code="request_timeout"}': 2.0}, counts
     # The refused WebSocket is one session in q3tts_requests_total (counted as it ends, not also as it is refused).
     assert 'q3tts_requests_total{method="WS",route="/v1/audio/speech/stream",status="401"} 1.0' in text, text
+
+
+def test_clients_close_codes_do_not_mint_metric_labels_and_probes_may_use_head(tts):
+    """A session the client closes with a code of its own choosing (3000-4999) is counted under one label, not one
+    series per code; load balancers' HEAD probes of /health and /ready are answered."""
+    config = ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False)
+    with ServerThread(config, tts) as server:
+        for code in (4000, 4001, 4002, 1000):
+            with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+                ws.send(json.dumps({"type": "session.config", "voice": "ryan"}))
+                ws.recv(timeout=10)
+                ws.close(code=code)
+        for path in ("/health", "/ready"):
+            assert httpx.head(server.url + path).status_code == 200
+        deadline = time.monotonic() + 10
+        while True:
+            lines = [line for line in httpx.get(server.url + "/metrics").text.splitlines()
+                     if line.startswith('q3tts_requests_total{method="WS"')]
+            if len(lines) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert sorted(line.split("status=")[1] for line in lines) == ['"1000"} 1.0', '"other"} 3.0'], lines
 
 
 def test_queue_full_is_429_and_disconnects_free_rows(guarded):

@@ -24,7 +24,7 @@ from .config import ServerConfig
 from .core import CoreServer
 from .guard import RequestGuard
 from .metrics import ServerMetrics
-from .middleware import HideCancelledTracebacks, RequestContextMiddleware
+from .middleware import HideCancelledTracebacks, KeepTransport, RequestContextMiddleware
 from .service import SpeechService
 from .voice_store import VoiceStore
 
@@ -149,8 +149,11 @@ def uvicorn_server(app: Any, config: ServerConfig, log_level: str, on_signal: Ca
         def give_up(self) -> None:
             self.gave_up = self.should_exit = True
 
-    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                                   timeout_graceful_shutdown=config.drain_timeout_s, **options))
+    # (A WebSocket message may hold what a request body may: a base64 reference in session.config; uvicorn's
+    # default limit is 16 MiB.)
+    server = Server(uvicorn.Config(KeepTransport(app), host=config.host, port=config.port, log_level=log_level,
+                                   timeout_graceful_shutdown=config.drain_timeout_s,
+                                   ws_max_size=config.max_body_bytes, **options))
     for name in ("uvicorn.access", "uvicorn.error"):  # (after uvicorn.Config has configured its loggers)
         logging.getLogger(name).addFilter(_HIDE_QUERY_KEYS)  # (once: addFilter skips a filter it holds)
     logging.getLogger("uvicorn.error").addFilter(_HIDE_CANCELLED_TRACEBACKS)

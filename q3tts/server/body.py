@@ -32,10 +32,10 @@ def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
         raise errors.bad_request(f"the request body is not valid UTF-8 (at byte {e.start})",
                                  code="invalid_encoding") from None
     except json.JSONDecodeError as e:
-        raise errors.bad_request(f"the request body is not valid JSON: {e.msg} at character {e.pos}",
+        raise errors.bad_request(f"the request body is not valid JSON: {errors.json_error(e.msg, e.pos)}",
                                  code="invalid_json") from None
-    except RecursionError:
-        raise errors.bad_request("the request body is not valid JSON here: nested too deeply",
+    except (RecursionError, ValueError) as e:  # (nesting beyond the parser's depth; an integer of > 4,300 digits)
+        raise errors.bad_request(f"the request body is not valid JSON here: {_beyond_limits(e)}",
                                  code="invalid_json") from None
     if not isinstance(data, dict):
         raise errors.bad_request(f"the request body must be a JSON object, not {json_type(data)}")
@@ -43,6 +43,20 @@ def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise errors.from_validation(e) from None
+
+
+def _beyond_limits(e: Exception) -> str:
+    return "nested too deeply" if isinstance(e, RecursionError) else f"a number is too long ({e})"
+
+
+def parse_json(text: str) -> Any:
+    """`loads`, with the parser's failures as the APIError invalid_json (the WebSocket's messages)."""
+    try:
+        return loads(text)
+    except json.JSONDecodeError as e:
+        raise errors.bad_request(f"not valid JSON: {errors.json_error(e.msg, e.pos)}", code="invalid_json") from None
+    except (RecursionError, ValueError) as e:
+        raise errors.bad_request(f"not valid JSON here: {_beyond_limits(e)}", code="invalid_json") from None
 
 
 def loads(text: str) -> Any:

@@ -66,6 +66,11 @@ def engine_failed(message: str) -> APIError:
     return APIError(503, message, type=SERVER, code="engine_error")
 
 
+def json_error(reason: str, where: object) -> str:
+    """A JSON parser's complaint and where ("Unterminated string starting at" already ends in "at")."""
+    return f"{reason} {'' if reason.endswith(' at') else 'at '}character {where}"
+
+
 def from_validation(exc: Exception) -> APIError:
     """The first pydantic/FastAPI validation error as a 400 naming the offending field."""
     errors = exc.errors() if hasattr(exc, "errors") else []
@@ -75,7 +80,7 @@ def from_validation(exc: Exception) -> APIError:
     if first.get("type") == "json_invalid":  # (its loc is the body and a character offset, not a field)
         where = (first.get("loc") or ("?",))[-1]
         reason = (first.get("ctx") or {}).get("error", "JSON decode error")
-        return bad_request(f"the request body is not valid JSON: {reason} at character {where}", code="invalid_json")
+        return bad_request(f"the request body is not valid JSON: {json_error(reason, where)}", code="invalid_json")
     # A location can hold what the client sent (an unknown key is its own location).
     loc = [field(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
     param = ".".join(loc) or None

@@ -4,8 +4,10 @@
   never read (the WebSocket checks its handshake itself: websocket.py);
 - the body's size: a `Content-Length` above `max_body_bytes` is answered 413 at once; a body sent without one
   is cut off at the limit with 413;
-- the body's pace: each part must arrive within `body_timeout_s`, else 408 (a client that trickles its body holds
-  no worker and, not yet submitted, no row).
+- the body's pace: each part must arrive within `body_timeout_s`, and the whole body within BODY_DEADLINE_PARTS
+  times that, else 408 (a client that trickles its body holds no worker and, not yet submitted, no row; and its
+  buffered body not for long);
+- a client that leaves before its body is whole: nothing more is done (no answer, nobody to read it).
 The body is read here, whole (it is bounded), and handed to the app from memory: FastAPI would turn a failure
 while it reads the body into a 400. Its refusals are counted by `on_error(code)`, as the app's own are.
 """
@@ -21,6 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .auth import is_authorized, unauthorized
 from .config import ServerConfig
 from .errors import APIError
+
+BODY_DEADLINE_PARTS = 10  # the whole body must arrive within this many body timeouts (300 s by default)
 
 
 class RequestGuard:
@@ -41,6 +45,8 @@ class RequestGuard:
             body = await self._read_body(receive)
         except _Refused as e:
             return await self._refuse(e.error, scope, receive, send)
+        if body[-1]["type"] != "http.request":  # the client left mid-body: not the server's error
+            return
         await self.app(scope, _replay(body, receive), send)
 
     async def _refuse(self, error: APIError, scope: Scope, receive: Receive, send: Send) -> None:
@@ -50,12 +56,17 @@ class RequestGuard:
     async def _read_body(self, receive: Receive) -> list[Message]:
         """The request's body messages, read within the limits (the app then reads them from memory)."""
         messages, received = [], 0
+        timeout = self.config.body_timeout_s
+        deadline = asyncio.get_running_loop().time() + BODY_DEADLINE_PARTS * timeout
         while True:
+            left = deadline - asyncio.get_running_loop().time()
             try:
-                message = await asyncio.wait_for(receive(), self.config.body_timeout_s)
+                message = await asyncio.wait_for(receive(), min(timeout, max(left, 0.0)))
             except asyncio.TimeoutError:
-                raise _Refused(APIError(408, f"the request body did not arrive within "
-                                             f"{self.config.body_timeout_s:g} s", code="request_timeout")) from None
+                whole = BODY_DEADLINE_PARTS * timeout
+                late = f"within {timeout:g} s" if left > timeout else f"whole within {whole:g} s"
+                raise _Refused(APIError(408, f"the request body did not arrive {late}",
+                                        code="request_timeout")) from None
             messages.append(message)
             if message["type"] != "http.request":  # the client left
                 return messages

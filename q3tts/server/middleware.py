@@ -7,8 +7,11 @@ traceback."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
+import socket
+import struct
 import uuid
 
 from starlette.datastructures import Headers, MutableHeaders
@@ -25,6 +28,34 @@ SERVICE_RESTART = 1012  # the close code of the WebSocket sessions open at SIGTE
 
 def request_id_of(scope: Scope) -> str:
     return scope.get("state", {}).get("request_id", "")
+
+
+class KeepTransport:
+    """The outermost ASGI layer: notes the connection's transport in the scope (uvicorn's `send` is a method of
+    the object that holds it), so that `drop_connection` can end a connection whose client stopped reading. Closing
+    it the usual way would wait, forever, for the client to take the megabytes still queued for it; the app's
+    stream, and its row, are freed either way."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        if transport is not None:
+            scope["q3tts.transport"] = transport
+        await self.app(scope, receive, send)
+
+
+def drop_connection(scope: Scope) -> None:
+    """Ends the request's connection at once, what is queued for the client discarded (see KeepTransport)."""
+    transport = scope.get("q3tts.transport")
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:  # linger 0: the close resets the connection instead of still sending what the kernel holds
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 class HideCancelledTracebacks(logging.Filter):
@@ -85,14 +116,14 @@ class RequestContextMiddleware:
     async def _session(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         """A WebSocket session, counted once as it ends: with the close code it ended with (the server's, else the
         client's), or the HTTP status of a refused handshake."""
-        status: int | None = None
+        status: int | str | None = None
         accepted = False
 
         async def receive_noting_close() -> Message:
             nonlocal status
             message = await receive()
             if message["type"] == "websocket.disconnect" and status is None:
-                status = message.get("code", 1005)
+                status = _client_close_code(message.get("code", 1005))
             return message
 
         async def send_with_id(message: Message) -> None:
@@ -118,10 +149,16 @@ class RequestContextMiddleware:
                 log.warning("WebSocket %s [%s]: closed with %d, the server is shutting down", scope["path"],
                             request_id, SERVICE_RESTART)
 
-    def _count(self, scope: Scope, status: int) -> None:
+    def _count(self, scope: Scope, status: int | str) -> None:
         route = scope.get("route")
         path = getattr(route, "path", None) or "unmatched"
         self.metrics.requests.labels(path, scope.get("method", "WS"), str(status)).inc()
+
+
+def _client_close_code(code: int) -> int | str:
+    """A close code the client chose, as a metric label: the protocol's own (1000-1015) as they are, the others
+    (3000-4999 are the application's to pick) as one label, so a client cannot mint label values."""
+    return code if isinstance(code, int) and 1000 <= code <= 1015 else "other"
 
 
 def _unclosed_status(scope: Scope, accepted: bool, failed: bool) -> int:

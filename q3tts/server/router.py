@@ -236,13 +236,13 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
             raise errors.engine_failed(f"engine {backend.index} did not answer (voices are uploaded and deleted "
                                        f"through engine 0): {e}") from e
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> JSONResponse:
         serving = sum(b.alive for b in backends.all)
         return JSONResponse({"status": "ok" if serving else "unhealthy", "engines": len(backends.all),
                              "serving": serving}, status_code=200 if serving else 503)
 
-    @app.get("/ready")
+    @app.api_route("/ready", methods=["GET", "HEAD"])
     async def ready() -> JSONResponse:
         ok = not app.state.draining and all(b.alive and b.ready for b in backends.all)
         engines = [{"device": b.device, "ready": b.alive and b.ready, "restarts": b.restarts} for b in backends.all]

@@ -43,6 +43,7 @@ PLACEHOLDER_VOICES = ("", "default")  # `voice` where none applies (VoiceDesign,
 OPENAI_MODEL_NAMES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # accepted as aliases of the loaded model
 MAX_RESTARTS = 3  # engine rebuilds after failures before the server gives up
 PREPARE_THREADS = 2
+DOWNLOAD_THREADS = 8  # reference downloads at once; more wait their turn
 T = TypeVar("T")
 HTTP_NAMES = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # Python argument -> HTTP field
 HTTP_VALUES = {"x_vector_only_mode=False": "x_vector_only_mode=false",  # a Python value in JSON's spelling
@@ -107,6 +108,9 @@ class SpeechService:
         self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare",
                                            initializer=one_cpu_thread_on_gpu, initargs=(tts.device,))
         self._prompts = _PromptBatcher(lambda requests: self._in_worker(self.tts.prepare_many, requests))
+        # Reference downloads wait on other servers: threads of their own, so that slow ones never hold the default
+        # pool, where the audio encoders run (each ends at its deadline: fetch.py).
+        self._downloads = ThreadPoolExecutor(DOWNLOAD_THREADS, thread_name_prefix="q3tts-fetch")
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
@@ -175,6 +179,7 @@ class SpeechService:
         if self.owns_engine:
             await asyncio.to_thread(self.tts.close)
         self._workers.shutdown(wait=False)
+        self._downloads.shutdown(wait=False)
 
     @property
     def healthy(self) -> bool:
@@ -274,7 +279,7 @@ class SpeechService:
         policy = FetchPolicy(max_bytes=c.max_upload_bytes, timeout_s=c.ref_audio_timeout_s, hosts=c.ref_audio_hosts,
                              allow_private=False)
         try:
-            return await asyncio.to_thread(fetch, url, policy)
+            return await asyncio.get_running_loop().run_in_executor(self._downloads, fetch, url, policy)
         except FetchError as e:
             raise errors.bad_request(str(e), param="ref_audio", code="download_failed") from e
 

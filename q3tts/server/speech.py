@@ -27,7 +27,7 @@ from .audio_encoding import MEDIA_TYPES, AudioEncoder, encode_async, flush_async
 from .body import openapi_body, read_json
 from .core import Speech
 from .errors import SERVER, error_body
-from .middleware import request_id_of
+from .middleware import drop_connection, request_id_of
 from .schemas import SpeechRequest
 
 log = logging.getLogger("q3tts.server")
@@ -50,6 +50,7 @@ class CancellingStreamingResponse(StreamingResponse):
             except asyncio.TimeoutError:
                 log.warning("request %s: the client stopped reading for %g s; stream cut", request_id_of(scope),
                             self.send_timeout_s)
+                drop_connection(scope)
                 raise
 
         try:

@@ -12,7 +12,7 @@ from .service import SpeechService
 router = APIRouter()
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request) -> JSONResponse:
     service: SpeechService = request.app.state.service
     if service.healthy:
@@ -21,7 +21,7 @@ async def health(request: Request) -> JSONResponse:
                         status_code=503)
 
 
-@router.get("/ready")
+@router.api_route("/ready", methods=["GET", "HEAD"])
 async def ready(request: Request) -> JSONResponse:
     service: SpeechService = request.app.state.service
     is_ready = service.ready and service.healthy and not service.draining and bool(service.engine) \

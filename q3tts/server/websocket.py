@@ -33,8 +33,8 @@ segment being generated.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+from collections.abc import Awaitable
 from contextlib import suppress
 from typing import Any
 
@@ -50,8 +50,8 @@ from ..text_segmenter import TextSegmenter
 from . import errors
 from .audio_encoding import encode_async, flush_async, make_encoder
 from .auth import websocket_authorized
-from .body import loads
-from .middleware import request_id_of
+from .body import parse_json
+from .middleware import drop_connection, request_id_of
 from .schemas import StreamConfig
 from .service import SpeechService, VoiceChoice
 
@@ -81,8 +81,7 @@ async def speech_stream(websocket: WebSocket) -> None:
         log.info("websocket %s: client went away", request_id_of(websocket.scope))
     except asyncio.TimeoutError:
         log.warning("websocket %s: the client stopped reading; session closed", request_id_of(websocket.scope))
-        with suppress(Exception):
-            await websocket.close(code=1008)
+        drop_connection(websocket.scope)  # (a close frame would wait behind what the client does not read)
 
 
 class StreamSession:
@@ -116,9 +115,9 @@ class StreamSession:
         choice = await service.resolve_voice(config)
         session = cls(websocket, service, config, choice, config.seed if config.seed is not None
                       else service.random_seed())
-        await websocket.send_json({"type": "session.created", "request_id": session.request_id,
-                                   "sample_rate": service.tts.sample_rate,
-                                   "response_format": config.response_format, "seed": session.seed})
+        await session._send(websocket.send_json({"type": "session.created", "request_id": session.request_id,
+                                                  "sample_rate": service.tts.sample_rate,
+                                                  "response_format": config.response_format, "seed": session.seed}))
         return session
 
     async def run(self) -> None:
@@ -169,11 +168,11 @@ class StreamSession:
         while (text := await self.segments.get()) is not None:
             await self._speak(text)
         if tail := await flush_async(self.encoder):
-            await self.websocket.send_bytes(tail)
+            await self._send(self.websocket.send_bytes(tail))
         usage = {"input_tokens": self.input_tokens, "output_tokens": self.frames,
                  "total_tokens": self.input_tokens + self.frames}
-        await self.websocket.send_json({"type": "session.done", "segments": self.num_segments,
-                                        "audio_seconds": self._seconds(self.frames), "usage": usage})
+        await self._send(self.websocket.send_json({"type": "session.done", "segments": self.num_segments,
+                                                   "audio_seconds": self._seconds(self.frames), "usage": usage}))
 
     async def _speak(self, text: str) -> None:
         index, frames = self.num_segments, 0
@@ -182,19 +181,22 @@ class StreamSession:
         stream = self.service.submit(job, f"{self.request_id}.{index}")
         self.num_segments += 1
         self.input_tokens += job.input_tokens
-        await self.websocket.send_json({"type": "segment.started", "segment": index, "text": text})
+        await self._send(self.websocket.send_json({"type": "segment.started", "segment": index, "text": text}))
         try:
             async for pcm in stream.achunks():
                 frames += len(pcm) // FRAME_SAMPLES
                 if data := await encode_async(self.encoder, pcm):
-                    # A client that stops reading loses the session (and its row) after send_timeout_s.
-                    await asyncio.wait_for(self.websocket.send_bytes(data), self.service.config.send_timeout_s)
+                    await self._send(self.websocket.send_bytes(data))
         finally:
             stream.cancel()
         self.frames += frames
-        await self.websocket.send_json({"type": "segment.done", "segment": index, "text": text, "frames": frames,
-                                        "audio_seconds": self._seconds(frames),
-                                        "finish_reason": stream.finish_reason})
+        await self._send(self.websocket.send_json({"type": "segment.done", "segment": index, "text": text,
+                                                   "frames": frames, "audio_seconds": self._seconds(frames),
+                                                   "finish_reason": stream.finish_reason}))
+
+    async def _send(self, sending: Awaitable[None]) -> None:
+        """A client that stops reading loses the session (and its row) after send_timeout_s."""
+        await asyncio.wait_for(sending, self.service.config.send_timeout_s)
 
     def _seconds(self, frames: int) -> float:
         """The seconds `frames` last as delivered, time-stretched by `speed` (time_stretch.py: to the sample)."""
@@ -205,10 +207,9 @@ async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
     message = await websocket.receive()
     if message["type"] == "websocket.disconnect":
         raise WebSocketDisconnect(message.get("code", 1000))
-    try:
-        data = loads(message.get("text") or "")
-    except json.JSONDecodeError as e:
-        raise errors.bad_request("messages must be JSON text frames") from e
+    if message.get("text") is None:
+        raise errors.bad_request("messages must be JSON text frames")
+    data = parse_json(message["text"])
     if not isinstance(data, dict):
         raise errors.bad_request("messages must be JSON objects with a `type`")
     return data
