@@ -396,7 +396,8 @@ def test_soak(tmp_path, front):
     assert all((b[0] - a[0]) / 1024 < 40 and b[1] - a[1] <= 5 for a, b in zip(first, last))
 
 
-def test_a_client_that_leaves_mid_body_is_no_server_error_and_a_trickled_body_has_a_deadline(tmp_path, front):
+def test_a_client_that_leaves_mid_body_is_no_server_error_and_trickled_bodies_and_headers_have_deadlines(tmp_path,
+                                                                                                        front):
     """(A client that hung up mid-body was answered, and counted, as a 500 with an ERROR traceback; a body
     trickled a byte per body timeout was never refused.)"""
     with serve(tmp_path, "--body-timeout", "0.3", front=front) as (url, _):
@@ -422,6 +423,22 @@ def test_a_client_that_leaves_mid_body_is_no_server_error_and_a_trickled_body_ha
                 time.sleep(0.1)
             assert b" 408 " in answer.split(b"\r\n")[0] and b"whole within 3 s" in answer, answer[:300]
             assert 2.5 < time.monotonic() - started < 6
+        for first in (b"", b"POST /v1/audio/speech HTTP/1.1\r\nHo"):  # silent, or its headers trickled
+            with socket.create_connection((host, int(port))) as s:  # (once held open for good)
+                s.sendall(first)
+                s.setblocking(False)
+                started, closed = time.monotonic(), False
+                while not closed and time.monotonic() - started < 10:
+                    try:
+                        if first:
+                            s.send(b"s")
+                        closed = s.recv(4096) == b""
+                    except BlockingIOError:
+                        pass
+                    except (BrokenPipeError, ConnectionResetError):
+                        closed = True
+                    time.sleep(0.1)
+                assert closed and time.monotonic() - started < 3, first
 
 
 def test_body_limit_is_checked_before_reading(tmp_path):

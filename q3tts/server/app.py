@@ -130,6 +130,50 @@ def serve(config: ServerConfig, log_level: str = "info") -> None:
         raise SystemExit(1)
 
 
+def _header_timeout(seconds: float) -> dict:
+    """uvicorn's HTTP protocol (httptools) with a deadline for each request's line and headers: uvicorn has none,
+    so a connection that sends nothing, or its headers a byte at a time, was held open for good (thousands of them
+    exhaust the process's file descriptors). As a body's parts, they must arrive within --body-timeout."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # (no httptools: uvicorn's h11 protocol, as it is)
+        return {}
+
+    class HeaderTimeoutProtocol(HttpToolsProtocol):
+        header_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self.header_timer = self.loop.call_later(seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
+
+        def _expired(self) -> None:
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return {"http": HeaderTimeoutProtocol}
+
+
 def uvicorn_server(app: Any, config: ServerConfig, log_level: str, on_signal: Callable[[], None],
                    **options: Any) -> Any:
     """uvicorn's server for `app` on config.host:port, draining for up to config.drain_timeout_s on SIGINT/SIGTERM
@@ -153,7 +197,8 @@ def uvicorn_server(app: Any, config: ServerConfig, log_level: str, on_signal: Ca
     # default limit is 16 MiB.)
     server = Server(uvicorn.Config(KeepTransport(app), host=config.host, port=config.port, log_level=log_level,
                                    timeout_graceful_shutdown=config.drain_timeout_s,
-                                   ws_max_size=config.max_body_bytes, **options))
+                                   ws_max_size=config.max_body_bytes, **_header_timeout(config.body_timeout_s),
+                                   **options))
     for name in ("uvicorn.access", "uvicorn.error"):  # (after uvicorn.Config has configured its loggers)
         logging.getLogger(name).addFilter(_HIDE_QUERY_KEYS)  # (once: addFilter skips a filter it holds)
     logging.getLogger("uvicorn.error").addFilter(_HIDE_CANCELLED_TRACEBACKS)
