@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with warnings.catch_warnings():
-            warnings.showwarning = _show_warning
+            if args.run is not _serve:  # (a server's warnings are about its clients' fields, not these flags)
+                warnings.showwarning = _show_warning
             return args.run(args)
     except RequestError as e:
         print(f"q3tts: error: {_flag_message(e)}", file=sys.stderr)

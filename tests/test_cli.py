@@ -308,15 +308,16 @@ def test_serve_exits_1_in_one_line_when_the_model_does_not_load(tmp_path):
 
 def test_an_empty_speaker_is_not_replaced_and_gpu_benchmarks_say_they_need_one(tmp_path, capsys, monkeypatch):
     """`--speaker ""` is refused as the API refuses it (it once became the default speaker, silently); `q3tts bench
-    decode` / `streaming` without a GPU say so in one line (once a traceback from deep inside torch)."""
+    decode` / `streaming` / `api` without a GPU say so in one line (once a traceback from deep inside torch; `api`
+    once said to use a device it has no option for)."""
     out = tmp_path / "out.wav"
     assert main(["say", "Hi.", "--model", "tiny", "--speaker", "", "--max-new-tokens", "3", "-o", str(out)]) == 1
     assert "needs --speaker" in capsys.readouterr().err and not out.exists()
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for command in ("decode", "streaming"):
-        assert main(["bench", command]) == 1
+    for command in ("decode", "streaming", "api"):
+        assert main(["bench", command, *(["--ckpt-root", str(tmp_path)] if command == "api" else [])]) == 1
         err = capsys.readouterr().err
         assert err == f"q3tts: error: q3tts bench {command} needs a CUDA GPU and none is visible here " \
                       f"(torch {torch.__version__})\n", err

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..api import TTS
-from .common import FRAME_SECONDS
+from .common import FRAME_SECONDS, cuda_device
 
 TEXT = ("Hello world, this is a test of speech synthesis in a voice cloned from a short reference, spoken at an "
         "even pace from the first word to the last one.")
@@ -74,6 +74,7 @@ def time_entry(call: Callable[[int], list[np.ndarray]], batch: int, n_short: int
 
 def bench_api(names: list[str], ckpt_root: Path, n_short: int = 50, n_long: int = 125, reps: int = 2,
               log=print) -> list[dict]:
+    cuda_device("q3tts bench api")  # (a clear error on a machine without a GPU, before any checkpoint loads)
     rows = []
     for name in names:
         rows += _bench_model(Path(ckpt_root) / name, name, n_short, n_long, reps, log)
