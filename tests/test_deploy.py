@@ -66,6 +66,9 @@ def test_dockerfile():
     torch_pin = re.search(r"torch==[\d.]+", test_sh).group(0)
     install = shlex.split(instructions["RUN"].split("&&")[-1])
     assert install[1:] == ["install", torch_pin, ".[server]"]
+    # Triton compiles its launcher with a C compiler at the first kernel (the slim base image has none).
+    assert re.search(r"^RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev", text, re.M)
+    assert "gcc" in (DEPLOY / "ray" / "Dockerfile").read_text()
     assert torch_pin in (REPO / "README.md").read_text().split("\n", 5)[3]
 
 
