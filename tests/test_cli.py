@@ -354,3 +354,9 @@ def test_serve_refuses_an_unusable_voices_dir_in_one_line(tmp_path, capsys, no_m
         err = capsys.readouterr().err
         assert err.startswith(f"q3tts: error: --voices-dir {folder!r} cannot be a folder of voices") and \
             err.count("\n") == 1, err
+    damaged = tmp_path / "voices"
+    damaged.mkdir()
+    (damaged / "index.json").write_text("")  # (once: the model loaded, then uvicorn's traceback and exit 3)
+    assert main(["serve", "tiny", "--device", "cpu", "--voices-dir", str(damaged)]) == 1
+    err = capsys.readouterr().err
+    assert "index.json: not a readable voice index" in err and err.count("\n") == 1, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,3 +45,46 @@ def test_memory_only_store():
     store = VoiceStore(None)
     entry = store.add(_voice(True))
     assert store.get(entry.id)[1].icl_mode and store.list() == [entry]
+
+
+def _add_many(folder: str, count: int, go) -> None:  # (in another process: another server on the same folder)
+    store = VoiceStore(Path(folder))
+    go.wait()
+    for _ in range(count):
+        store.add(_voice(False))
+
+
+def test_servers_sharing_a_folder_lose_no_upload(tmp_path):
+    """Processes adding voices to one folder at once: every voice in the index (each change under the folder's
+    lock; the index once kept the last writer's view only, and uploads answered 201 vanished)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    go = context.Barrier(3)  # (all three add at once, once started)
+    workers = [context.Process(target=_add_many, args=(str(tmp_path), 20, go)) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    store = VoiceStore(tmp_path)
+    assert len(store.list()) == 60 == len(list(tmp_path.glob("*.safetensors")))
+
+
+def test_a_damaged_index_or_voice_file(tmp_path, caplog):
+    """At start a damaged index is refused naming it; while running the voices read before stay in use and the
+    next change writes the index again; a damaged voice file is a VoiceStoreError, not a traceback."""
+    from q3tts.server.voice_store import VoiceStoreError
+
+    store = VoiceStore(tmp_path)
+    kept = store.add(_voice(False), name="kept")
+    (tmp_path / "index.json").write_text("{not json")
+    with pytest.raises(VoiceStoreError, match=r"index\.json: not a readable voice index"):
+        VoiceStore(tmp_path)
+    assert store.get("kept")[0].id == kept.id and [e.id for e in store.list()] == [kept.id]
+    assert "not a readable voice index" in caplog.text
+    added = store.add(_voice(False))
+    assert {e.id for e in VoiceStore(tmp_path).list()} == {kept.id, added.id}
+    (tmp_path / f"{added.id}.safetensors").write_bytes(b"damaged")
+    with pytest.raises(VoiceStoreError, match="cannot be read on this server"):
+        VoiceStore(tmp_path).get(added.id)

@@ -71,6 +71,9 @@ class ServerConfig:
                                  f"{e.strerror or e}") from None
             if not os.access(self.voices_dir, os.W_OK | os.X_OK):
                 raise ValueError(f"voices_dir {str(self.voices_dir)!r} cannot be a folder of voices: not writable")
+            from .voice_store import VoiceStore
+
+            VoiceStore(self.voices_dir)  # (a damaged index: refused here, in one line, before the model loads)
         self.engine_config()  # validates the engine's settings
 
     @property

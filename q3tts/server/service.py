@@ -35,7 +35,7 @@ from . import errors
 from .config import ServerConfig
 from .core import Speech
 from .schemas import TASK_TYPES, SpeechRequest, SpeechSettings
-from .voice_store import VoiceStore
+from .voice_store import VoiceStore, VoiceStoreError
 
 log = logging.getLogger("q3tts.server")
 _ids = itertools.count()
@@ -263,7 +263,10 @@ class SpeechService:
         if not s.voice_id:
             raise errors.bad_request("this Base checkpoint clones voices: pass `voice` (an id from POST "
                                      "/v1/audio/voices) or `ref_audio`", param="voice", code="missing")
-        found = await self._in_worker(self.voices.get, s.voice_id)
+        try:
+            found = await self._in_worker(self.voices.get, s.voice_id)
+        except VoiceStoreError as e:
+            raise errors.APIError(500, str(e), type=errors.SERVER, param="voice", code="voice_unreadable") from None
         if found is None:
             raise errors.not_found(f"voice {quote(s.voice_id)} not found", param="voice", code="voice_not_found")
         return found[1]

@@ -14,6 +14,7 @@ from starlette.datastructures import UploadFile as StarletteUploadFile
 from ..errors import quote
 from . import errors
 from .service import SpeechService
+from .voice_store import VoiceStoreError
 
 router = APIRouter()  # authentication: guard.py
 _NAME = re.compile(r"[\w.\- ]{1,64}")
@@ -79,7 +80,10 @@ async def create_voice(request: Request, file: Annotated[UploadFile, File()],
 
 @router.get("/v1/audio/voices/{voice_id}")
 async def get_voice(voice_id: str, request: Request) -> dict:
-    found = await asyncio.to_thread(request.app.state.service.voices.get, voice_id)
+    try:
+        found = await asyncio.to_thread(request.app.state.service.voices.get, voice_id)
+    except VoiceStoreError as e:
+        raise errors.APIError(500, str(e), type=errors.SERVER, param="voice_id", code="voice_unreadable") from None
     if found is None:
         raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
     return found[0].to_json()
