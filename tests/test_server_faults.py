@@ -441,6 +441,36 @@ def test_a_client_that_leaves_mid_body_is_no_server_error_and_trickled_bodies_an
                 assert closed and time.monotonic() - started < 3, first
 
 
+def test_a_hung_engine_process_is_killed_and_started_again(tmp_path):
+    """An engine process that stops answering (here: SIGSTOP) for max(--send-timeout, 5 s) is killed and started
+    again; its stream ends instead of stalling for good. (It once stayed "healthy" and its streams hung.)"""
+    with serve(tmp_path, "--send-timeout", "1", front=True) as (url, proc):
+        engine, = children(proc.pid)
+        with httpx.stream("POST", url + SPEECH, json=speech(max_new_tokens=2000), timeout=120) as response:
+            chunks = response.iter_bytes()
+            next(chunks)
+            os.kill(engine, signal.SIGSTOP)
+            stopped = time.monotonic()
+            with suppress(httpx.HTTPError):
+                for _ in chunks:
+                    pass
+            ended = time.monotonic() - stopped
+        assert ended < 30, ended
+        deadline = time.monotonic() + 120
+        while True:
+            with suppress(httpx.HTTPError):
+                ready = httpx.get(url + "/ready", timeout=5).json()
+                if ready["ready"] and ready["engines"][0]["restarts"] == 1:
+                    break
+            assert time.monotonic() < deadline, ready
+            time.sleep(0.5)
+        assert httpx.post(url + SPEECH, json=speech(), timeout=60).status_code == 200
+        log = (tmp_path / f"serve-{url.rsplit(':', 1)[1]}.log").read_text()
+    assert "has answered nothing for" in log and "failed mid-stream: the engine process went away" in log, log
+    assert "Exception in ASGI application" not in log, log  # (once ~75 lines of traceback per stream)
+    print(f"\nhung engine: its stream ended {ended:.1f} s after the engine stopped; started again")
+
+
 def test_body_limit_is_checked_before_reading(tmp_path):
     """With an API key, a request without it is refused (401) before its body is read; an announced body over the
     limit gets 413 at once."""

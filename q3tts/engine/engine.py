@@ -110,7 +110,8 @@ class Engine:
         self._dropped: collections.deque[str] = collections.deque()  # ended by RequestStream finalizers
         self._preempted: list[Channel] = []  # since the last hand-out: their held frames go out now
         self._launched: float | None = None  # when the last frame was launched (None: none running since)
-        self._frame_seconds = 0.0  # the time between the last two launches: how long a frame takes now
+        self._frame_seconds = 0.0  # the time between two launches with no prefill between: how long a frame takes
+        self._joined = False  # requests joined (prefilled or swapped in) since the last launch
         self._stopping = False
         self._saved_switch_interval: float | None = None
         # The thread captures the CUDA graphs, then runs the frame loop (graphs.py says why there).
@@ -321,7 +322,7 @@ class Engine:
                     self._grow()
             row_map = self._launch(readback) if self.rows else None
             if row_map is None:
-                self._launched = None
+                self._launched, self._frame_seconds = None, 0.0
             with self._cv:
                 if last is not None:
                     audio = self._settle(*last, outbox)
@@ -338,6 +339,7 @@ class Engine:
             with self._cv:
                 start = len(self.rows)
                 resumed, admitted = self.scheduler.admit(time.perf_counter(), self._frame_seconds)
+                self._joined = self._joined or bool(resumed or admitted)
                 self._join(resumed, admitted)
                 self._start_codec(start, resumed, admitted)
             last = (readback.pop(wait_pcm=False), row_map) if row_map is not None else None
@@ -345,8 +347,9 @@ class Engine:
     def _launch(self, readback: Readback) -> list[Sequence]:
         """Launches the next frame of rows 0..B-1 and its decode; returns the rows' sequences in that frame."""
         now = time.perf_counter()
-        self._frame_seconds = now - self._launched if self._launched is not None else 0.0
-        self._launched = now
+        if self._launched is not None and not self._joined:  # (a prefill between would count as a slow frame)
+            self._frame_seconds = now - self._launched
+        self._launched, self._joined = now, False
         B = len(self.rows)
         self.runner.step(B)
         self.codec.step(B)

@@ -60,16 +60,28 @@ def drop_connection(scope: Scope) -> None:
 
 class HideCancelledTracebacks(logging.Filter):
     """Drops uvicorn's "Exception in ASGI application" for a request it cancelled (still running at the drain
-    timeout): its traceback says no more than the line RequestContextMiddleware logged for that request; and its
+    timeout): its traceback says no more than the line RequestContextMiddleware logged for that request; the same
+    for a stream ended by an error already told in one line (`logged`: a client that stopped reading, an engine
+    that failed or went away mid-stream: once ~75 lines of traceback per stream); and its
     "ASGI callable returned without completing handshake" after a WebSocket refused with a denial response (auth:
     uvicorn's websockets-sansio protocol logs it though the client got its 401; anyone could fill the log with
     ERROR lines so)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
-        cancelled = (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError)
-                     and message.startswith("Exception in ASGI application"))
-        return not (cancelled or message.startswith("ASGI callable returned without completing handshake"))
+        error = record.exc_info[1] if record.exc_info else None
+        told = (isinstance(error, asyncio.CancelledError) or getattr(error, LOGGED, False)) and \
+            message.startswith("Exception in ASGI application")
+        return not (told or message.startswith("ASGI callable returned without completing handshake"))
+
+
+LOGGED = "q3tts_logged"  # set on an exception that ends a response and was logged in one line already
+
+
+def logged(error: BaseException) -> BaseException:
+    """`error`, marked as told in one line: uvicorn's traceback for it is dropped (HideCancelledTracebacks)."""
+    setattr(error, LOGGED, True)
+    return error
 
 
 class RequestContextMiddleware:

@@ -47,7 +47,7 @@ from .config import ServerConfig
 from .core import CoreClient, CoreUnavailable, Speech
 from .guard import RequestGuard
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .middleware import RequestContextMiddleware, request_id_of
+from .middleware import RequestContextMiddleware, drop_connection, request_id_of
 from .schemas import SpeechRequest
 from .upstream import Pool
 from .websocket import send_error
@@ -55,6 +55,7 @@ from .websocket import send_error
 log = logging.getLogger("q3tts.server")
 POLL_S = 0.1
 MAX_RESTARTS = 5  # times each engine process is started again after it exited, before it is left out for good
+MIN_HUNG_S = 5.0  # an engine that answered and then answers no poll for max(this, --send-timeout) is killed
 # Not passed on: hop-by-hop headers, and those the proxy sets itself.
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "content-length", "host", "expect"}
 
@@ -76,6 +77,8 @@ class Backend:
     command: list[str] = field(default_factory=list)  # how to start its process (again)
     env: dict[str, str] | None = None
     restarts: int = 0
+    answered: bool = False  # a poll of this process (since it was last started) was answered
+    silent_since: float | None = None  # when its polls stopped being answered (None: the last one was)
     pool: Pool = field(init=False, repr=False)  # keep-alive connections to it
     core: CoreClient | None = field(default=None, repr=False)  # its speech connection, opened once it is ready
 
@@ -100,6 +103,7 @@ class Backend:
 
     def start(self) -> None:
         self.process = subprocess.Popen(self.command, env=self.env)
+        self.answered, self.silent_since = False, None  # (it answers nothing while it loads its model)
 
     @property
     def alive(self) -> bool:
@@ -107,8 +111,9 @@ class Backend:
 
 
 class Backends:
-    def __init__(self, backends: list[Backend]):
+    def __init__(self, backends: list[Backend], hung_s: float = 30.0):
         self.all = backends
+        self.hung_s = max(hung_s, MIN_HUNG_S)
         self.stopping = False  # set on SIGTERM/SIGINT: engines that exit now are not started again
         self.on_give_up: Callable[[], None] | None = None  # called once no engine is left (serve_devices: exit 1)
 
@@ -170,7 +175,9 @@ class Backends:
                 *(upstream.get(backend.pool, path, timeout=2) for path in ("/ready", "/health")))
         except (OSError, asyncio.TimeoutError):
             backend.ready = False
+            self._silent(backend)
             return
+        backend.answered, backend.silent_since = True, None
         if backend.healthy and health != 200:
             log.error("engine %d (%s) is unhealthy: out of rotation", backend.index, backend.device)
         backend.healthy, backend.ready = health == 200, ready == 200
@@ -180,6 +187,20 @@ class Backends:
         if backend.ready and backend.core_path:
             with contextlib.suppress(CoreUnavailable):  # (connected before its first request; else at it)
                 await backend.connect()
+
+    def _silent(self, backend: Backend) -> None:
+        """An engine that answered before and has answered no poll for `hung_s` since is hung (stopped,
+        deadlocked): its streams would stall for good and nothing would restart it, so it is killed; the next poll
+        starts it again (or, if it never became ready, leaves it out)."""
+        now = time.monotonic()
+        if backend.silent_since is None:
+            backend.silent_since = now
+        elif (now - backend.silent_since > self.hung_s and backend.answered and backend.process is not None
+              and backend.process.poll() is None):
+            log.error("engine %d (%s) has answered nothing for %.0f s: killed, to be started again", backend.index,
+                      backend.device, now - backend.silent_since)
+            backend.process.kill()
+            backend.silent_since = None
 
     async def scrape(self) -> list[str]:
         """Every engine's /metrics now (an engine that does not answer: its last)."""
@@ -320,14 +341,23 @@ async def _relay(backend: Backend, websocket: WebSocket) -> None:
 
             async def engine_to_client() -> None:
                 async for message in upstream:
-                    await (websocket.send_bytes(message) if isinstance(message, bytes)
-                           else websocket.send_text(message))
+                    sending = websocket.send_bytes(message) if isinstance(message, bytes) else \
+                        websocket.send_text(message)
+                    try:  # (a client that stops reading loses the session after send_timeout_s, as from an engine)
+                        await asyncio.wait_for(sending, websocket.app.state.config.send_timeout_s)
+                    except asyncio.TimeoutError:
+                        log.warning("websocket %s: the client stopped reading; session closed",
+                                    request_id_of(websocket.scope))
+                        drop_connection(websocket.scope)
+                        raise
 
             tasks = [asyncio.create_task(client_to_engine()), asyncio.create_task(engine_to_client())]
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)  # a dropped engine shows in the close code
+            ended = await asyncio.gather(*tasks, return_exceptions=True)  # (a dropped engine: the close code)
+            if isinstance(ended[1], asyncio.TimeoutError):
+                return  # the client stopped reading: its connection is dropped already
     except (OSError, WebSocketException) as e:
         log.error("engine %d (%s) dropped a WebSocket session: %s", backend.index, backend.device, e)
         raise errors.engine_failed(f"engine {backend.index} ended the session: {e}") from e
@@ -424,7 +454,7 @@ def serve_devices(config: ServerConfig, devices: list[str], log_level: str = "in
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     scratch = tempfile.mkdtemp(prefix="q3tts-")  # (mode 0700) removed at exit, with uploaded voices if kept here
     backends = start_backends(config, devices, log_level, scratch)
-    front = Backends(backends)
+    front = Backends(backends, hung_s=config.send_timeout_s)
     app = create_router_app(config, front)
 
     def draining() -> None:

@@ -27,7 +27,7 @@ from .audio_encoding import MEDIA_TYPES, AudioEncoder, encode_async, flush_async
 from .body import openapi_body, read_json
 from .core import Speech
 from .errors import SERVER, error_body
-from .middleware import drop_connection, request_id_of
+from .middleware import drop_connection, logged, request_id_of
 from .schemas import SpeechRequest
 
 log = logging.getLogger("q3tts.server")
@@ -47,10 +47,11 @@ class CancellingStreamingResponse(StreamingResponse):
         async def send_in_time(message: Message) -> None:
             try:
                 await asyncio.wait_for(send(message), self.send_timeout_s)
-            except asyncio.TimeoutError:
+            except asyncio.TimeoutError as e:
                 log.warning("request %s: the client stopped reading for %g s; stream cut", request_id_of(scope),
                             self.send_timeout_s)
                 drop_connection(scope)
+                logged(e)
                 raise
 
         try:
@@ -82,9 +83,10 @@ async def audio_bytes(stream: Any, encoder: AudioEncoder,
         async for pcm in stream.achunks():  # one write per hand-out, not per frame
             if data := await encode_async(encoder, pcm):
                 yield data
-    except EngineError:
+    except EngineError as e:
         on_failure("stream_failed")
-        log.error("request %s failed mid-stream (the engine logged why)", stream.request_id)
+        log.error("request %s failed mid-stream: %s", stream.request_id, e)
+        logged(e)
         raise
     if data := await flush_async(encoder):
         yield data
