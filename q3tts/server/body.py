@@ -46,7 +46,9 @@ def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
 
 
 def _beyond_limits(e: Exception) -> str:
-    return "nested too deeply" if isinstance(e, RecursionError) else f"a number is too long ({e})"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return f"a number is too long ({str(e).split(';')[0]})"  # (not Python's advice to raise its own limit)
 
 
 def parse_json(text: str) -> Any:

@@ -15,9 +15,10 @@ import gc
 import itertools
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
@@ -281,8 +282,13 @@ class SpeechService:
                                      code="urls_disabled")
         policy = FetchPolicy(max_bytes=c.max_upload_bytes, timeout_s=c.ref_audio_timeout_s, hosts=c.ref_audio_hosts,
                              allow_private=False)
+        started = time.monotonic()
+
+        def download() -> bytes:  # (the time limit counts from the request: waiting for a thread included)
+            return fetch(url, replace(policy, timeout_s=max(policy.timeout_s - (time.monotonic() - started), 0.0)))
+
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._downloads, fetch, url, policy)
+            return await asyncio.get_running_loop().run_in_executor(self._downloads, download)
         except FetchError as e:
             raise errors.bad_request(str(e), param="ref_audio", code="download_failed") from e
 
