@@ -7,10 +7,11 @@ the speech route itself (parsing, encoding and writing every client's chunks: th
 request to the least-loaded ready engine over that engine's socket (core.py), whose process does the model's work
 alone; WebSocket sessions and the other routes it relays over HTTP. The least-loaded engine: the fewest requests and
 sessions the front has under way there (the front carries them all). A request whose engine cannot be reached goes
-to the next one. Voices live in one folder that every engine reads; uploads and deletions go to engine 0 (its one
-writer). An engine that exits or says it is unhealthy leaves the rotation (streams it was sending end cut off; the
-rest keep serving), and an engine process that exited is started again (up to MAX_RESTARTS times each), unless it
-never was ready (a start-up failure); with no engine left the front exits 1. /ready is 200 only when every engine is
+to the next one. Voices live in one folder that every engine reads and changes (each change under the folder's
+lock: voice_store.py). An engine that exits or says it is unhealthy leaves the rotation (streams it was sending end
+cut off; the rest keep serving), and an engine process that exited is started again (up to MAX_RESTARTS times each),
+unless it never was ready (a start-up failure); one that answered and then answers nothing for max(--send-timeout,
+MIN_HUNG_S) is killed first. With no engine left the front exits 1. /ready is 200 only when every engine is
 ready, /health while any serves; /metrics has each engine's metrics with an `engine` label ("0", "1", ...), their
 sums (`engine="all"`) and the front's own HTTP counters (`q3tts_router_*`).
 """
@@ -249,13 +250,16 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     @app.api_route("/v1/audio/voices/{voice_id}", methods=["GET", "DELETE"])
     @app.get("/v1/models")
     async def voices_and_models(request: Request) -> Response:
-        """Reads go to any ready engine; uploads and deletions to engine 0, the voices folder's one writer."""
-        backend = backends.pick() if request.method == "GET" else backends.all[0]
+        """To the least-loaded ready engine: they share the voices folder, whose changes each makes under its lock
+        (voice_store.py), so uploads go on while one engine is restarted."""
+        backend = backends.pick()
         try:
             return await _forward(backend, request, await request.body())
         except OSError as e:
-            raise errors.engine_failed(f"engine {backend.index} did not answer (voices are uploaded and deleted "
-                                       f"through engine 0): {e}") from e
+            log.error("engine %d (%s) did not answer %s %s: %s", backend.index, backend.device, request.method,
+                      request.url.path, e)
+            raise errors.APIError(503, f"engine {backend.index} did not answer; retry", type=errors.SERVER,
+                                  code="engine_error", headers={"Retry-After": "1"}) from e
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> JSONResponse:
