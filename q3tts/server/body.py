@@ -27,16 +27,11 @@ def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
     if not raw.strip():
         raise errors.bad_request("the request body is empty; send a JSON object", code="empty_body")
     try:
-        data = loads(raw.decode())
+        text = raw.decode()
     except UnicodeDecodeError as e:
         raise errors.bad_request(f"the request body is not valid UTF-8 (at byte {e.start})",
                                  code="invalid_encoding") from None
-    except json.JSONDecodeError as e:
-        raise errors.bad_request(f"the request body is not valid JSON: {errors.json_error(e.msg, e.pos)}",
-                                 code="invalid_json") from None
-    except (RecursionError, ValueError) as e:  # (nesting beyond the parser's depth; an integer of > 4,300 digits)
-        raise errors.bad_request(f"the request body is not valid JSON here: {_beyond_limits(e)}",
-                                 code="invalid_json") from None
+    data = parse_json(text, "the request body is ")
     if not isinstance(data, dict):
         raise errors.bad_request(f"the request body must be a JSON object, not {json_type(data)}")
     try:
@@ -45,20 +40,19 @@ def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
         raise errors.from_validation(e) from None
 
 
-def _beyond_limits(e: Exception) -> str:
-    if isinstance(e, RecursionError):
-        return "nested too deeply"
-    return f"a number is too long ({str(e).split(';')[0]})"  # (not Python's advice to raise its own limit)
-
-
-def parse_json(text: str) -> Any:
-    """`loads`, with the parser's failures as the APIError invalid_json (the WebSocket's messages)."""
+def parse_json(text: str, what: str = "") -> Any:
+    """`loads`, with the parser's failures as the APIError invalid_json naming `what` (the request body, or the
+    WebSocket's messages)."""
     try:
         return loads(text)
     except json.JSONDecodeError as e:
-        raise errors.bad_request(f"not valid JSON: {errors.json_error(e.msg, e.pos)}", code="invalid_json") from None
-    except (RecursionError, ValueError) as e:
-        raise errors.bad_request(f"not valid JSON here: {_beyond_limits(e)}", code="invalid_json") from None
+        raise errors.bad_request(f"{what}not valid JSON: {errors.json_error(e.msg, e.pos)}",
+                                 code="invalid_json") from None
+    except RecursionError:  # (nesting beyond the parser's depth)
+        raise errors.bad_request(f"{what}not valid JSON here: nested too deeply", code="invalid_json") from None
+    except ValueError as e:  # (an integer of > 4,300 digits; not Python's advice to raise its own limit)
+        raise errors.bad_request(f"{what}not valid JSON here: a number is too long ({str(e).split(';')[0]})",
+                                 code="invalid_json") from None
 
 
 def loads(text: str) -> Any:
