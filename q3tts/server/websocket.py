@@ -136,7 +136,8 @@ class StreamSession:
         self.websocket, self.service, self.setup = websocket, service, setup
         self.is_q3tts = setup.config.protocol == "q3tts"
         self.model_rate = service.tts.sample_rate
-        self.segmenter, self.max_pending_chars = self._segmenter(setup.config)
+        self.segmenter = self._segmenter(setup.config)
+        self.max_pending_chars = PENDING_TEXT_FACTOR * service.config.max_input_chars
         self.items: asyncio.Queue[Any] = asyncio.Queue()
         self.request_id = request_id_of(websocket.scope)
         self.num_segments = self.frames = self.input_tokens = 0
@@ -164,15 +165,15 @@ class StreamSession:
                                       "response_format": setup.config.response_format, "seed": setup.seed})
         return session
 
-    def _segmenter(self, config: StreamConfig) -> tuple[TextSegmenter | WholeText, int]:
-        """How text is cut into segments, and how much of it may wait to be spoken: q3tts at sentences and
-        clauses; vLLM-Omni by its split_granularity (none: the utterance whole, at most --max-input-chars)."""
-        longest, most = min(MAX_SEGMENT_CHARS, self.service.config.max_input_chars), self.service.config.max_input_chars
+    def _segmenter(self, config: StreamConfig) -> TextSegmenter | WholeText:
+        """How text is cut into segments: q3tts at sentences and clauses; vLLM-Omni by its split_granularity
+        (none: the utterance whole, at most --max-input-chars)."""
+        longest = min(MAX_SEGMENT_CHARS, self.service.config.max_input_chars)
         granularity = "q3tts" if self.is_q3tts else config.granularity
         if granularity == "none":
-            return WholeText(), most
+            return WholeText()
         clause_min_chars = {"sentence": longest, "clause": 1}.get(granularity, min(40, longest))
-        return TextSegmenter(clause_min_chars=clause_min_chars, max_chars=longest), PENDING_TEXT_FACTOR * most
+        return TextSegmenter(clause_min_chars=clause_min_chars, max_chars=longest)
 
     async def run(self) -> None:
         """Reads text and speaks segments concurrently; the first failure of either ends both."""
@@ -220,11 +221,12 @@ class StreamSession:
             check_unicode(text, "text")
         except RequestError as e:
             raise errors.bad_request(e.message, param="text") from None
-        if self.queued_chars + len(self.segmenter.buffer) + len(text) > self.max_pending_chars:
-            if isinstance(self.segmenter, WholeText):
-                raise errors.bad_request(f"the utterance is over {self.max_pending_chars} characters: send "
-                                         "input.done sooner, or set split_granularity to sentence", param="text",
-                                         code="input_too_long")
+        buffered = len(self.segmenter.buffer) + len(text)
+        if isinstance(self.segmenter, WholeText) and buffered > self.service.config.max_input_chars:
+            raise errors.bad_request(f"the utterance is over {self.service.config.max_input_chars} characters: send "
+                                     "input.done sooner, or set split_granularity to sentence", param="text",
+                                     code="input_too_long")
+        if self.queued_chars + buffered > self.max_pending_chars:
             raise errors.bad_request(f"more than {self.max_pending_chars} characters of text are waiting to be "
                                      "spoken; send more as the audio arrives", param="text", code="input_too_long")
         self.utterance_open = self.utterance_open or bool(text.strip())
@@ -243,8 +245,7 @@ class StreamSession:
         setup = await _setup(self.service, message)
         if setup.config.protocol != "vllm-omni":
             raise errors.bad_request("a session keeps its protocol", param="protocol")
-        self.setup = setup
-        self.segmenter, self.max_pending_chars = self._segmenter(setup.config)
+        self.setup, self.segmenter = setup, self._segmenter(setup.config)
 
     # ---- speaking -----------------------------------------------------------------------------------------
 
