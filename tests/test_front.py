@@ -4,6 +4,7 @@ request sent to both, status, headers and bytes compared."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -13,6 +14,8 @@ pytest.importorskip("fastapi")
 
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
 
 from q3tts.server import ServerConfig  # noqa: E402
 from q3tts.server.router import Backend, Backends, create_router_app  # noqa: E402
@@ -83,3 +86,27 @@ def test_the_front_answers_as_one_process(servers, case):
         assert len(direct.content) > 1000
     else:
         assert direct.json()["error"]["param"]
+
+
+def _vllm_omni_session(url: str) -> list:
+    """Two utterances of vLLM-Omni's protocol, then session.close: every message, in order."""
+    received = []
+    with connect(url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "alloy", "max_new_tokens": 4, "seed": SEED}))
+        for text in ("One. Two.", "Three."):
+            ws.send(json.dumps({"type": "input.text", "text": text}))
+            ws.send(json.dumps({"type": "input.done"}))
+        ws.send(json.dumps({"type": "session.close"}))
+        try:
+            while True:
+                received.append(ws.recv(timeout=60))
+        except ConnectionClosed:
+            received.append(ws.close_code)
+    return received
+
+
+def test_the_front_relays_vllm_omnis_websocket_protocol(servers):
+    engine, front = servers
+    direct = _vllm_omni_session(engine.url)
+    assert direct[-1] == 1000 and sum(isinstance(m, bytes) for m in direct) == 2
+    assert _vllm_omni_session(front.url) == direct
