@@ -34,8 +34,8 @@ PROMPT_FIELDS = ("prompt", "model", "script_hint")  # OpenAI's voices made from 
 @router.get("/v1/audio/voices")
 async def list_voices(request: Request) -> dict:
     """`data`: the preset speakers and stored voices; `aliases` and `default_voice`: the names that stand for them
-    (voice_aliases.py); `voices` (the names of all of those) and `uploaded_voices`: the lists of vLLM-Omni's, SGLang-Omni's
-    and Kokoro-FastAPI's answer."""
+    (voice_aliases.py); `voices` (the names of all of those) and `uploaded_voices`: the lists of vLLM-Omni's,
+    SGLang-Omni's and Kokoro-FastAPI's answer."""
     service: SpeechService = request.app.state.service
     presets = [{"id": name, "object": "voice", "type": "preset", "name": name}
                for name in service.tts.get_supported_speakers()]
