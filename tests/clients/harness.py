@@ -1,0 +1,135 @@
+"""What the client tests share: real `q3tts serve` processes on tiny checkpoints, the clients' own environments, and
+the checks that a response is complete, decodable audio.
+
+The tiny random models never sample EOS, and most clients cannot pass `max_new_tokens`, so the served checkpoint
+is a copy of a tiny one whose generation_config.json says `max_new_tokens` = MAX_NEW_TOKENS, greedily: every
+request then yields exactly FRAMES frames whatever client sent it, which is what the tests count.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import av
+import httpx
+import pytest
+
+from q3tts.tiny import tiny_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+CLIENT_ENVS = Path(os.environ.get("Q3TTS_CLIENT_ENVS", REPO / ".venv-clients"))
+SAMPLE_RATE = 24000
+FRAME_SAMPLES = 1920  # one codec frame, 80 ms at 24 kHz
+MAX_NEW_TOKENS = 13
+FRAMES = MAX_NEW_TOKENS - 1  # max_new_tokens = N gives N - 1 frames (as official)
+SECONDS = FRAMES * FRAME_SAMPLES / SAMPLE_RATE
+TEXT = "Hello from a client."
+
+
+def client_python(name: str) -> Path:
+    """The Python of the client environment `name` that scripts/client_envs.sh builds (.venv-clients/NAME)."""
+    python = CLIENT_ENVS / name / "bin" / "python"
+    if not (CLIENT_ENVS / name / ".ready").exists() or not python.exists():
+        message = f"the {name} client environment is not built: run `bash scripts/client_envs.sh`"
+        if os.environ.get("Q3TTS_REQUIRE_CLIENTS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
+def run_client(python: Path, *args: str | os.PathLike, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs a script or module with a client environment's Python; fails the test with its output if it fails."""
+    proc = subprocess.run([str(python), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": "", "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, f"{args[0]} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def limited_checkpoint(name: str, folder: Path) -> Path:
+    """A copy of the tiny checkpoint `name` in `folder` that stops after FRAMES frames, greedily."""
+    shutil.copytree(tiny_checkpoint(name, folder.parent / "tiny-cache"), folder)
+    path = folder / "generation_config.json"
+    config = json.loads(path.read_text())
+    config.update(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, subtalker_dosample=False)
+    path.write_text(json.dumps(config, indent=2))
+    return folder
+
+
+class ServeProcess:
+    """`q3tts serve FOLDER` in a process of its own on a free localhost port: `with ServeProcess(...) as server:`."""
+
+    def __init__(self, folder: Path, served_model_name: str, log: Path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.folder, self.log = folder, log
+        self.cmd = [sys.executable, "-m", "q3tts.cli", "serve", str(folder), "--port", str(self.port),
+                    "--device", "cpu", "--served-model-name", served_model_name, "--drain-timeout", "1", *args]
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> ServeProcess:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 180
+        while not self._ready():
+            assert self.proc.poll() is None, f"q3tts serve exited {self.proc.returncode}:\n{self.log_tail()}"
+            assert time.time() < deadline, f"q3tts serve was not ready in 180 s:\n{self.log_tail()}"
+            time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(self.url + "/ready", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def decoded(data: bytes) -> tuple[int, int]:
+    """(samples, sample rate) of an encoded stream, decoded whole with PyAV (ffmpeg); fails on a broken one."""
+    with av.open(io.BytesIO(data)) as container:
+        frames = [(f.samples, f.sample_rate) for f in container.decode(audio=0)]
+    assert frames, "no audio frames decoded"
+    return sum(n for n, _ in frames), frames[0][1]
+
+
+def assert_complete_audio(data: bytes, response_format: str, sample_rate: int = SAMPLE_RATE,
+                          seconds: float = SECONDS) -> None:
+    """The whole request's audio: exact for the lossless formats, within one frame (80 ms) for the lossy ones,
+    whose encoders pad; opus decodes at 48 kHz whatever it was encoded at."""
+    if response_format == "pcm":
+        assert len(data) % 2 == 0 and len(data) // 2 == round(seconds * sample_rate), len(data)
+        return
+    samples, rate = decoded(data)
+    assert rate == (48000 if response_format == "opus" else sample_rate)
+    if response_format in ("wav", "flac"):
+        assert samples == round(seconds * sample_rate), samples
+    else:
+        assert abs(samples / rate - seconds) <= 0.08, samples / rate
