@@ -8,6 +8,7 @@ request then yields exactly FRAMES frames whatever client sent it, which is what
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import os
@@ -65,36 +66,47 @@ def limited_checkpoint(name: str, folder: Path) -> Path:
     return folder
 
 
-class ServeProcess:
-    """`q3tts serve FOLDER` in a process of its own on a free localhost port: `with ServeProcess(...) as server:`."""
+class Background:
+    """A process for the length of a `with` block, its output in `log`: entered once `is_ready()` holds (failing with
+    the log's end if the process exits or `timeout` passes first); stopped with SIGTERM, then SIGKILL."""
 
-    def __init__(self, folder: Path, served_model_name: str, log: Path, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.folder, self.log = folder, log
-        self.cmd = [sys.executable, "-m", "q3tts.cli", "serve", str(folder), "--port", str(self.port),
-                    "--device", "cpu", "--served-model-name", served_model_name, "--drain-timeout", "1", *args]
+    def __init__(self, cmd: list[str], log: Path, is_ready, env: dict[str, str] | None = None, timeout: float = 180):
+        self.cmd, self.log, self.is_ready, self.env, self.timeout = cmd, log, is_ready, env, timeout
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> ServeProcess:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    def __enter__(self) -> Background:
         with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + 180
-        while not self._ready():
-            assert self.proc.poll() is None, f"q3tts serve exited {self.proc.returncode}:\n{self.log_tail()}"
-            assert time.time() < deadline, f"q3tts serve was not ready in 180 s:\n{self.log_tail()}"
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         preexec_fn=_die_with_parent)
+        deadline = time.time() + self.timeout
+        while not self.is_ready():
+            assert self.proc.poll() is None, f"{self.cmd[:4]} exited {self.proc.returncode}:\n{self.log_tail()}"
+            assert time.time() < deadline, f"{self.cmd[:4]} was not ready in {self.timeout} s:\n{self.log_tail()}"
             time.sleep(0.1)
         return self
 
     def __exit__(self, *exc) -> None:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.terminate()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+
+class ServeProcess(Background):
+    """`q3tts serve FOLDER` in a process of its own on a free localhost port, until its `with` block ends."""
+
+    def __init__(self, folder: Path, served_model_name: str, log: Path, *args: str):
+        self.url = f"http://127.0.0.1:{free_port()}"
+        cmd = [sys.executable, "-m", "q3tts.cli", "serve", str(folder), "--port", self.url.rsplit(":", 1)[1],
+               "--device", "cpu", "--served-model-name", served_model_name, "--drain-timeout", "1", *args]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+        super().__init__(cmd, log, self._ready, env)
 
     def _ready(self) -> bool:
         try:
@@ -102,8 +114,12 @@ class ServeProcess:
         except httpx.TransportError:
             return False
 
-    def log_tail(self, chars: int = 6000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, however it dies (a killed pytest would
+    otherwise leave its servers running). Linux only; elsewhere the fixtures' own stop must do."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:

@@ -9,35 +9,33 @@ one (gpt-4o-mini-tts). It asks the server for WAV and hands the PCM on in Wyomin
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 
 import pytest
 
-from tests.clients.harness import EXAMPLES, SECONDS, TEXT, assert_complete_audio, client_python, free_port, run_client
+from tests.clients.harness import (
+    EXAMPLES,
+    SECONDS,
+    TEXT,
+    Background,
+    assert_complete_audio,
+    client_python,
+    free_port,
+    run_client,
+)
 
 SPEAK = EXAMPLES / "home_assistant" / "wyoming_tts.py"
 
 
 @pytest.fixture(scope="module")
 def bridge(custom_voice_server, tmp_path_factory):
-    """The bridge's Wyoming URI, once it answers `describe`."""
-    python = client_python("wyoming")
+    """The bridge's Wyoming URI, once it listens."""
     uri = f"tcp://127.0.0.1:{free_port()}"
     log = tmp_path_factory.mktemp("wyoming") / "bridge.log"
-    cmd = [str(python), "-m", "wyoming_openai", "--uri", uri, "--tts-openai-url", custom_voice_server.url + "/v1",
-           "--tts-openai-key", "not-needed", "--tts-models", "tts-1", "--tts-streaming-models", "gpt-4o-mini-tts"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 60
-        while "Starting server at" not in log.read_text(errors="replace"):
-            assert proc.poll() is None and time.time() < deadline, log.read_text(errors="replace")[-4000:]
-            time.sleep(0.1)
+    cmd = [str(client_python("wyoming")), "-m", "wyoming_openai", "--uri", uri,
+           "--tts-openai-url", custom_voice_server.url + "/v1", "--tts-openai-key", "not-needed",
+           "--tts-models", "tts-1", "--tts-streaming-models", "gpt-4o-mini-tts"]
+    with Background(cmd, log, lambda: "Starting server at" in log.read_text(errors="replace"), timeout=60):
         yield uri
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
