@@ -5,8 +5,8 @@
 #   q3tts serve Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice                       # http://127.0.0.1:8000
 #   bash examples/tts_bench.sh [BASE_URL] [RPS]
 # tts-bench's defaults: model Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice (the checkpoint's hub id, which q3tts accepts as
-# the served model), voice Ryan, language English, 10 s warm-up, 30 s measured, Poisson arrivals. The tiny model
-# needs `--model tiny` and `--request-param max_new_tokens=50` (it never ends on its own).
+# the served model), voice Ryan, language English, 10 s warm-up, 30 s measured, Poisson arrivals. A tiny random
+# model (`q3tts serve tiny`) never ends on its own: add `--request-param max_new_tokens=50`.
 set -euo pipefail
 BASE_URL=${1:-http://127.0.0.1:8000}
 RPS=${2:-8}

@@ -1,5 +1,6 @@
 """Servers shared by every client test: one `q3tts serve` of the tiny CustomVoice model and one of the tiny Base
-model, each started when first needed and stopped after the last client test (see harness.py)."""
+model (with a default voice, a recording given at start-up), each started when first needed and stopped after the
+last client test (see harness.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from tests.clients.harness import ServeProcess, limited_checkpoint  # noqa: E402
+from tests.clients.harness import ServeProcess, limited_checkpoint, voice_sample  # noqa: E402
 
 SERVED_MODEL_NAME = "tiny"
 
@@ -23,5 +24,7 @@ def custom_voice_server(tmp_path_factory) -> ServeProcess:
 def base_server(tmp_path_factory) -> ServeProcess:
     root = tmp_path_factory.mktemp("base")
     folder = limited_checkpoint("tiny-base", root / "tiny-base-clients")
-    with ServeProcess(folder, SERVED_MODEL_NAME, root / "serve.log", "--voices-dir", str(root / "voices")) as s:
+    (root / "default-voice.wav").write_bytes(voice_sample())
+    with ServeProcess(folder, SERVED_MODEL_NAME, root / "serve.log", "--voices-dir", str(root / "voices"),
+                      "--default-voice", str(root / "default-voice.wav")) as s:
         yield s

@@ -7,7 +7,6 @@ Every request ends with the whole request's audio (FRAMES frames: see harness.py
 from __future__ import annotations
 
 import base64
-import io
 import json
 import struct
 import sys
@@ -15,14 +14,21 @@ import typing
 from pathlib import Path
 
 import httpx
-import numpy as np
 import openai
 import pytest
-import soundfile as sf
 from openai.types.audio import speech_create_params, speech_model
 
 from tests.clients.conftest import SERVED_MODEL_NAME
-from tests.clients.harness import EXAMPLES, FRAMES, SAMPLE_RATE, SECONDS, TEXT, assert_complete_audio, run_client
+from tests.clients.harness import (
+    EXAMPLES,
+    FRAMES,
+    SAMPLE_RATE,
+    SECONDS,
+    TEXT,
+    assert_complete_audio,
+    run_client,
+    voice_sample,
+)
 
 
 def literals(tp: object) -> list[str]:
@@ -103,9 +109,10 @@ def strings_in(value: object) -> list[str]:
     return [s for item in items for s in strings_in(item)]
 
 
-@pytest.mark.parametrize("model", [*MODELS, SERVED_MODEL_NAME, "tiny-clients"])
+@pytest.mark.parametrize("model", [*MODELS, SERVED_MODEL_NAME, "tiny-clients", "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"])
 def test_every_model_id_is_served(client, model):
-    """OpenAI's ids (the dated snapshots included), the served name and the checkpoint folder's name."""
+    """OpenAI's ids (the dated snapshots included), the served name, the checkpoint folder's name, and the hub id of
+    a released checkpoint of the tiny model's kind and size."""
     data, _ = speak(client, model=model)
     assert_complete_audio(data, "pcm")
 
@@ -176,30 +183,31 @@ def test_what_no_api_has_stays_refused(client, extra, param):
     assert e.value.body["param"] == param
 
 
-# ---- the custom-voice API, on a Base checkpoint ----------------------------------------------------------------
+# ---- a Base checkpoint: OpenAI's voice names and the custom-voice API ------------------------------------------
 
 @pytest.fixture(scope="module")
 def base_client(base_server) -> openai.OpenAI:
     return openai.OpenAI(base_url=base_server.url + "/v1", api_key="not-needed", max_retries=0, timeout=60)
 
 
-def audio_sample() -> bytes:
-    """Two seconds of a voice-like signal, as a WAV file (the tiny model clones anything)."""
-    t = np.arange(2 * SAMPLE_RATE) / SAMPLE_RATE
-    wave = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 4 * t))
-    out = io.BytesIO()
-    sf.write(out, wave.astype(np.float32), SAMPLE_RATE, format="WAV", subtype="PCM_16")
-    return out.getvalue()
+@pytest.fixture(scope="module")
+def default_voice_audio(base_server) -> bytes:
+    """A request that names no voice speaks with the server's --default-voice (a recording)."""
+    body = {"model": "tts-1", "input": TEXT, "response_format": "pcm"}
+    response = httpx.post(base_server.url + "/v1/audio/speech", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert_complete_audio(response.content, "pcm")
+    return response.content
 
 
-def test_an_openai_voice_on_base_without_a_voice_of_that_name_says_what_to_do(base_client):
-    with pytest.raises(openai.BadRequestError) as e:
-        speak(base_client, voice="ballad")
-    assert e.value.body["param"] == "voice"
+@pytest.mark.parametrize("voice", VOICES)
+def test_every_openai_voice_speaks_on_base_with_the_default_voice(base_client, default_voice_audio, voice):
+    """An OpenAI name with no stored voice of that name is the default voice (greedy: the same bytes)."""
+    assert speak(base_client, voice=voice)[0] == default_voice_audio
 
 
 def test_voices_create_as_the_sdk_sends_it(base_client):
-    voice = base_client.audio.voices.create(audio_sample=("sample.wav", audio_sample(), "audio/wav"),
+    voice = base_client.audio.voices.create(audio_sample=("sample.wav", voice_sample(), "audio/wav"),
                                             consent="cons_1234", name="narrator")
     assert (voice.object, voice.name, voice.type) == ("audio.voice", "narrator", "audio_sample")
     assert voice.id and isinstance(voice.created_at, int)
@@ -213,10 +221,15 @@ def test_voices_create_as_the_sdk_sends_it(base_client):
 
 
 def test_a_stored_voice_named_like_an_openai_voice_is_that_voice(base_client):
-    base_client.audio.voices.create(audio_sample=("sample.wav", audio_sample(), "audio/wav"), consent="cons_1234",
-                                    name="alloy")
-    data, _ = speak(base_client, voice="alloy")
-    assert_complete_audio(data, "pcm")
+    """Greedy decoding: the same voice gives the same bytes, another voice other bytes."""
+    before, _ = speak(base_client, voice="shimmer")
+    voice = base_client.audio.voices.create(audio_sample=("sample.wav", voice_sample(pitch_hz=120), "audio/wav"),
+                                            consent="cons_1234", name="shimmer")
+    after, _ = speak(base_client, voice="shimmer")
+    assert_complete_audio(after, "pcm")
+    assert after != before and after == speak(base_client, voice={"id": voice.id})[0]
+    base_client.audio.voices.delete(voice.id)
+    assert speak(base_client, voice="shimmer")[0] == before
 
 
 def test_the_streaming_example_writes_the_whole_audio(custom_voice_server, tmp_path):

@@ -2,7 +2,8 @@
 `bench run` over HTTP against `q3tts serve` of the tiny CustomVoice model for each of its five targets, with their
 own wire contracts (vLLM-Omni: stream + stream_format audio + pcm; SGLang-Omni: pcm and an x-sample-rate header;
 VoxServe and nari: pcm; M*: a streamed WAV with open-ended sizes, parsed as it arrives). Its defaults otherwise
-(voice Ryan, language English); two requests a second apart. By tts-bench's own summary every request must succeed
+(model Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice, the hub id of the tiny model's kind and size; voice Ryan; language
+English); two requests a second apart. By tts-bench's own summary every request must succeed
 (complete PCM, no stall past its limits), and every WAV it saved must hold the whole request's audio."""
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import json
 
 import pytest
 
-from tests.clients.conftest import SERVED_MODEL_NAME
 from tests.clients.harness import SECONDS, assert_complete_audio, client_python, run_client
 
 TARGETS = ["vllm-omni", "sglang-omni", "voxserve", "mstar", "nari"]
@@ -23,7 +23,7 @@ def test_tts_bench_run_succeeds_on_every_request(custom_voice_server, tmp_path, 
     dataset, out = tmp_path / "prompts.jsonl", tmp_path / "result"
     dataset.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     run_client(client_python("tts-bench"), "-m", "tts_bench", "run", "--target", target,
-               "--base-url", custom_voice_server.url, "--model", SERVED_MODEL_NAME, "--dataset", dataset,
+               "--base-url", custom_voice_server.url, "--dataset", dataset,
                "--rps", "1", "--warmup", "0", "--duration", "2s", "--arrival", "constant", "--timeout", "60s",
                "--output", out)
     summary = json.loads((out / "summary.json").read_text())
