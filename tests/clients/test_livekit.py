@@ -21,12 +21,14 @@ CASES = {"defaults": {}, "tts-1": {"model": "tts-1"}, "pcm": {"response_format":
          "wav": {"response_format": "wav", "voice": "nova"}, "opus": {"response_format": "opus"}}
 END_MARKER = SAMPLE_RATE // 100  # the plugin's 10 ms end-of-segment frame
 
+PYTHON = client_python("livekit")
+
 
 @pytest.fixture(scope="module")
 def results(custom_voice_server, tmp_path_factory):
     """Every case in one LiveKit process (it takes seconds to import): [(error, wav path)]."""
     out = tmp_path_factory.mktemp("livekit")
-    proc = run_client(client_python("livekit"), REPO / "tests/clients/drivers/livekit_cases.py",
+    proc = run_client(PYTHON, REPO / "tests/clients/drivers/livekit_cases.py",
                       custom_voice_server.url + "/v1", TEXT, json.dumps(list(CASES.values())), out)
     errors = [json.loads(line)["error"] for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(errors) == len(CASES), proc.stdout

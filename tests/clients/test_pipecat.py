@@ -9,12 +9,14 @@ import pytest
 
 from tests.clients.harness import EXAMPLES, TEXT, assert_complete_audio, client_python, run_client
 
+PYTHON = client_python("pipecat")
+
 
 @pytest.mark.parametrize("server, options", [("custom_voice_server", []),
                                              ("custom_voice_server", ["--voice", "verse", "--model", "tts-1"]),
                                              ("base_server", [])], ids=["defaults", "verse-tts-1", "base"])
 def test_a_pipecat_pipeline_speaks(request, tmp_path, server, options):
     out = tmp_path / "pipecat.wav"
-    run_client(client_python("pipecat"), EXAMPLES / "pipecat_tts.py", TEXT, "-o", out,
+    run_client(PYTHON, EXAMPLES / "pipecat_tts.py", TEXT, "-o", out,
                "--base-url", request.getfixturevalue(server).url + "/v1", *options)
     assert_complete_audio(out.read_bytes(), "wav")

@@ -17,12 +17,14 @@ from tests.clients.harness import SECONDS, assert_complete_audio, client_python,
 TARGETS = ["vllm-omni", "sglang-omni", "voxserve", "mstar", "nari"]
 PROMPTS = [{"id": "greeting", "text": "Hello from the benchmark."}, {"id": "second", "text": "A second short prompt."}]
 
+PYTHON = client_python("tts-bench")
+
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_tts_bench_run_succeeds_on_every_request(custom_voice_server, tmp_path, target):
     dataset, out = tmp_path / "prompts.jsonl", tmp_path / "result"
     dataset.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    run_client(client_python("tts-bench"), "-m", "tts_bench", "run", "--target", target,
+    run_client(PYTHON, "-m", "tts_bench", "run", "--target", target,
                "--base-url", custom_voice_server.url, "--dataset", dataset,
                "--rps", "1", "--warmup", "0", "--duration", "2s", "--arrival", "constant", "--timeout", "60s",
                "--output", out)

@@ -25,13 +25,15 @@ from tests.clients.harness import (
 
 SPEAK = EXAMPLES / "home_assistant" / "wyoming_tts.py"
 
+PYTHON = client_python("wyoming")
+
 
 @pytest.fixture(scope="module")
 def bridge(custom_voice_server, tmp_path_factory):
     """The bridge's Wyoming URI, once it listens."""
     uri = f"tcp://127.0.0.1:{free_port()}"
     log = tmp_path_factory.mktemp("wyoming") / "bridge.log"
-    cmd = [str(client_python("wyoming")), "-m", "wyoming_openai", "--uri", uri,
+    cmd = [str(PYTHON), "-m", "wyoming_openai", "--uri", uri,
            "--tts-openai-url", custom_voice_server.url + "/v1", "--tts-openai-key", "not-needed",
            "--tts-models", "tts-1", "--tts-streaming-models", "gpt-4o-mini-tts"]
     with Background(cmd, log, lambda: "Starting server at" in log.read_text(errors="replace"), timeout=60):
@@ -40,7 +42,7 @@ def bridge(custom_voice_server, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def programs(bridge) -> dict[str, list[str]]:
-    return json.loads(run_client(client_python("wyoming"), SPEAK, "--uri", bridge, "--describe").stdout)
+    return json.loads(run_client(PYTHON, SPEAK, "--uri", bridge, "--describe").stdout)
 
 
 def test_the_bridge_offers_openai_voices_for_both_models(programs):
@@ -54,6 +56,6 @@ def test_home_assistant_speaks_through_the_bridge(bridge, programs, tmp_path, vo
     text = f"{TEXT} {TEXT}" if stream else TEXT
     out = tmp_path / "wyoming.wav"
     args = ["--voice", voice] if voice else []
-    run_client(client_python("wyoming"), SPEAK, text, "-o", out, "--uri", bridge, *args,
+    run_client(PYTHON, SPEAK, text, "-o", out, "--uri", bridge, *args,
                *(["--stream"] if stream else []))
     assert_complete_audio(out.read_bytes(), "wav", seconds=SECONDS * (2 if stream else 1))
