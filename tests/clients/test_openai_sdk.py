@@ -232,6 +232,22 @@ def test_a_stored_voice_named_like_an_openai_voice_is_that_voice(base_client):
     assert speak(base_client, voice="shimmer")[0] == before
 
 
+@pytest.fixture(scope="module")
+def voice_design_client(voice_design_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=voice_design_server.url + "/v1", api_key="not-needed", max_retries=0, timeout=60)
+
+
+@pytest.mark.parametrize("voice", VOICES)
+def test_every_openai_voice_speaks_on_voice_design(voice_design_client, voice):
+    """Each name stands for a default description of a voice; `instructions`, when given, describe it instead
+    (greedy: other bytes)."""
+    data, _ = speak(voice_design_client, voice=voice)
+    assert_complete_audio(data, "pcm")
+    described, _ = speak(voice_design_client, voice=voice, instructions="A deep, slow voice.")
+    assert_complete_audio(described, "pcm")
+    assert described != data
+
+
 def test_the_streaming_example_writes_the_whole_audio(custom_voice_server, tmp_path):
     """examples/openai_stream_to_file.py, as its docstring runs it."""
     out = tmp_path / "hello.wav"
