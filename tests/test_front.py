@@ -62,7 +62,13 @@ def servers(tmp_path_factory):
     {"response_format": "pcm", "speed": 1.5}, {"response_format": "aac", "stream_format": "sse"},
     {"voice": "nobody"}, {"model": "another"}, {"input": "x" * 300}, {"max_new_tokens": 100_000},
     {"language": "klingon"}, {"instructions": "Whisper.", "task_type": "Base"}, {"ref_audio": "aGVsbG8="},
-    {"speed": 9.0}, {"response_format": "ogg"}, {"seed": "5"}, {"input": None}])
+    {"speed": 9.0}, {"response_format": "ogg"}, {"seed": "5"}, {"input": None},
+    # what other servers' clients send (tests/test_server_clients.py)
+    {"stream": True, "non_streaming_mode": False, "language": "en-US", "model": "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice",
+     "response_format": "pcm"}, {"voice": "alloy", "response_format": "wav", "sample_rate": 16000},
+    {"speaker": "vivian", "voice": None, "volume_multiplier": 0.5, "response_format": "pcm"},
+    {"voice": "boss", "voice_aliases": {"Boss": {"voice": "ryan", "rate": 1.25}}, "response_format": "pcm"},
+    {"temprature": 0.5}, {"word_timestamps": True}, {"sample_rate": 22050, "response_format": "opus"}])
 def test_the_front_answers_as_one_process(servers, case):
     engine, front = servers
     body = {"model": "tiny", "voice": "ryan", "input": TEXT, "max_new_tokens": 9, "seed": SEED, **case}
@@ -71,6 +77,7 @@ def test_the_front_answers_as_one_process(servers, case):
     assert fronted.status_code == direct.status_code
     assert fronted.headers["content-type"] == direct.headers["content-type"]
     assert fronted.headers.get("retry-after") == direct.headers.get("retry-after")
+    assert fronted.headers.get("x-sample-rate") == direct.headers.get("x-sample-rate")
     assert fronted.content == direct.content
     if direct.status_code == 200:
         assert len(direct.content) > 1000

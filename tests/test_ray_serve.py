@@ -36,6 +36,7 @@ MAX_NEW = 8
     ({"model": "m", "runaway_guard": "perhaps"}, "expected true or false"),
     ({"model": "m", "num_gpus": -1}, "num_gpus must be >= 0"),
     ({"model": "m", "max_waiting": 0}, "max_waiting must be >= 1"),
+    ({"model": "m", "voice_aliases": "alloy"}, "expected NAME=VOICE"),
 ])
 def test_bad_arguments_are_named(args, message):
     with pytest.raises(ValueError, match=message):
@@ -52,6 +53,11 @@ def test_arguments_become_deployment_options(tmp_path):
     assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (1, 8, 32)
     config = app._bound_deployment.init_args[0]
     assert (config.device, config.max_running, config.runaway_guard, config.api_key) == ("cuda", 32, None, "k")
+    aliased = build_app({"model": "m", "voice_aliases": "alloy=ryan, ash=vivian", "default_voice": "ryan"})
+    config = aliased._bound_deployment.init_args[0]
+    assert (config.voice_aliases, config.default_voice) == ({"alloy": "ryan", "ash": "vivian"}, "ryan")
+    mapping = build_app({"model": "m", "voice_aliases": {"alloy": "A calm voice, low and slow."}})
+    assert mapping._bound_deployment.init_args[0].voice_aliases == {"alloy": "A calm voice, low and slow."}
 
 
 # ---- a real local cluster ----------------------------------------------------------------------------------

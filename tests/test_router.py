@@ -117,7 +117,8 @@ def test_engines_get_the_fronts_settings():
     config = ServerConfig(model="tiny", max_running=3, max_waiting=9, max_input_chars=100, max_context=512,
                           kv_cache_gb=0.5, prefix_cache_gb=0.125, served_model_name="tts-1", allow_ref_audio_urls=True,
                           ref_audio_hosts=("a.example",), send_timeout_s=4, drain_timeout_s=5, body_timeout_s=6,
-                          runaway_guard=None, dtype="float32", api_key="secret")
+                          runaway_guard=None, dtype="float32", api_key="secret",
+                          voice_aliases={"alloy": "ryan", "Boss": "A deep, slow voice, calm."}, default_voice="aiden")
     args = _parser().parse_args(["serve", "tiny", *engine_args(config, "warning")])
     assert "secret" not in engine_args(config, "warning")  # the key goes by environment, not argv
     assert (args.max_running, args.max_waiting, args.max_input_chars, args.max_context, args.kv_cache_gb,
@@ -127,6 +128,7 @@ def test_engines_get_the_fronts_settings():
     assert (args.send_timeout, args.body_timeout, args.no_runaway_guard) == (4, 6, True)
     assert args.drain_timeout == 5 + ENGINE_DRAIN_MARGIN_S  # (the front cuts first: see the test below)
     assert args.max_body_bytes == config.max_body_bytes and args.log_level == "warning"
+    assert (args.voice_alias, args.default_voice) == (["alloy=ryan", "Boss=A deep, slow voice, calm."], "aiden")
 
 
 @pytest.mark.parametrize("flags, expected", [

@@ -197,7 +197,8 @@ def test_websocket_text_that_is_not_unicode_names_its_field(server):
     """A lone surrogate in an input.text message is refused as it arrives, naming `text` (it once surfaced when its
     segment was spoken, naming the HTTP API's `input`)."""
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
+                            "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
         ws.send(json.dumps({"type": "input.text", "text": "Hi \ud800 there."}))
         ws.send(json.dumps({"type": "input.done"}))
@@ -317,7 +318,8 @@ def _session(ws) -> tuple[list[dict], bytes]:
 
 def test_websocket_streams_text_in_and_audio_out(server):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 6}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
+                            "voice": "ryan", "seed": SEED, "max_new_tokens": 6}))
         created = json.loads(ws.recv(timeout=30))
         assert created["type"] == "session.created" and created["sample_rate"] == 24000 and created["seed"] == SEED
         for piece in ["Hello there", ", my friend. This", " is the second"]:
@@ -342,7 +344,8 @@ def test_websocket_streams_text_in_and_audio_out(server):
 def test_websocket_audio_seconds_are_the_seconds_delivered(server, speed):
     """`audio_seconds` counts the audio as sent, after `speed` (at 2.0 it said 1.2 s for 0.6 s delivered)."""
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 6,
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
+                            "voice": "ryan", "seed": SEED, "max_new_tokens": 6,
                             "speed": speed}))
         ws.send(json.dumps({"type": "input.text", "text": "One sentence here. And another one."}))
         ws.send(json.dumps({"type": "input.done"}))
@@ -370,7 +373,8 @@ def test_websocket_bad_config_gets_an_error_event(server, first, code):
 
 def test_websocket_bad_message_mid_session(server):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 4}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
+                            "voice": "ryan", "seed": SEED, "max_new_tokens": 4}))
         ws.recv(timeout=30)
         ws.send("not json")
         events, _ = _session(ws)
@@ -391,7 +395,8 @@ def test_websocket_sessions_are_counted_once_by_how_they_ended(server):
     its end had no series at all)."""
     before = _sessions_counted(server.url)
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:  # to the end: 1000
-        for message in ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 3},
+        for message in ({"type": "session.config", "protocol": "q3tts",
+                         "voice": "ryan", "seed": SEED, "max_new_tokens": 3},
                         {"type": "input.text", "text": "Hi."}, {"type": "input.done"}):
             ws.send(json.dumps(message))
         assert _session(ws)[0][-1]["type"] == "session.done" and ws.close_code == 1000
@@ -418,11 +423,28 @@ def test_cli_serve_builds_the_server_config(monkeypatch, tmp_path):
     monkeypatch.setattr(q3tts.server, "serve", lambda config, log_level: seen.update(config=config, level=log_level))
     monkeypatch.setenv("Q3TTS_API_KEY", "from-env")
     assert main(["serve", "tiny-base", "--port", "9000", "--max-running", "8", "--max-waiting", "3",
-                 "--voices-dir", str(tmp_path), "--device", "cpu", "--log-level", "warning"]) == 0
+                 "--voices-dir", str(tmp_path), "--device", "cpu", "--log-level", "warning",
+                 "--voice-alias", "alloy=narrator", "--voice-alias", "ash = host", "--default-voice", "narrator"]) == 0
     config = seen["config"]
     assert (config.model, config.port, config.max_running, config.max_waiting) == ("tiny-base", 9000, 8, 3)
     assert config.api_key == "from-env" and config.voices_dir == tmp_path and seen["level"] == "warning"
+    assert (config.voice_aliases, config.default_voice) == ({"alloy": "narrator", "ash": "host"}, "narrator")
     assert main(["serve", "tiny", "--max-waiting", "0"]) == 1  # refused with a message, not a traceback
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--voice-alias", "alloy"], "--voice-alias: 'alloy': expected NAME=VOICE"),
+    (["--voice-alias", "alloy=nobody"], "--voice-alias: alloy='nobody': not a speaker of this checkpoint (speakers: "),
+    (["--voice-alias", "a=ryan", "--voice-alias", "a=vivian"], "--voice-alias: 'a' is given twice"),
+    (["--default-voice", "nobody"], "--default-voice 'nobody': not a speaker of this checkpoint nor an alias"),
+    (["--default-voice", "/no/such/voice.wav"], "--default-voice '/no/such/voice.wav': no such file"),
+])
+def test_cli_serve_refuses_voices_the_checkpoint_lacks(flags, says, capsys):
+    """Before the model loads, in one line naming the flag."""
+    from q3tts.cli import main
+
+    assert main(["serve", "tiny", "--device", "cpu", *flags]) == 1
+    assert says in capsys.readouterr().err
 
 
 def test_runaway_guard_is_on_by_default(tmp_path):
@@ -468,7 +490,8 @@ def test_websocket_whitespace_does_not_count_as_waiting_text(server):
     whitespace that segments lose once counted forever, so a long session was refused at last (~11 rounds of
     300 spaces here) with nothing waiting."""
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
+                            "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
         for _ in range(14):
             ws.send(json.dumps({"type": "input.text", "text": "Hi." + " " * 300}))

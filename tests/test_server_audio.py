@@ -133,3 +133,39 @@ def test_atempo_factors_stay_in_range():
 def test_unknown_format_is_refused():
     with pytest.raises(ValueError, match="unsupported response_format"):
         make_encoder("ogg", SR)
+
+
+def test_a_streamed_wav_is_open_ended_and_a_whole_one_has_its_true_sizes():
+    """Streamed: RIFF and data sizes 0xFFFFFFFF, the standard "until the data ends" (0xFFFFFFDB read as 24.9 hours
+    to Python's wave, and a strict reader failed at the end: "data chunk ended before its declared size"). Whole
+    (the WebSocket's one file per segment): the true sizes."""
+    import wave
+
+    streamed = b"".join(_encode("wav", _speechlike(2)))
+    assert struct.unpack("<I", streamed[4:8]) == struct.unpack("<I", streamed[40:44]) == (0xFFFFFFFF,)
+    encoder = make_encoder("wav", SR, whole=True)
+    assert [encoder.encode(f) for f in _speechlike(2)] == [b"", b""]
+    whole = encoder.flush()
+    assert struct.unpack("<II", whole[4:8] + whole[40:44]) == (len(whole) - 8, len(whole) - 44)
+    assert whole[44:] == streamed[44:]
+    with wave.open(io.BytesIO(whole)) as wav:
+        assert (wav.getnframes(), wav.getframerate()) == (2 * FRAME, SR)
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 22050, 44100, 48000])
+@pytest.mark.parametrize("speed", [1.0, 2.0])
+def test_resampling_streams_every_sample(rate, speed):
+    """`sample_rate`: soxr's stream, after the time stretch: round(n x rate / 24000 / speed) samples in all, out
+    as the audio comes, the tone kept."""
+    encoder = make_encoder("pcm", SR, speed, out_rate=rate)
+    parts = [encoder.encode(f) for f in _speechlike(10)] + [encoder.flush()]
+    pcm = np.frombuffer(b"".join(parts), dtype="<i2")
+    assert abs(len(pcm) - round(10 * FRAME * rate / SR / speed)) <= 1 and sum(1 for p in parts if p) >= 5
+    spectrum = np.abs(np.fft.rfft(pcm[len(pcm) // 4: 3 * len(pcm) // 4]))
+    assert abs(np.argmax(spectrum) * rate / (len(pcm) // 2) - 220) < 10  # (the pitch kept: 220 Hz)
+
+
+def test_volume_scales_before_encoding():
+    loud, quiet = (np.frombuffer(b"".join(make_encoder("pcm", SR, volume=v).encode(f) for f in _speechlike(2)),
+                                 dtype="<i2").astype(int) for v in (1.0, 0.25))
+    assert np.abs(loud - 4 * quiet).max() <= 4 and np.abs(loud).max() > 5000

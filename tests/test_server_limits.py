@@ -246,7 +246,8 @@ def test_openai_streaming_client_disconnect_frees_the_row(guarded):
 
 def test_websocket_disconnect_mid_segment_frees_the_row(guarded):
     with connect(guarded.ws_url + "/v1/audio/speech/stream", additional_headers=_auth()) as ws:
-        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 400}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
+                            "voice": "ryan", "seed": SEED, "max_new_tokens": 400}))
         ws.send(json.dumps({"type": "input.text", "text": LONG["input"]}))
         ws.send(json.dumps({"type": "input.done"}))
         while not isinstance(ws.recv(timeout=30), bytes):

@@ -218,7 +218,7 @@ class SpeechSettings(PeerFields):
         client sent): `speaker` -> `voice`, `instruct` -> `instructions`, null -> the default."""
         if not isinstance(data, dict):
             return data
-        data = {k: v for k, v in data.items() if not (k in NULL_IS_DEFAULT and v is None)}
+        data = {k: v for k, v in data.items() if not (v is None and k in NULL_IS_DEFAULT and k in cls.model_fields)}
         for alias, name in ALIASES.items():
             if alias not in data:
                 continue

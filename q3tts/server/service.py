@@ -1,8 +1,8 @@
 """The speech service: the one place the HTTP and WebSocket routes meet the model and its engine.
 
 It starts the model's engine (graphs captured, one warm-up request through it; `ready` only then), resolves a
-request's voice in the server's terms (a `voice` names a preset speaker or a stored voice; `ref_audio` carries a
-recording), and submits. Validation is the request builder's (`q3tts.request`): a `RequestError` it raises is
+request's voice and language in the server's terms (voice_choice.py), checks its `model` (model_ids.py), and
+submits. Validation is the request builder's (`q3tts.request`): a `RequestError` it raises is
 only translated here into the API's error shape, its parameter renamed to the HTTP field.
 """
 
