@@ -124,12 +124,18 @@ def link_hub_cache(folder: Path, cache: Path) -> Path:
     repo = cache / ("models--" + NARI_MODEL_ID.replace("/", "--"))
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(NARI_REVISION)
-    snapshots = repo / "snapshots"
-    snapshots.mkdir(exist_ok=True)
-    link = snapshots / NARI_REVISION
-    if link.is_symlink() or link.exists():
+    link = repo / "snapshots" / NARI_REVISION
+    if link.is_symlink():
         link.unlink()
-    link.symlink_to(folder.resolve(), target_is_directory=True)
+    elif link.exists():
+        shutil.rmtree(link)
+    for path in sorted(folder.rglob("*")):  # a real folder of links to the files, as the hub lays it out:
+        target = link / path.relative_to(folder)  # nari reads the revision from the resolved folder's path
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(path.resolve())
     return link
 
 
