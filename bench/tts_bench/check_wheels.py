@@ -5,7 +5,9 @@ at import time, mid-call. This reads each wheel's METADATA (Requires-Dist, marke
 Linux x86_64, extras skipped) and names what is missing, and any package carried twice (two versions stop the
 whole `pip install --no-deps`). The image's packages are KINDS.md's list (names only; its versions are unknown,
 so a carried package shadows the image's).
-    python bench/tts_bench/check_wheels.py .benchwhl [--also .nariwhl]
+    python bench/tts_bench/check_wheels.py .benchwhl
+    python bench/tts_bench/check_wheels.py .nariwhl --unused gradio --unused cuda-python --unused cuda-tile \
+        --unused nccl4py --unused nvidia-cudnn-frontend --unused nvidia-cutlass-dsl
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder", type=Path)
     parser.add_argument("--also", type=Path, action="append", default=[], help="folders carried beside it")
+    parser.add_argument("--unused", action="append", default=[],
+                        help="a requirement known not to be imported on the paths run (listed, not counted)")
     args = parser.parse_args()
     wheels = sorted(args.folder.glob("*.whl"))
     carried: dict[str, str] = {}
@@ -56,6 +60,7 @@ def main() -> int:
             problems += 1
         carried[name] = str(version)
     image = image_packages()
+    unused = {canonicalize_name(n) for n in args.unused}
     for wheel in wheels:
         for req in requirements(wheel):
             name = canonicalize_name(req.name)
@@ -63,6 +68,8 @@ def main() -> int:
                 if carried[name] not in req.specifier:
                     print(f"CONFLICT {wheel.name}: needs {req}, carried {carried[name]}")
                     problems += 1
+            elif name in unused:
+                print(f"unused  {wheel.name.split('-')[0]}: {req} (not carried: not imported on the paths run)")
             elif name not in image:
                 print(f"MISSING {wheel.name}: needs {req}")
                 problems += 1
