@@ -22,7 +22,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO"
 PY=${PY:-python3}
 PYB=${PYB:-$PY}  # the python that runs tts-bench (3.12+): the same one on the GPU machine
-RUNS=${RUNS:-/dev/shm/tts_bench_runs}  # tmpfs: tts-bench fsyncs every request's files
+if [ -w /dev/shm ]; then RUNS=${RUNS:-/dev/shm/tts_bench_runs}; else RUNS=${RUNS:-/tmp/tts_bench_runs}; fi
+# (tmpfs: tts-bench fsyncs three files per request, and writes each one's audio twice)
 CKPT=${CKPT:-/tmp/ckpt/1.7B-CustomVoice}
 SERVED=${SERVED:-Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice}
 PORT=${PORT:-8000}
@@ -123,7 +124,7 @@ run_seed() {  # target transport rps seed: ceil(rps/PER_CLIENT) bench processes 
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   for c in $(seq 0 $(( k - 1 ))); do
     [ -d "$RUNS/$group/c$c" ] || continue
-    rm -rf "$RUNS/$group/c$c/audio"
+    rm -rf "$RUNS/$group/c$c/audio" "$RUNS/$group/c$c/events.jsonl"  # GBs at hundreds of requests/s; unused
     printf '{"engine": "%s", "model": "1.7B-CustomVoice", "group": "%s", "rps": %s, "seed": %s, "clients": %s, "max_new_tokens": %s}\n' \
       "$ENGINE" "$group" "$rps" "$seed" "$k" "$MAX_NEW_TOKENS" > "$RUNS/$group/c$c/q3tts-run.json"
   done
@@ -150,9 +151,11 @@ finish() {  # the results file and a small archive of tts-bench's own files
     --command "$1 (tts-bench $($PYB -m tts_bench --version 2>&1 | awk '{print $3}'))"
   local keep=(-name '*.txt' -o -name summary.json -o -name run.json -o -name q3tts-run.json -o -name report.txt
               -o -name status.json)
-  (cd "$RUNS" && find . "${keep[@]}" -o -name requests.jsonl | tar -cJf "$OUT/runs.tar.xz" -T -)
-  if [ "$(stat -c %s "$OUT/runs.tar.xz")" -gt 15000000 ]; then  # a file that comes back: at most 16 MiB
-    (cd "$RUNS" && find . "${keep[@]}" | tar -cJf "$OUT/runs.tar.xz" -T -)
+  local pack="xz -T0 -3" ext=xz
+  command -v xz > /dev/null || { pack="gzip -6"; ext=gz; }
+  (cd "$RUNS" && find . "${keep[@]}" -o -name requests.jsonl | tar -c -T - | $pack > "$OUT/runs.tar.$ext")
+  if [ "$(stat -c %s "$OUT/runs.tar.$ext")" -gt 15000000 ]; then  # a file that comes back: at most 16 MiB
+    (cd "$RUNS" && find . "${keep[@]}" | tar -c -T - | $pack > "$OUT/runs.tar.$ext")
   fi
   if [ -f "$OUT/server.log" ]; then
     tail -c 8000000 "$OUT/server.log" > "$OUT/server.log.tail" && mv "$OUT/server.log.tail" "$OUT/server.log"

@@ -85,7 +85,8 @@ def row(meta: dict[str, Any], config: dict[str, Any], s: dict[str, Any], runs: l
     }
 
 
-def collect(root: Path) -> list[dict]:
+def collect(root: Path, only: str | None = None) -> list[dict]:
+    """Rows of every run under `root`, or only of the rate `only` (ENGINE/TRANSPORT/TARGET/RPS)."""
     groups: dict[str, list[Path]] = defaultdict(list)
     metas: dict[str, dict] = {}
     for meta_path in sorted(root.rglob("q3tts-run.json")):
@@ -94,6 +95,8 @@ def collect(root: Path) -> list[dict]:
             print(f"skipped (incomplete): {run}", file=sys.stderr)
             continue
         meta = json.loads(meta_path.read_text())
+        if only and not _is_rate(meta, json.loads((run / "run.json").read_text()), only):
+            continue
         group = meta.get("group", str(run))
         groups[group].append(run)
         metas[group] = meta
@@ -103,6 +106,12 @@ def collect(root: Path) -> list[dict]:
         rows.append(row(metas[group], config, load_summary(runs), runs, root))
     rows.sort(key=lambda r: (r["engine"], r["transport"], r["target"], r["rps"], r["seed"]))
     return rows
+
+
+def _is_rate(meta: dict, config: dict, key: str) -> bool:
+    engine, transport, target, rps = key.split("/")
+    return (meta["engine"], config["transport"], config["target"]) == (engine, transport, target) \
+        and float(meta.get("rps", config["requested_rps"])) == float(rps)
 
 
 def table(rows: list[dict]) -> str:
@@ -153,7 +162,7 @@ def main() -> None:
                         help="only say whether this rate passed (exit 0), failed (1) or has no runs (2)")
     parser.add_argument("--gate-ms", type=float, default=50.0)
     args = parser.parse_args()
-    rows = collect(args.root)
+    rows = collect(args.root, only=args.gate)
     if args.gate:
         sys.exit(gate(rows, args.gate, args.gate_ms))
     env = json.loads(args.env.read_text()) if args.env and args.env.is_file() else {}
