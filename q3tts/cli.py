@@ -27,7 +27,8 @@ SERVE_FLAG_NAMES = {"max_rows": "--max-running", "body_timeout_s": "--body-timeo
                     "drain_timeout_s": "--drain-timeout"}
 SERVE_FLAG_NAMES |= {name: "--" + name.replace("_", "-") for name in (
     "max_waiting", "max_input_chars", "max_context", "kv_cache_gb", "gpu_memory_utilization", "prefix_cache_gb",
-    "max_body_bytes", "port", "voices_dir")}
+    "max_body_bytes", "port", "voices_dir", "default_voice")}
+SERVE_FLAG_NAMES |= {"voice_aliases": "--voice-alias"}
 FLAG_NAMES |= {"do_sample=False": "--greedy", "do_sample": "--greedy", "subtalker_dosample=False": "--greedy",
                "subtalker_dosample": "--greedy",
                "x_vector_only_mode=False": "without --x-vector-only", "x_vector_only_mode": "--x-vector-only",
@@ -187,6 +188,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--voices-dir", type=Path,
                        help="folder where uploaded voices persist (default: none; they last as long as the server)")
     serve.add_argument("--served-model-name", help="model id reported by /v1/models (default: MODEL)")
+    serve.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE",
+                       help="another name for a voice, e.g. alloy=vivian (repeatable): a preset speaker on "
+                            "CustomVoice, a description on VoiceDesign, a stored voice on Base; OpenAI's voice names "
+                            "have defaults (GET /v1/audio/voices lists them)")
+    serve.add_argument("--default-voice", help="the voice of a request that names none: a preset speaker "
+                       "(CustomVoice), a description (VoiceDesign), or a stored voice, a saved voice file or a "
+                       "recording (Base; also for OpenAI's voice names with no stored voice of that name)")
     serve.add_argument("--allow-ref-audio-urls", action="store_true",
                        help="download ref_audio given as an http(s) URL (public addresses only; default: refused)")
     serve.add_argument("--ref-audio-hosts", default="",
@@ -486,6 +494,8 @@ def _serve(args) -> int:
     except ImportError as e:
         print(f"q3tts: error: the server needs its extra packages: pip install 'q3tts[server]' ({e})", file=sys.stderr)
         return 1
+    from .server.voice_aliases import VoiceAliases, parse_aliases
+
     try:
         config = ServerConfig(model=args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                               max_running=args.max_running, max_waiting=args.max_waiting,
@@ -494,6 +504,7 @@ def _serve(args) -> int:
                               prefix_cache_gb=args.prefix_cache_gb, api_key=args.api_key or None,
                               voices_dir=args.voices_dir, core_socket=args.core_socket, front_pid=args.front_pid,
                               served_model_name=args.served_model_name, allow_ref_audio_urls=args.allow_ref_audio_urls,
+                              voice_aliases=parse_aliases(args.voice_alias), default_voice=args.default_voice,
                               ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
                               send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,
                               body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
@@ -501,7 +512,12 @@ def _serve(args) -> int:
     except ValueError as e:  # (the settings' names in its message -> this command's flags)
         raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
     devices = _serve_devices(args)
-    _check_model(args, devices)  # (the engine starts in the server, where a failure would be a traceback)
+    model = _check_model(args, devices)  # (the engine starts in the server, where a failure would be a traceback)
+    try:  # (what the aliases and the default voice name, against the checkpoint's speakers)
+        VoiceAliases.for_checkpoint(model.tts_model_type, model.supported_speakers, config.voice_aliases,
+                                    config.default_voice)
+    except ValueError as e:
+        raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
     if devices:
         from .server.router import serve_devices
 

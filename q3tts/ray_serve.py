@@ -11,7 +11,8 @@ Arguments (`key=value` on `serve run`, or `args:` in a Serve config / KubeRay Ra
 - `model` (required), `dtype`, `max_running` (rows per replica, 64), `max_waiting` (queued requests per replica,
   256), `max_context`, `kv_cache_gb`, `prefix_cache_gb` (0.25), `gpu_memory_utilization` (0.9),
   `max_input_chars`, `api_key`,
-  `served_model_name`, `allow_ref_audio_urls`, `ref_audio_hosts` (comma-separated), `runaway_guard` (true).
+  `served_model_name`, `allow_ref_audio_urls`, `ref_audio_hosts` (comma-separated), `runaway_guard` (true),
+  `voice_aliases` (a mapping, or `alloy=vivian,ash=ryan`), `default_voice` (as `q3tts serve`'s flags).
 - `voices_dir`: where uploaded voices live. Every replica must see the same folder (a shared volume on a
   cluster); required when there can be more than one replica, so that a voice uploaded to one replica is never
   missing on another.
@@ -31,6 +32,7 @@ from ray import serve
 from ray.serve import Application
 
 from .server import ServerConfig, create_app
+from .server.voice_aliases import parse_aliases
 
 HEALTH_CHECK_PERIOD_S = 5.0
 
@@ -98,7 +100,8 @@ def _server_config(args: dict[str, Any], device: str) -> ServerConfig:
               "kv_cache_gb": float, "prefix_cache_gb": float, "gpu_memory_utilization": float,
               "max_input_chars": int, "api_key": str,
               "served_model_name": str, "voices_dir": Path, "allow_ref_audio_urls": _boolean,
-              "ref_audio_hosts": lambda v: tuple(h for h in str(v).split(",") if h), "runaway_guard": _boolean}
+              "ref_audio_hosts": lambda v: tuple(h for h in str(v).split(",") if h), "runaway_guard": _boolean,
+              "voice_aliases": _aliases, "default_voice": str}
     unknown = sorted(set(args) - set(fields))
     if unknown:
         raise ValueError(f"q3tts.ray_serve: unknown argument(s) {', '.join(unknown)}; known: "
@@ -113,6 +116,13 @@ def _server_config(args: dict[str, Any], device: str) -> ServerConfig:
     if values.pop("runaway_guard", True) is False:
         values["runaway_guard"] = None
     return ServerConfig(device=device, **values)
+
+
+def _aliases(value: Any) -> dict[str, str]:
+    """A mapping (a Serve config's `args`), or `name=voice,name=voice` (a `serve run` argument)."""
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    return parse_aliases([item for item in str(value).split(",") if item.strip()])
 
 
 def _number(value: Any, name: str) -> float:

@@ -38,7 +38,7 @@ def speak_over_websocket(base_url: str, voice: str, text: str, max_new_tokens: i
     session.done or an error, and the bytes of audio received."""
     from websockets.sync.client import connect
 
-    config = {"type": "session.config", "voice": voice, "seed": SEED, "max_new_tokens": max_new_tokens}
+    config = {"type": "session.config", "protocol": "q3tts", "voice": voice, "seed": SEED, "max_new_tokens": max_new_tokens}
     with connect(base_url.replace("http", "ws") + "/v1/audio/speech/stream", additional_headers=headers) as ws:
         for message in (config, {"type": "input.text", "text": text}, {"type": "input.done"}):
             ws.send(json.dumps(message))

@@ -174,7 +174,7 @@ def test_errors_quote_at_most_40_characters_of_an_unknown_field(server):
     response = httpx.post(server.url + "/v1/audio/speech", json={"input": TEXT, "voice": "ryan", key: 1})
     assert response.status_code == 400 and len(response.content) < 500, len(response.content)
     with connect(server.ws_url + "/v1/audio/speech/stream", max_size=None) as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": "ryan", key: 1}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", key: 1}))
         events, _ = _session(ws)
     for error in (response.json()["error"], events[0]["error"]):
         assert error["param"] == f"'{'k' * 40}'... (1000000 characters)", error["param"][:100]
@@ -197,7 +197,7 @@ def test_websocket_text_that_is_not_unicode_names_its_field(server):
     """A lone surrogate in an input.text message is refused as it arrives, naming `text` (it once surfaced when its
     segment was spoken, naming the HTTP API's `input`)."""
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
         ws.send(json.dumps({"type": "input.text", "text": "Hi \ud800 there."}))
         ws.send(json.dumps({"type": "input.done"}))
@@ -232,7 +232,7 @@ def test_a_bad_voice_is_refused_for_what_is_wrong_with_it(server, voice, says, c
     response = httpx.post(server.url + "/v1/audio/speech", json={"input": TEXT, "voice": voice})
     assert response.status_code == 400, response.text
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": voice}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": voice}))
         events, _ = _session(ws)
     for error in (response.json()["error"], events[0]["error"]):
         assert (error["param"], error["code"]) == ("voice", code) and error["message"].startswith(says), error
@@ -269,7 +269,7 @@ def test_a_key_sent_twice_is_refused(server):
     response = httpx.post(server.url + "/v1/audio/speech", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send('{"type": "session.config", "voice": "ryan", "voice": "vivian"}')
+        ws.send('{"type": "session.config", "protocol": "q3tts", "voice": "ryan", "voice": "vivian"}')
         events, _ = _session(ws)
     for error, key in ((response.json()["error"], "input"), (events[0]["error"], "voice")):
         assert (error["param"], error["code"]) == (key, "duplicate_key"), error
@@ -317,7 +317,7 @@ def _session(ws) -> tuple[list[dict], bytes]:
 
 def test_websocket_streams_text_in_and_audio_out(server):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 6}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 6}))
         created = json.loads(ws.recv(timeout=30))
         assert created["type"] == "session.created" and created["sample_rate"] == 24000 and created["seed"] == SEED
         for piece in ["Hello there", ", my friend. This", " is the second"]:
@@ -342,7 +342,7 @@ def test_websocket_streams_text_in_and_audio_out(server):
 def test_websocket_audio_seconds_are_the_seconds_delivered(server, speed):
     """`audio_seconds` counts the audio as sent, after `speed` (at 2.0 it said 1.2 s for 0.6 s delivered)."""
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 6,
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 6,
                             "speed": speed}))
         ws.send(json.dumps({"type": "input.text", "text": "One sentence here. And another one."}))
         ws.send(json.dumps({"type": "input.done"}))
@@ -355,8 +355,8 @@ def test_websocket_audio_seconds_are_the_seconds_delivered(server, speed):
 
 
 @pytest.mark.parametrize("first, code", [
-    ({"type": "session.config", "voice": "nobody"}, "voice_not_found"),
-    ({"type": "session.config", "voice": "ryan", "temperature": -1}, "invalid_value"),
+    ({"type": "session.config", "protocol": "q3tts", "voice": "nobody"}, "voice_not_found"),
+    ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "temperature": -1}, "invalid_value"),
     ({"type": "something.else"}, "invalid_value"),
 ])
 def test_websocket_bad_config_gets_an_error_event(server, first, code):
@@ -370,7 +370,7 @@ def test_websocket_bad_config_gets_an_error_event(server, first, code):
 
 def test_websocket_bad_message_mid_session(server):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 4}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 4}))
         ws.recv(timeout=30)
         ws.send("not json")
         events, _ = _session(ws)
@@ -391,15 +391,15 @@ def test_websocket_sessions_are_counted_once_by_how_they_ended(server):
     its end had no series at all)."""
     before = _sessions_counted(server.url)
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:  # to the end: 1000
-        for message in ({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 3},
+        for message in ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 3},
                         {"type": "input.text", "text": "Hi."}, {"type": "input.done"}):
             ws.send(json.dumps(message))
         assert _session(ws)[0][-1]["type"] == "session.done" and ws.close_code == 1000
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:  # refused config: 1008
-        ws.send(json.dumps({"type": "session.config", "voice": "nobody"}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "nobody"}))
         _session(ws)
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:  # the client leaves: its code
-        ws.send(json.dumps({"type": "session.config", "voice": "ryan"}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan"}))
         ws.recv(timeout=30)
         ws.close(code=1001)
     expected = {status: before.get(status, 0) + 1 for status in ("1000", "1008", "1001")}
@@ -468,7 +468,7 @@ def test_websocket_whitespace_does_not_count_as_waiting_text(server):
     whitespace that segments lose once counted forever, so a long session was refused at last (~11 rounds of
     300 spaces here) with nothing waiting."""
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
         for _ in range(14):
             ws.send(json.dumps({"type": "input.text", "text": "Hi." + " " * 300}))

@@ -180,18 +180,18 @@ def test_websocket_abuse(tmp_path):
     with serve(tmp_path) as (url, _):
         ws_url = url.replace("http", "ws") + "/v1/audio/speech/stream"
         messages = [b"\x00\x01binary", "not json", "[1, 2]", json.dumps({"type": "input.text", "text": "hi"}),
-                    json.dumps({"type": "session.config", "voice": "nobody"}),
-                    json.dumps({"type": "session.config", "voice": "ryan", "speed": -1}),
-                    json.dumps({"type": "session.config", "voice": "x" * 100_000}),
+                    json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "nobody"}),
+                    json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "speed": -1}),
+                    json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "x" * 100_000}),
                     "[" * 100_000 + "]" * 100_000,  # (nested beyond the parser's depth)
-                    '{"type": "session.config", "voice": "ryan", "seed": ' + "7" * 5000 + "}"]  # (> 4,300 digits)
+                    '{"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": ' + "7" * 5000 + "}"]  # (> 4,300 digits)
         for message in messages:
             with connect(ws_url) as ws:
                 ws.send(message)
                 event = json.loads(ws.recv(timeout=30))
                 assert event["type"] == "error" and len(json.dumps(event)) < 4000, (message[:40], event)
         with connect(ws_url) as ws:  # a good session still works
-            ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 4}))
+            ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 4}))
             ws.send(json.dumps({"type": "input.text", "text": "Hello."}))
             ws.send(json.dumps({"type": "unknown.kind"}))
             events = []
@@ -324,7 +324,7 @@ def test_streams_cut_at_the_drain_timeout_end_in_one_line(tmp_path, front):
         stream.start()
         with connect(url.replace("http", "ws") + "/v1/audio/speech/stream",
                      additional_headers={"x-request-id": "session-1"}) as ws:
-            for message in ({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 2000},
+            for message in ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 2000},
                             {"type": "input.text", "text": "A long one."}, {"type": "input.done"}):
                 ws.send(json.dumps(message))
             while not isinstance(ws.recv(timeout=60), bytes):  # the session's audio has started

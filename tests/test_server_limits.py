@@ -68,7 +68,7 @@ def test_websocket_needs_the_key(guarded):
     except InvalidStatus as e:
         assert e.response.status_code == 401 and json.loads(e.response.body)["error"]["code"] == "invalid_api_key"
     with connect(guarded.ws_url + "/v1/audio/speech/stream", additional_headers=_auth()) as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": "ryan"}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan"}))
         assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
 
 
@@ -198,7 +198,7 @@ def test_clients_close_codes_do_not_mint_metric_labels_and_probes_may_use_head(t
     with ServerThread(config, tts) as server:
         for code in (4000, 4001, 4002, 1000):
             with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-                ws.send(json.dumps({"type": "session.config", "voice": "ryan"}))
+                ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan"}))
                 ws.recv(timeout=10)
                 ws.close(code=code)
         for path in ("/health", "/ready"):
@@ -246,7 +246,7 @@ def test_openai_streaming_client_disconnect_frees_the_row(guarded):
 
 def test_websocket_disconnect_mid_segment_frees_the_row(guarded):
     with connect(guarded.ws_url + "/v1/audio/speech/stream", additional_headers=_auth()) as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 400}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED, "max_new_tokens": 400}))
         ws.send(json.dumps({"type": "input.text", "text": LONG["input"]}))
         ws.send(json.dumps({"type": "input.done"}))
         while not isinstance(ws.recv(timeout=30), bytes):

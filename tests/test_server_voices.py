@@ -202,7 +202,7 @@ def test_websocket_with_a_stored_voice(server, reference_wav):
 
     voice = _upload(server, reference_wav, x_vector_only_mode="true").json()["id"]
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": voice, "seed": SEED, "max_new_tokens": 5}))
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": voice, "seed": SEED, "max_new_tokens": 5}))
         ws.send(json.dumps({"type": "input.text", "text": "One sentence. And another."}))
         ws.send(json.dumps({"type": "input.done"}))
         audio = b""

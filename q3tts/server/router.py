@@ -418,9 +418,12 @@ def engine_args(config: ServerConfig, log_level: str) -> list[str]:
                         ("--kv-cache-gb", config.kv_cache_gb),
                         ("--gpu-memory-utilization", config.gpu_memory_utilization),
                         ("--served-model-name", config.served_model_name),
+                        ("--default-voice", config.default_voice),
                         ("--ref-audio-hosts", ",".join(config.ref_audio_hosts) or None)):
         if value is not None:
             args += [flag, value]
+    for name, target in config.voice_aliases.items():
+        args += ["--voice-alias", f"{name}={target}"]
     if config.allow_ref_audio_urls:
         args.append("--allow-ref-audio-urls")
     if config.runaway_guard is None:

@@ -1,6 +1,7 @@
 """`POST /v1/audio/speech`: OpenAI's speech endpoint, streamed as the audio is generated.
 
-`stream_format="audio"` (default) sends the encoded audio as a chunked body; `"sse"` sends server-sent events
+`stream_format="audio"` (default) sends the encoded audio as a chunked body (`x-sample-rate` says its rate:
+the model's 24 kHz, or `sample_rate`); `"sse"` sends server-sent events
 `{"type": "speech.audio.delta", "audio": <base64 of the encoded bytes>}` and a final
 `{"type": "speech.audio.done", "finish_reason": ..., "usage": {...}}` (input tokens = text tokens, output tokens =
 codec frames; finish_reason "eos", "length", or "runaway" / "repetition" when the runaway guard ended it).
@@ -67,14 +68,16 @@ async def create_speech(request: Request) -> StreamingResponse:
     body = read_json(SpeechRequest, request.headers.get("content-type"), await request.body())
     speech: Speech = await request.app.state.speak(body, request_id_of(request.scope))
     stream, state = speech.stream, request.app.state
-    encoder = make_encoder(body.response_format, speech.sample_rate, body.speed)
+    rate = body.sample_rate or speech.sample_rate
+    encoder = make_encoder(body.response_format, speech.sample_rate, body.speed, rate, body.volume_multiplier)
     on_failure, send_timeout_s = state.metrics.count_error, state.config.send_timeout_s
+    headers = {"x-sample-rate": str(rate)}  # (SGLang-Omni's clients read it; for pcm it is the only statement)
     if body.stream_format == "sse":
         events = sse_events(stream, encoder, speech.input_tokens, on_failure)
         return CancellingStreamingResponse(events, stream.cancel, send_timeout_s, media_type="text/event-stream",
-                                           headers={"Cache-Control": "no-cache"})
+                                           headers={"Cache-Control": "no-cache", **headers})
     return CancellingStreamingResponse(audio_bytes(stream, encoder, on_failure), stream.cancel, send_timeout_s,
-                                       media_type=MEDIA_TYPES[body.response_format])
+                                       media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
 
 async def audio_bytes(stream: Any, encoder: AudioEncoder,
