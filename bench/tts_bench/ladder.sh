@@ -139,6 +139,7 @@ gate() {  # target transport rps: 0 = within GATE_MS, no underrun, no failure
 
 ladder() {  # target transport "rates" "seeds"
   local target=$1 transport=$2 rps seed
+  [ -n "$3" ] || return 0
   log "ladder $transport/$target: $3 (seeds $4)"
   for rps in $3; do
     for seed in $4; do run_seed "$target" "$transport" "$rps" "$seed" || break; done

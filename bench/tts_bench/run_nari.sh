@@ -12,14 +12,20 @@
 # NARI_FLAGS (more nari-qwen3-tts-server flags), READY_S=480 (its start: JIT builds, CUDA graph capture).
 source "$(dirname "$0")/ladder.sh"
 ENGINE=nari-qwen3-tts
-RATES=${RATES:-5 10 15 20 30}
-VLLM_RATES=${VLLM_RATES:-}
-WS_RATES=${WS_RATES:-5 10}
+RATES=${RATES-5 10 15 20 30}
+VLLM_RATES=${VLLM_RATES-}
+WS_RATES=${WS_RATES-5 10}
 NARI_PROFILE=${NARI_PROFILE:-ttfa}
 HUB_CACHE=${HUB_CACHE:-/tmp/hfcache}
 export ENGINE RATES VLLM_RATES WS_RATES NARI_PROFILE
-export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
+# FlashInfer's JIT runs `ninja` and nvcc: python3's own bin folder (pip's ninja) and CUDA's on the PATH. MAX_JOBS
+# per building process (the prewarm runs four at once: 4 x 6 nvcc jobs, ~2 GB each, on 16 cores and 128 GiB).
+export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-6}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+PATH="$(dirname "$($PY -c 'import sys; print(sys.executable)')"):$PATH"
+[ -d /usr/local/cuda/bin ] && PATH="$PATH:/usr/local/cuda/bin"
+export PATH
+log "ninja: $(command -v ninja || echo MISSING), nvcc: $(command -v nvcc || echo MISSING) $(nvcc --version 2>/dev/null | tail -1)"
 
 install_wheels "${WHEELS:-.nariwhl}" /tmp/nsite
 write_env

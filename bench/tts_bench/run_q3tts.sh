@@ -4,14 +4,14 @@
 # (front + engine process, as on a GPU) until /ready, then ladders of request rates, three seeds per rate, until
 # p95 TTFA passes GATE_MS or underruns appear, and the run files turned into one bench/results file in $OUT.
 #   COMMIT=<short hash> bash bench/tts_bench/run_q3tts.sh          (device call; carry .benchwhl)
-# Knobs: ladder.sh's, and RATES="20 100 160 220 280 340" VLLM_RATES="20 220" WS_RATES="20 100 160",
-# SERVE_FLAGS="--max-running 256", MODEL_ARG (serve's model: the checkpoint; `tiny` in a CPU dry run),
+# Knobs: ladder.sh's, and RATES="20 100 175 225 275 325" VLLM_RATES="20 225" WS_RATES="20 100 175" (an empty
+# list skips that ladder), SERVE_FLAGS="--max-running 256", MODEL_ARG (serve's model: the checkpoint; `tiny` in a CPU dry run),
 # WHEELS=.benchwhl.
 source "$(dirname "$0")/ladder.sh"
 ENGINE=q3tts
-RATES=${RATES:-20 100 160 220 280 340}
-VLLM_RATES=${VLLM_RATES:-20 220}
-WS_RATES=${WS_RATES:-20 100 160}
+RATES=${RATES-20 100 175 225 275 325}
+VLLM_RATES=${VLLM_RATES-20 225}
+WS_RATES=${WS_RATES-20 100 175}
 SERVE_FLAGS=${SERVE_FLAGS:---max-running 256}
 MODEL_ARG=${MODEL_ARG:-$CKPT}
 export ENGINE RATES VLLM_RATES WS_RATES SERVE_FLAGS
