@@ -27,6 +27,6 @@ done
 TMP=$(mktemp -d)
 "$PY" -m pip wheel -q --no-deps -w "$DIR" sox==1.5.0  # an sdist only on PyPI
 if [ -d "$SRC/src" ]; then cp -r "$SRC" "$TMP/nari"; else mkdir "$TMP/nari"; git -C "$SRC" archive HEAD | tar -x -C "$TMP/nari"; fi
-"$PY" -m pip wheel -q --no-deps -w "$DIR" "$TMP/nari"
+"$PY" -m pip wheel -q --no-deps --ignore-requires-python -w "$DIR" "$TMP/nari"  # pure Python
 rm -rf "$TMP"
 du -ch "$DIR"/*.whl | sort -h | tail -6

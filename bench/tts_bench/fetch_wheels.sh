@@ -38,6 +38,6 @@ SERVER=(  # q3tts[server] plus soundfile/soxr (q3tts' own dependencies, absent t
 # tts-bench: no release on PyPI; built from the repository's source (uv_build backend, fetched by pip).
 TMP=$(mktemp -d)
 if [ -d "$SRC/tts_bench" ]; then cp -r "$SRC/tts_bench" "$TMP/"; else git -C "$SRC" archive HEAD tts_bench | tar -x -C "$TMP"; fi
-"$PY" -m pip wheel -q --no-deps -w "$DIR" "$TMP/tts_bench"
+"$PY" -m pip wheel -q --no-deps --ignore-requires-python -w "$DIR" "$TMP/tts_bench"  # pure Python
 rm -rf "$TMP"
 du -ch "$DIR"/*.whl | sort -h | tail -8
