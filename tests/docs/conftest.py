@@ -15,9 +15,8 @@ import soundfile as sf
 
 from q3tts.tiny import tiny_checkpoint
 
-from .snippets import OFFICIAL_IDS, TINY_OF
+from .snippets import MAX_NEW_TOKENS, OFFICIAL_IDS, TINY_OF
 
-MAX_NEW_TOKENS = 6  # every request of a docs snippet: 5 frames (0.4 s), greedily
 COMMIT = "0" * 40  # the fake hub's only revision
 SAMPLE_RATE = 24000
 

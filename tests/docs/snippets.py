@@ -3,13 +3,16 @@
 The convention, for whoever writes a page:
 
 * Every ```python block runs, in page order, in one namespace per page (a later block may use what an earlier
-  one made), in a scratch folder holding `me.wav`, `ref.wav`, `voice.wav`, `reference.wav` (short recordings),
-  `chapter.txt` and `text.txt`. Write the code as a user on a GPU would: the official hub ids
+  one made), in a scratch folder holding `me.wav`, `ref.wav`, `voice.wav`, `reference.wav`, `ref_audio.wav`
+  (short recordings), `chapter.txt` and `text.txt`. Write the code as a user on a GPU would: the official hub ids
   (`Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice`, ...) resolve to tiny random checkpoints of the same kind and size
   whose generation_config.json stops every request after 5 frames (a fake, offline hub cache); "cuda" / "cuda:0"
-  become "cpu" and `torch.bfloat16` becomes `torch.float32`; `localhost:8000` is a real `q3tts serve` of the
-  page's kind (tiny CustomVoice; `server=base` below: tiny Base). The harness provides one name, `play(pcm)`,
-  which discards the audio. Keep `max_new_tokens` out of the snippets unless the page is about it.
+  become "cpu", `torch.bfloat16` becomes `torch.float32`, and an explicit `max_new_tokens=N` (or
+  `--max-new-tokens N`) becomes 6; `localhost:8000` (and vLLM-Omni's `localhost:8091`) is a real `q3tts serve` of
+  the tiny models (CustomVoice; `server=base` below: Base). The harness provides one name, `play(pcm)`, which
+  discards the audio.
+* A ```text block marked `transcript` is a WebSocket session (`→` client, `←` server), replayed against a real
+  server (tests/docs/test_transcripts.py).
 * Every `q3tts ...` command in a ```bash block is checked against q3tts's own argument parser (each flag must
   exist and parse); the block runs for real, with `bash -e`, only when marked `run` (cheap commands: `say`,
   `voice create`, `batch`, curl against the page's server; never `serve`, docker, kubectl, pip).
@@ -20,7 +23,8 @@ The convention, for whoever writes a page:
     adds: runs once it exists, skipped (with NAME as the reason) until then;
   - `run`: run a bash block;
   - `fresh`: start this python block in a new namespace;
-  - `server=base`: the page's `localhost:8000` is a tiny Base server (voice uploads, cloning).
+  - `server=base`: the block's `localhost:8000` is a tiny Base server (voice uploads, cloning);
+  - `transcript`: see above.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ TINY_OF = {("0.6B", "CustomVoice"): "tiny-custom-voice-0.6b", ("1.7B", "CustomVo
            ("1.7B", "VoiceDesign"): "tiny-voice-design", ("0.6B", "Base"): "tiny-base",
            ("1.7B", "Base"): "tiny-base-1.7b"}
 SHELL_OPERATORS = {"|", "||", "&&", ";", "<", ">", ">>", "2>", "&"}
+MAX_NEW_TOKENS = 6  # what a tiny request is held to (5 frames): the tiny checkpoints' generation config, and any
+# explicit max_new_tokens a snippet gives (the tiny random models never end on their own)
 
 
 @dataclass
@@ -122,9 +128,10 @@ def adapt(code: str, server: str | None) -> str:
     """What a user would run on a GPU, made to run here (see the module docstring)."""
     code = re.sub(r"([\"'])cuda(:\d+)?\1", r"\1cpu\1", code)
     code = code.replace("torch.bfloat16", "torch.float32")
+    code = re.sub(r"(max_new_tokens\s*=\s*|--max-new-tokens[ =])\d+", rf"\g<1>{MAX_NEW_TOKENS}", code)
     code = re.sub(r"--device(s)?[ =]cuda(:\d+)?(,cuda:\d+)*", "--device cpu", code)
     if server is not None:
-        code = re.sub(r"(localhost|127\.0\.0\.1):8000", server, code)
+        code = re.sub(r"(localhost|127\.0\.0\.1):80(00|91)", server, code)
     return code
 
 
@@ -134,10 +141,7 @@ def commands(code: str) -> list[list[str]]:
     text = re.sub(r"\\\n", " ", code)
     found = []
     for line in text.splitlines():
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError:
-            continue
+        words = split(line)
         while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
             words = words[1:]
         if words[:1] != ["q3tts"]:
@@ -145,6 +149,14 @@ def commands(code: str) -> list[list[str]]:
         cut = next((i for i, w in enumerate(words) if w in SHELL_OPERATORS), len(words))
         found.append(words[1:cut])
     return found
+
+
+def split(line: str) -> list[str]:
+    """A shell line's words ([] for a line that is part of a quoted string spanning lines, e.g. curl's JSON)."""
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError:
+        return []
 
 
 def _resolves(dotted: str) -> bool:

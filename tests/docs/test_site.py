@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -49,13 +50,14 @@ def test_plots_are_the_committed_ones(tmp_path):
 
 
 def test_every_figure_names_its_data():
-    """Each image in the docs is followed, within its paragraph, by a link to the result file it came from."""
+    """Each image in the docs is followed, before the next image or heading, by a link to the result file it came
+    from."""
     missing = []
     for page in DOCS.rglob("*.md"):
         text = page.read_text()
-        for start in (i for i in range(len(text)) if text.startswith("![", i)):
-            paragraph = text[start:text.find("\n\n", start) if "\n\n" in text[start:] else len(text)]
-            if "bench/results/" not in paragraph:
-                missing.append(f"{page.relative_to(REPO)}: {paragraph[:60]!r}")
-    assert not missing, missing
-
+        for match in re.finditer(r"!\[[^\]]*\]\([^)]*\)", text):
+            rest = text[match.end():]
+            end = min([m.start() for m in (re.search(r"!\[", rest), re.search(r"^#", rest, re.M)) if m] + [len(rest)])
+            if not re.search(r"\]\([./]*bench/results/[^)]+\.json\)", rest[:end]):
+                missing.append(f"{page.relative_to(REPO)}: {match.group(0)}")
+    assert not missing, f"figures without a link to their result file: {missing}"

@@ -9,14 +9,13 @@ import contextlib
 import inspect
 import io
 import re
-import shlex
 import subprocess
 
 import pytest
 
 from q3tts import TTS
 
-from .snippets import DOCS, SHELL_OPERATORS, Block, adapt, blocks, commands, pages, python_blocks, shell_blocks
+from .snippets import DOCS, SHELL_OPERATORS, Block, adapt, blocks, commands, pages, python_blocks, shell_blocks, split
 
 PYTHON_PAGES = [p for p in pages() if python_blocks(p)]
 SHELL_PAGES = [p for p in pages() if shell_blocks(p)]
@@ -28,7 +27,7 @@ def _ids(paths):
 
 def _server(block: Block, servers) -> str | None:
     """The block's server (host:port), started only if the block talks to localhost:8000."""
-    if "localhost:8000" not in block.code and "127.0.0.1:8000" not in block.code:
+    if not re.search(r"(localhost|127\.0\.0\.1):80(00|91)", block.code):
         return None
     return servers.url(block.option("server", "custom_voice"))
 
@@ -98,7 +97,9 @@ def _plain(code: str) -> bool:
     """Whether a block is nothing but `q3tts` commands (no pipes, redirections, other programs): those run
     in-process, which spares each a Python start and torch's import."""
     for line in re.sub(r"\\\n", " ", code).splitlines():
-        words = shlex.split(line, comments=True)
+        words = split(line)
+        if not words and line.strip() and not line.strip().startswith("#"):
+            return False
         if words and (words[0] != "q3tts" or any(w in SHELL_OPERATORS or w[:1] in "<>|" for w in words)):
             return False
     return True
