@@ -34,6 +34,7 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
     || { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }
 fi
 
-.venv/bin/ruff check q3tts tests bench examples
+.venv/bin/ruff check q3tts tests bench examples scripts
 # Screenshots of the browser tests land in test-artifacts/.
-Q3TTS_REQUIRE_ORACLE=1 Q3TTS_REQUIRE_BROWSER=1 Q3TTS_REQUIRE_CLIENTS=1 Q3TTS_ARTIFACTS="$PWD/test-artifacts" .venv/bin/python -m pytest -q "$@"
+# tests/docs builds the docs site (mkdocs build --strict) and redraws the plots: the dev extras bring the docs extra.
+Q3TTS_REQUIRE_ORACLE=1 Q3TTS_REQUIRE_BROWSER=1 Q3TTS_REQUIRE_CLIENTS=1 Q3TTS_REQUIRE_DOCS=1 Q3TTS_ARTIFACTS="$PWD/test-artifacts" .venv/bin/python -m pytest -q "$@"

@@ -31,22 +31,27 @@ def limited(name: str, folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def hub(tmp_path_factory) -> Path:
-    """A huggingface_hub cache holding each official id as a limited tiny checkpoint, made the hub of this process
-    (and, through `docs_env`, of the commands the tests start), offline."""
-    import huggingface_hub.constants as constants
-
+@pytest.fixture(scope="package")
+def hub_cache(tmp_path_factory) -> Path:
+    """A huggingface_hub cache holding each official id as a limited tiny checkpoint."""
     root = tmp_path_factory.mktemp("hub")
     for repo_id, kind in OFFICIAL_IDS.items():
         folder = root / ("models--" + repo_id.replace("/", "--"))
         (folder / "refs").mkdir(parents=True)
         (folder / "refs" / "main").write_text(COMMIT)
         limited(TINY_OF[kind], folder / "snapshots" / COMMIT)
-    saved = constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE
-    constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE = str(root), True
-    yield root
-    constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE = saved
+    return root
+
+
+@pytest.fixture
+def hub(hub_cache, monkeypatch) -> Path:
+    """`hub_cache` made this process's hub, offline, for one test (the commands a test starts get it through
+    `docs_env`)."""
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return hub_cache
 
 
 def recording(seconds: float = 2.0, pitch_hz: float = 180) -> np.ndarray:
@@ -54,7 +59,7 @@ def recording(seconds: float = 2.0, pitch_hz: float = 180) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * pitch_hz * t) * (1 + 0.5 * np.sin(2 * np.pi * 4 * t))).astype(np.float32)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def inputs(tmp_path_factory) -> Path:
     """The files the snippets read: reference recordings and texts."""
     folder = tmp_path_factory.mktemp("inputs")
@@ -74,21 +79,21 @@ def scratch(inputs, tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-@pytest.fixture(scope="session")
-def docs_env(hub, tmp_path_factory) -> dict[str, str]:
+@pytest.fixture(scope="package")
+def docs_env(hub_cache, tmp_path_factory) -> dict[str, str]:
     """The environment of the shell snippets: `q3tts` on PATH (this interpreter, this tree), the fake hub."""
     bin_dir = tmp_path_factory.mktemp("bin")
     shim = bin_dir / "q3tts"
     shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m q3tts.cli \"$@\"\n")
     shim.chmod(0o755)
     repo = str(Path(__file__).resolve().parents[2])
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HF_HUB_CACHE": str(hub),
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HF_HUB_CACHE": str(hub_cache),
             "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
 
 
 class Servers:
     """Tiny servers by kind ("custom_voice": the hub's 1.7B CustomVoice id; "base": 0.6B Base), each started on
-    first use and stopped at the end of the session."""
+    first use (by a test that has the `hub`) and stopped after the last docs test."""
 
     MODELS = {"custom_voice": "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice", "base": "Qwen/Qwen3-TTS-12Hz-0.6B-Base"}
 
@@ -110,8 +115,8 @@ class Servers:
             server.__exit__(None, None, None)
 
 
-@pytest.fixture(scope="session")
-def servers(hub, inputs):
+@pytest.fixture(scope="package")
+def servers(hub_cache, inputs):
     running = Servers(inputs / "voice.wav")
     yield running
     running.close()

@@ -11,6 +11,8 @@ The convention, for whoever writes a page:
   `--max-new-tokens N`) becomes 6; `localhost:8000` (and vLLM-Omni's `localhost:8091`) is a real `q3tts serve` of
   the tiny models (CustomVoice; `server=base` below: Base). The harness provides one name, `play(pcm)`, which
   discards the audio.
+* A block with a title that is not code (```json title="jobs.jsonl") is a file: it is written into the scratch
+  folder before the page's blocks run.
 * A ```text block marked `transcript` is a WebSocket session (`→` client, `←` server), replayed against a real
   server (tests/docs/test_transcripts.py).
 * Every `q3tts ...` command in a ```bash block is checked against q3tts's own argument parser (each flag must
@@ -40,7 +42,8 @@ DOCS = REPO / "docs"
 UNTESTED_PAGES = {"perf-notes.md"}  # the lab notebook: commands of past runs, kept as they were run
 PYTHON, SHELL = ("python", "py"), ("bash", "sh", "shell", "console")
 MARKER = re.compile(r"^\s*<!--\s*snippet:\s*(.*?)\s*-->\s*$")
-FENCE = re.compile(r"^(\s*)```\s*([\w+-]*)")
+FENCE = re.compile(r"^(\s*)```\s*([\w+-]*)(.*)$")
+TITLE = re.compile(r'title="([^"]+)"')
 OFFICIAL_IDS = {f"Qwen/Qwen3-TTS-12Hz-{size}-{kind}": (size, kind)
                 for size, kind in (("0.6B", "CustomVoice"), ("1.7B", "CustomVoice"), ("1.7B", "VoiceDesign"),
                                    ("0.6B", "Base"), ("1.7B", "Base"))}
@@ -59,6 +62,7 @@ class Block:
     lang: str
     code: str
     words: list[str] = field(default_factory=list)  # the marker's words
+    title: str | None = None  # ```json title="jobs.jsonl": a file the page's commands read
 
     @property
     def where(self) -> str:
@@ -105,15 +109,23 @@ def blocks(path: Path) -> list[Block]:
             i += 1
             continue
         indent, lang, start = match.group(1), match.group(2).lower(), i
+        title = TITLE.search(match.group(3))
         end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```")
                    and lines[j].startswith(indent))
         code = "\n".join(line[len(indent):] for line in lines[i + 1:end])
         before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
         marker = MARKER.match(before)
         found.append(Block(path.relative_to(DOCS).as_posix(), start + 1, lang, code,
-                           marker.group(1).split() if marker else []))
+                           marker.group(1).split() if marker else [], title.group(1) if title else None))
         i = end + 1
     return found
+
+
+def write_files(path: Path, folder: Path) -> None:
+    """The page's titled blocks that are files (```json title="jobs.jsonl"), written into `folder`."""
+    for block in blocks(path):
+        if block.title and block.lang not in PYTHON + SHELL:
+            (folder / block.title).write_text(block.code + "\n")
 
 
 def python_blocks(path: Path) -> list[Block]:

@@ -15,7 +15,19 @@ import pytest
 
 from q3tts import TTS
 
-from .snippets import DOCS, SHELL_OPERATORS, Block, adapt, blocks, commands, pages, python_blocks, shell_blocks, split
+from .snippets import (
+    DOCS,
+    SHELL_OPERATORS,
+    Block,
+    adapt,
+    blocks,
+    commands,
+    pages,
+    python_blocks,
+    shell_blocks,
+    split,
+    write_files,
+)
 
 PYTHON_PAGES = [p for p in pages() if python_blocks(p)]
 SHELL_PAGES = [p for p in pages() if shell_blocks(p)]
@@ -48,6 +60,7 @@ def _close_models(namespace: dict) -> None:
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=_ids(PYTHON_PAGES))
 def test_python_blocks_run(page, hub, scratch, servers):
     page_blocks = python_blocks(page)
+    write_files(page, scratch)
     namespace: dict = {}
     skipped = []
     try:
@@ -116,7 +129,8 @@ def _run_in_process(block: Block, code: str) -> None:
 
 
 @pytest.mark.parametrize("page", RUN_PAGES, ids=_ids(RUN_PAGES))
-def test_shell_blocks_run(page, scratch, docs_env, servers):
+def test_shell_blocks_run(page, hub, scratch, docs_env, servers):
+    write_files(page, scratch)
     for block in [b for b in blocks(page) if b.lang in ("bash", "sh", "shell") and b.has("run")]:
         if block.skipped:
             continue

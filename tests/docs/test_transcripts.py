@@ -60,7 +60,7 @@ def shape(message):
 
 
 @pytest.mark.parametrize("block", TRANSCRIPTS, ids=[b.where for b in TRANSCRIPTS])
-def test_transcript_is_what_the_server_sends(block, servers):
+def test_transcript_is_what_the_server_sends(block, hub, servers):
     sent, expected = documented(block)
     got = replay("ws://" + servers.url("custom_voice"), sent)
     want, have = [shape(m) for m in expected], [shape(m) for m in got]
