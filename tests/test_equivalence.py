@@ -213,8 +213,8 @@ def case_sets(request, tmp_path_factory, audio_dir, oracle):
     in one oracle process (its imports and start-up, ~13 s, are paid once)."""
     cache: dict[str, CaseSet] = {}
     selected = {item.callspec.params["name"] for item in request.session.items
-                if item.module is not None and item.module.__name__ == __name__ and hasattr(item, "callspec")
-                and "name" in item.callspec.params}
+                if getattr(getattr(item, "module", None), "__name__", None) == __name__
+                and "name" in getattr(getattr(item, "callspec", None), "params", {})}
 
     def get(name: str) -> CaseSet:
         if name not in cache:
