@@ -71,7 +71,7 @@ def test_upload_use_and_delete_a_voice(server, voices_dir, reference_wav):
         assert len(pcm_samples(audio.content)) == frames(MAX_NEW) * FRAME
 
     deleted = httpx.delete(server.url + f"/v1/audio/voices/{voice['id']}")
-    assert deleted.json() == {"id": voice["id"], "object": "voice", "deleted": True}
+    assert deleted.json() == {"id": voice["id"], "object": "audio.voice.deleted", "deleted": True}
     assert not (voices_dir / f"{voice['id']}.safetensors").exists()
     with pytest.raises(openai.NotFoundError):
         client.audio.speech.create(model="tiny-base", voice=voice["id"], input="Gone.", response_format="pcm")

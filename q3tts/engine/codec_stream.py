@@ -9,8 +9,10 @@ needs from the past:
     samples (without bias), still waiting to be added to the next step's first r;
   * each of the 8 attention layers: the keys and values of its last `window` frames (a ring);
   * the frame count (absolute RoPE position).
-Concatenating the chunks gives the whole-sequence decode up to floating-point rounding (the overlap-adds and
-softmax sums run in another order), for any chunk schedule. Nothing is decoded twice.
+Concatenating the chunks gives the whole-sequence decode up to floating-point rounding (the products, overlap-adds
+and softmax sums run in another order), for any chunk schedule, and is as close to the exact decode as it is: the
+two differ by about the sum of their rounding errors, which the vocoder amplifies by a checkpoint-dependent gain
+(docs/faithfulness.md, "Audio: how close two float32 decodes can be"). Nothing is decoded twice.
 
 State size per stream (real config): 132 k numbers of convolution context, 9 k of transposed-convolution
 overlap and 1.18 M of attention cache (8 layers x K and V x 16 heads x 72 frames x 64): 1.32 M numbers,

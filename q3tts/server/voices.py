@@ -132,4 +132,4 @@ async def delete_voice(voice_id: str, request: Request) -> dict:
     entry = await asyncio.to_thread(request.app.state.service.voices.delete, voice_id)
     if entry is None:
         raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
-    return {"id": entry.id, "object": "voice", "deleted": True}
+    return {"id": entry.id, "object": "audio.voice.deleted", "deleted": True}  # OpenAI's VoiceDeleted

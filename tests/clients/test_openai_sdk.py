@@ -215,7 +215,7 @@ def test_voices_create_as_the_sdk_sends_it(base_client):
         data, _ = speak(base_client, voice=chosen)
         assert_complete_audio(data, "pcm")
     deleted = base_client.audio.voices.delete(voice.id)
-    assert (deleted.id, deleted.deleted) == (voice.id, True)
+    assert (deleted.id, deleted.deleted, deleted.object) == (voice.id, True, "audio.voice.deleted")
     with pytest.raises(openai.NotFoundError):
         speak(base_client, voice=voice.id)
 
