@@ -3,8 +3,8 @@ within the official families (`TinyShape.random`), every mode (docs/faithfulness
 float32 decodes can be").
 
 Per item: max |engine - reference| (the reference path's audio is bit-identical to the official at equal thread
-counts: tests/test_equivalence.py), and both against the exact audio, the same codes decoded in float64. Prints a
-row per item and a summary (engine error / official error; engine-vs-official / official error), writes JSON.
+counts: tests/equivalence/test_equivalence.py), and both against the exact audio, the same codes decoded in float64.
+Prints a row per item and a summary (engine error / official error; engine-vs-official / official error), writes JSON.
 
 usage: python bench/audio_fidelity.py [--seeds 0-8] [--condition last] [--out audio-fidelity.json]
 """

@@ -33,7 +33,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from q3tts.config import ModelConfig, SpeechTokenizerConfig
 from q3tts.models.qwen3_tts import Qwen3TTSModel
 from q3tts.models.speech_tokenizer import SpeechTokenizer
-from q3tts.text_tokenizer import PRETOKENIZE_REGEX
+from q3tts.request.text_tokenizer import PRETOKENIZE_REGEX
 from q3tts.tiny.random_init import random_state_dict
 from q3tts.tiny.speech_tokenizer import CONFIGURATION, PREPROCESSOR_CONFIG, condition_vocoder
 from q3tts.tiny.text_tokenizer import SPECIAL_TOKENS

@@ -18,13 +18,14 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from . import errors, playground, speech, status, voices, websocket
+from . import errors
 from .auth import HideQueryKeys
 from .config import ServerConfig
-from .core import CoreServer
+from .front.link import CoreServer
 from .guard import RequestGuard
 from .metrics import ServerMetrics
 from .middleware import HideCancelledTracebacks, KeepTransport, RequestContextMiddleware
+from .routes import playground, speech, status, voices, websocket
 from .service import SpeechService
 from .voice_store import VoiceStore
 
@@ -102,7 +103,7 @@ async def _exit_with_front(front: int) -> None:
 
 
 def _load(config: ServerConfig) -> Any:
-    from ..api import TTS
+    from ..api.tts import TTS
 
     log.info("loading %s", config.model)
     return TTS.from_pretrained(config.model, device=config.device, dtype=config.dtype,

@@ -28,7 +28,7 @@ import av
 import numpy as np
 import soxr
 
-from ..audio import to_int16
+from ..request.audio import to_int16
 from .time_stretch import TimeStretch
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine import EngineConfig
-from ..request import RunawayGuard
+from ..request.builder import RunawayGuard
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import PurePath
 
-from ..voice import size_name
+from ..request.voice import size_name
 
 OPENAI_MODELS = re.compile(r"tts-1(-hd)?(-\d{4})?|gpt-4o-mini-tts(-\d{4}-\d{2}-\d{2})?")
 TASK_NAMES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}

@@ -20,16 +20,16 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..api.pieces import PieceStream
 from ..engine import EngineError, QueueFull, RequestStream
 from ..engine.engine import one_cpu_thread_on_gpu
 from ..engine.sequence import Prompt
 from ..errors import RequestError, quote
-from ..pieces import PieceStream
-from ..request import Request
-from ..voice import Voice
+from ..request.builder import Request
+from ..request.voice import Voice
 from . import errors
 from .config import ServerConfig
-from .core import Speech
+from .front.link import Speech
 from .model_ids import is_served, model_ids
 from .schemas import TASK_TYPES, SpeechRequest, SpeechSettings
 from .voice_choice import VoiceChoice, VoiceResolver
@@ -49,7 +49,7 @@ SERVER_FLAGS = {"max_context": "--max-context", "kv_cache_gb": "--kv-cache-gb",
 
 @dataclass
 class PreparedSpeech:
-    """A request's pieces (one, or several for a long input: q3tts.pieces) and their prompts."""
+    """A request's pieces (one, or several for a long input: q3tts.api.pieces) and their prompts."""
 
     requests: list[Request]
     prompts: list[Prompt]

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from ..audio import AudioError
 from ..errors import RequestError, quote
-from ..fetch import FetchError, FetchPolicy, fetch
-from ..voice import Voice
+from ..request.audio import AudioError
+from ..request.fetch import FetchError, FetchPolicy, fetch
+from ..request.voice import Voice
 from . import errors
 from .config import ServerConfig
 from .languages import kokoro_language, model_language
