@@ -67,12 +67,13 @@ class Readback:
         self.next = (slot + 1) % self.depth
 
     def pop(self, wait_pcm: bool = True) -> FrameOut:
-        """The oldest pushed frame; waits only for that frame's copy (without its PCM if `wait_pcm` is False)."""
+        """The oldest pushed frame; waits only for that frame's copy (without its PCM if `wait_pcm` is False). Its
+        codes are a copy, its flags views of the ring (read them before `depth` more frames are pushed)."""
         slot, n, pcm = self.pending.pop(0)
         if self.cuda:
             self.events[slot].synchronize()
-        out = FrameOut(self.codes[slot, :n].clone(), self.emitted[slot, :n].clone(), self.done[slot, :n].clone(),
-                       None)
+        # (the codes copied, for keeping; the flags as views: valid until `depth` more frames are pushed)
+        out = FrameOut(self.codes[slot, :n].clone(), self.emitted[slot, :n], self.done[slot, :n], None)
         if pcm is None:
             return out
         self.pcm_pending.append((slot, pcm))

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import MIN_NEW_TOKENS, TOP_K_ALL, SamplerTensors, SamplingParams, suppressed_ids
-from ..transfer import RowCopier, foreach_copy, row_slice, set_row, to_device, to_device_together, zero_rows
+from ..transfer import RowCopier, row_slice, set_row, to_device, to_device_together, zero_rows
 from . import kernels
 from .config import EngineConfig
 from .decoder import FlatDecoder, PagedCache
@@ -217,14 +217,15 @@ class ModelRunner:
              torch.tensor([p.num_positions for p in prompts], dtype=torch.int32), trailing], self.device)
         run = row_slice(rows)
         index = run if run else to_device(rows, self.device)
-        targets = [*int64, *float32, *flags, s.positions]
-        values = [*big[:-1], *small, *bits, positions]
-        if run:
-            foreach_copy([t[run] for t in targets], values)
-        else:
-            for t, v in zip(targets, values):
-                t[index] = v
-        s.hidden[index] = hidden[big[-1]]
+        *big, last = big.unbind(0)
+        targets, values = [int64, float32, flags, [s.positions]], [big, small.unbind(0), bits.unbind(0), [positions]]
+        for group, group_values in zip(targets, values):  # (a dtype each: one multi-tensor copy each)
+            if run:
+                torch._foreach_copy_([t[run] for t in group], list(group_values))
+            else:
+                for t, v in zip(group, group_values):
+                    t[index] = v
+        s.hidden[index] = hidden[last]
         zero_rows([s.seen], rows)
         if text:
             s.trailing_ids[index, :text] = trailing

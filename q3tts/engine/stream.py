@@ -136,9 +136,9 @@ class Delivery:
         """The slots among `slots` (distinct) whose held frames go out now (their readers are less than hold_s
         ahead of real-time playback, or they hold hold_s of audio) and those of `forced` that hold any (their
         streams end, or their rows were preempted): (slots, their held frames [n, most, 2], their counts)."""
-        count, first = self.count[slots], self.first_post[slots]
-        ahead = np.where(np.isnan(first), -np.inf, self.posted[slots] * FRAME_SECONDS - (now - first))
-        go = slots[(count > 0) & ((ahead < self.hold_s) | (count >= self.most))]
+        count = self.count[slots]
+        ahead = self.posted[slots] * FRAME_SECONDS - (now - self.first_post[slots])  # (NaN before a first hand-out)
+        go = slots[(count > 0) & (~(ahead >= self.hold_s) | (count >= self.most))]
         parts = [(go, self.held[go], self.count[go])]
         self._sent(go, now)
         if forced:
