@@ -83,20 +83,27 @@ class OpCounter:
         class Mode(TorchDispatchMode):
             def __init__(self):
                 super().__init__()
-                self.views = self.kernels = 0
+                self.views = self.kernels = self.view_ns = self.kernel_ns = 0
                 self.names: dict[str, int] = {}
                 self.paused_depth = 0
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if not self.paused_depth:
-                    name = func.__name__.split(".")[0]
+                if self.paused_depth:
+                    return func(*args, **(kwargs or {}))
+                name = func.__name__.split(".")[0]
+                t = time.thread_time_ns()
+                try:
+                    return func(*args, **(kwargs or {}))
+                finally:
+                    spent = time.thread_time_ns() - t
                     if name in OpCounter.VIEWS:
                         self.views += 1
                         name = "view:" + name
+                        self.view_ns += spent
                     else:
                         self.kernels += 1
+                        self.kernel_ns += spent
                     self.names[name] = self.names.get(name, 0) + 1
-                return func(*args, **(kwargs or {}))
 
             def paused(self):
                 import contextlib
@@ -133,6 +140,8 @@ class Probe:
         self.consumer_clock = Clock()  # (built in the main thread: the event loop's)
         self.counters = {"chunks": 0, "frames": 0, "submit_ns": 0, "requests": 0, "behind": 0, "ended": 0}
         targets = [(engine, name, name) for name in ENGINE_PHASES if hasattr(engine, name)]
+        if os.environ.get("LOOP_NO_PHASES"):
+            targets = []
         targets += [(engine.scheduler, "admit", "admit")]
         targets += [(engine_module, name, name) for name in ("deliver", "post") if hasattr(engine_module, name)]
         targets += [(Readback, name, f"readback.{name}") for name in ("push", "pop", "pop_pcm")]
@@ -214,6 +223,15 @@ class Probe:
                                "process_ns": time.process_time_ns(), "wall_ns": time.perf_counter_ns(),
                                "stub_ns": self.stub_ns, "totals": dict(self.totals), "calls": dict(self.calls),
                                "counters": dict(self.counters)})
+        if os.environ.get("LOOP_CPROFILE") and self.iteration in (first, first + self.iterations):
+            import cProfile
+
+            if self.iteration == first:
+                self.profile = cProfile.Profile(time.thread_time_ns, 1e-9)
+                self.profile.enable()
+            else:
+                self.profile.disable()
+                self.profile.dump_stats(os.environ["LOOP_CPROFILE"])
         # then, untimed, the torch operations of a few iterations (what a GPU's host pays per launch)
         if self.iteration == first + self.iterations:
             self.ops = OpCounter()
@@ -242,6 +260,9 @@ class Probe:
         wall_ms = (b["wall_ns"] - a["wall_ns"]) / 1e6 / n
         ops = {"kernels_per_iteration": round(self.ops.kernels / OpCounter.ITERATIONS, 1),
                "views_per_iteration": round(self.ops.views / OpCounter.ITERATIONS, 1),
+               # thread CPU time inside the operations (their C++ side: on the CPU the kernels run there)
+               "kernel_ms_per_iteration": round(self.ops.kernel_ns / 1e6 / OpCounter.ITERATIONS, 4),
+               "view_ms_per_iteration": round(self.ops.view_ns / 1e6 / OpCounter.ITERATIONS, 4),
                "ops_by_name": {k: round(v / OpCounter.ITERATIONS, 2)
                                for k, v in sorted(self.ops.names.items(), key=lambda kv: -kv[1])}}
         switches = (b["engine_switches"] - a["engine_switches"]) / n

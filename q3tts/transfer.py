@@ -30,19 +30,28 @@ def to_device(values, device: torch.device | str, dtype: torch.dtype | None = No
 
 def to_device_together(tensors: list[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
     """Host tensors on `device` in one transfer (each `to_device` stages and copies on its own: a pinned block and
-    a copy launch each): their bytes packed widest dtype first (so each part stays aligned), unpacked as views.
-    Already there (the CPU, or tensors on the device), they are returned as they are."""
+    a copy launch each): their bytes packed (`pack_bytes`), unpacked there as views. Already there (the CPU, or
+    tensors on the device), they are returned as they are."""
     if torch.device(device).type != "cuda" or not PINNED or any(t.device.type != "cpu" for t in tensors):
         return [t.to(device) for t in tensors]
+    flat, layout = pack_bytes(tensors)
+    return unpack_bytes(to_device(flat, device), layout)
+
+
+def pack_bytes(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple]]:
+    """The tensors' bytes in one uint8 tensor, widest dtype first (so that each part stays aligned for its dtype),
+    and where each is (`unpack_bytes`)."""
     order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
-    flat = torch.cat([tensors[i].contiguous().reshape(-1).view(torch.uint8) for i in order])
-    packed, out, offset = to_device(flat, device), [None] * len(tensors), 0
+    layout, offset = [None] * len(tensors), 0
     for i in order:
         t = tensors[i]
-        size = t.numel() * t.element_size()
-        out[i] = packed[offset:offset + size].view(t.dtype).view(t.shape)
-        offset += size
-    return out
+        layout[i] = (t.dtype, t.shape, offset, t.numel() * t.element_size())
+        offset += layout[i][3]
+    return torch.cat([tensors[i].contiguous().reshape(-1).view(torch.uint8) for i in order]), layout
+
+
+def unpack_bytes(flat: torch.Tensor, layout: list[tuple]) -> list[torch.Tensor]:
+    return [flat[offset:offset + size].view(dtype).view(shape) for dtype, shape, offset, size in layout]
 
 
 def row_slice(rows: list[int]) -> slice | None:
@@ -60,6 +69,11 @@ def foreach_copy(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> No
 
 def _by_dtype(*lists: list[torch.Tensor]) -> list[tuple[list[torch.Tensor], ...]]:
     """The lists' items (pairs, for two lists) grouped by their dtypes, in order."""
+    if len(lists) == 1:  # (the frame boundary's zeroing: no tuple per item)
+        single: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in lists[0]:
+            single.setdefault(t.dtype, []).append(t)
+        return [(group,) for group in single.values()]
     groups: dict[tuple, tuple[list[torch.Tensor], ...]] = {}
     for items in zip(*lists):
         group = groups.setdefault(tuple(t.dtype for t in items), tuple([] for _ in lists))
@@ -88,20 +102,27 @@ def copy_row(tensors: list[torch.Tensor], src: int, dst: int) -> None:
     set_row(tensors, dst, [t[src] for t in tensors])
 
 
-class RowCopier:
-    """t[dst] = t[src] for every tensor (rows of per-row state that stays in place: a CUDA graph's) and many (src,
-    dst) pairs at once, in one multi-tensor launch per dtype. The rows' views are made once: indexing a tensor costs
-    ~1 us of host time, and a move takes two per tensor (the codec's state alone is ~60 tensors)."""
+class RowViews:
+    """Rows of per-row state tensors that stay in place (a CUDA graph's), copied and cleared many at once in one
+    multi-tensor launch per dtype. The rows' views are made once: indexing a tensor costs ~1 us of host time, and
+    a move takes two per tensor and row (the codec's state alone is dozens of tensors)."""
 
     def __init__(self, tensors: list[torch.Tensor]):
         self.groups = [[t.unbind(0) for t in group] for (group,) in _by_dtype(tensors)]
 
     def copy(self, moves: list[tuple[int, int]]) -> None:
-        """Sources and destinations apart (a copy never reads a row another one writes)."""
-        if not moves:
-            return
-        for rows in self.groups:
-            torch._foreach_copy_([r[dst] for r in rows for _, dst in moves], [r[src] for r in rows for src, _ in moves])
+        """t[dst] = t[src] for every tensor and (src, dst), sources and destinations apart (a copy never reads a row
+        another one writes)."""
+        if moves:
+            for rows in self.groups:
+                torch._foreach_copy_([r[dst] for r in rows for _, dst in moves],
+                                     [r[src] for r in rows for src, _ in moves])
+
+    def zero(self, rows: list[int]) -> None:
+        """t[row] = 0 for every tensor and row."""
+        if rows:
+            for views in self.groups:
+                torch._foreach_zero_([v[row] for v in views for row in rows])
 
 
 def zero_rows(tensors: list[torch.Tensor], rows: list[int]) -> None:

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 import torch
 
 from ..models.codec_decoder import CodecDecoder
-from ..transfer import RowCopier, set_row, set_rows
+from ..transfer import RowViews, set_row, set_rows
 from .codec_stream import StreamingDecoder
 from .graphs import capture_buckets, replay_or_run
 from .prefix_cache import PrefixCache, tensor_digest
@@ -39,7 +39,7 @@ class CodecRunner:
         self.samples_per_frame = decoder.samples_per_frame
         self.pcm = torch.zeros(codes.shape[0], self.samples_per_frame, device=codes.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._rows: RowCopier | None = None  # views of the state's rows (move_rows)
+        self._rows: RowViews | None = None  # views of the state's rows (start, move_rows)
         self.overlap_max_rows = overlap_max_rows
         self.pcm_stream = torch.cuda.Stream() if codes.device.type == "cuda" else None
         self._ready, self._taken, self._decoded = ((torch.cuda.Event(), torch.cuda.Event(), torch.cuda.Event())
@@ -62,7 +62,7 @@ class CodecRunner:
                 voices.setdefault(key, (ref, []))[1].append(row)
         lasts: dict[bytes, torch.Tensor] = {}
         with self._on_codec_stream():
-            self.stream.reset(rows)
+            self._views().zero(rows)  # (StreamingDecoder.reset, with the rows' views made once)
             for key, (ref, voice_rows) in voices.items():
                 kept = self.references.get(key) if self.references is not None else None
                 if kept is None:
@@ -91,12 +91,14 @@ class CodecRunner:
     def move_rows(self, moves: list[tuple[int, int]]) -> None:
         """Moves streams' decoder states, row src to row dst for each (src, dst) (see ModelRunner.remove_rows), on
         the codec's stream."""
-        if not moves:
-            return
+        if moves:
+            with self._on_codec_stream():
+                self._views().copy(moves)
+
+    def _views(self) -> RowViews:
         if self._rows is None:
-            self._rows = RowCopier(self.stream.state.tensors())
-        with self._on_codec_stream():
-            self._rows.copy(moves)
+            self._rows = RowViews(self.stream.state.tensors())
+        return self._rows
 
     def swap_out(self, row: int) -> list[torch.Tensor]:
         """A copy of the row's decoder state (kept on the device; see ModelRunner.swap_out)."""

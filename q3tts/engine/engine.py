@@ -42,7 +42,7 @@ from .config import EngineConfig
 from .graphs import side_stream
 from .kv_blocks import OutOfBlocks
 from .readback import FrameOut, Readback
-from .rows import RowTable, SlotTable
+from .rows import RowTable, SlotTable, remove_rows
 from .runner import ModelRunner, SwappedRow
 from .scheduler import QueueFull, Scheduler
 from .sequence import Prompt, Sequence
@@ -115,6 +115,7 @@ class Engine:
         self._dropped: collections.deque[str] = collections.deque()  # ended by RequestStream finalizers
         self._dispatcher = Dispatcher(lambda channel: self._dropped.append(channel.request_id))
         self._flush: list[int] = []  # slots ended or preempted since the last hand-out: their held frames go out now
+        self._cancelling: list[Sequence] = []  # running requests cancelled: they leave at the next boundary
         self._launched: float | None = None  # when the last frame was launched (None: none running since)
         self._frame_seconds = 0.0  # the time between two launches with no prefill between: how long a frame takes
         self._joined = False  # requests joined (prefilled or swapped in) since the last launch
@@ -212,6 +213,8 @@ class Engine:
             if seq is not None and seq not in self.rows:  # waiting or swapped: done now
                 self.metrics.requests_cancelled += 1
                 self._end(seq, "cancelled")
+            elif seq is not None:  # running: it leaves at the next boundary
+                self._cancelling.append(seq)
             self._cv.notify()
 
     @property
@@ -336,10 +339,8 @@ class Engine:
                 if last is not None:
                     produced = self._settle(*last, ends)
                 self._drop_abandoned()
-                cancelled = [s for s in self.rows if s.cancelled]
-                if cancelled:
-                    self.metrics.requests_cancelled += len(cancelled)
-                    self._leave([(seq, "cancelled") for seq in cancelled], ends)
+                if self._cancelling:
+                    self._leave_cancelled(ends)
             if produced is not None:
                 self._audio(readback.pop_pcm().numpy(), *produced)
             frames = self._hand_out(produced[2] if produced else None)
@@ -350,6 +351,8 @@ class Engine:
                 self._joined = self._joined or bool(resumed or admitted)
                 self._join(resumed, admitted)
                 self._start_codec(start, resumed, admitted)
+            # (after the admissions, as the wait for the device begins: the hand-out thread and the readers' event
+            # loops then take the interpreter's lock while this thread does not need it)
             self._dispatcher.put(frames, ends)
             last = (readback.pop(wait_pcm=False), row_slots) if row_slots is not None else None
 
@@ -513,6 +516,18 @@ class Engine:
             if seq is not None and seq not in self.rows:
                 self.metrics.requests_cancelled += 1
                 self._end(seq, "cancelled")
+            elif seq is not None:
+                self._cancelling.append(seq)
+
+    def _leave_cancelled(self, ends: list) -> None:
+        """The running requests cancelled since the last boundary leave, in their rows' order (a preempted one
+        when it is back in a row). Call with the lock."""
+        waiting = [seq for seq in dict.fromkeys(self._cancelling) if not seq.payload.channel.finished]
+        running = sorted((seq for seq in waiting if seq.payload.swapped is None), key=self.rows.index)
+        self._cancelling = [seq for seq in waiting if seq.payload.swapped is not None]
+        if running:
+            self.metrics.requests_cancelled += len(running)
+            self._leave([(seq, "cancelled") for seq in running], ends)
 
     def _leave(self, leaving: list[tuple[Sequence, str]], ends: list) -> None:
         """Frees the rows of these (sequence, finish reason), in order, and ends their streams through `ends`. A
@@ -525,26 +540,14 @@ class Engine:
             self._end(seq, reason, outbox=ends)
 
     def _compact(self, leaving: list[Sequence], released: bool = True) -> None:
-        """Removes the rows of `leaving` as removing them one after the other would (the last row moving into
-        each hole, so the running rows stay 0..B-1; a request's row, and so its batch neighbours, as before), with
-        one batch of device copies: each row that moves does once, from beyond the rows that remain into a hole
+        """Removes the rows of `leaving` (`rows.remove_rows`: as one after the other, the running rows staying
+        0..B-1 and each request's row, so its batch neighbours, as before) with one batch of device copies
         (`released`: their KV blocks are freed here, else they were)."""
-        if not leaving:
-            return
-        rows = self.rows
-        before = list(rows)
-        for seq in leaving:
-            row, last = rows.index(seq), len(rows) - 1
-            if row != last:
-                rows[row] = rows[last]
-            rows.pop()
-        n = len(rows)
-        gone = [before.index(seq) for seq in leaving]
-        origin = {id(seq): i for i, seq in enumerate(before[n:], n)}
-        moves = [(origin[id(rows[hole])], hole) for hole in sorted(r for r in gone if r < n)]
-        self.runner.remove_rows(gone if released else [], moves)
-        self.codec.move_rows(moves)
-        self.table.move(moves)
+        if leaving:
+            gone, moves = remove_rows(self.rows, leaving)
+            self.runner.remove_rows(gone if released else [], moves)
+            self.codec.move_rows(moves)
+            self.table.move(moves)
 
     def _end(self, seq: Sequence, reason: str, error: BaseException | None = None, outbox: list | None = None
              ) -> None:

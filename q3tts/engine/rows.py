@@ -20,6 +20,23 @@ from .sequence import FRAME_SECONDS
 NEVER = np.iinfo(np.int64).max  # a limit that is not set
 
 
+def remove_rows(rows: list, leaving: list) -> tuple[list[int], list[tuple[int, int]]]:
+    """Removes `leaving` from `rows` (in place) one after the other, the last row moving into each hole, so the
+    rows stay 0..B-1. Returns where each of `leaving` was (in order) and the rows that moved in all, (from, to):
+    each from beyond the rows that remain into a hole, once (a row moved twice one by one moves once here), so
+    that the device's copies of them can run together."""
+    before = list(rows)
+    for item in leaving:
+        row, last = rows.index(item), len(rows) - 1
+        if row != last:
+            rows[row] = rows[last]
+        rows.pop()
+    n = len(rows)
+    gone = [before.index(item) for item in leaving]
+    origin = {id(item): i for i, item in enumerate(before[n:], n)}
+    return gone, [(origin[id(rows[hole])], hole) for hole in sorted(r for r in gone if r < n)]
+
+
 class RowTable:
     """Per batch row: positions (held after the next frame), max_positions (prompt + max_new_tokens), capacity (the
     positions its KV blocks hold), slot."""

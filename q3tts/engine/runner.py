@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import MIN_NEW_TOKENS, TOP_K_ALL, SamplerTensors, SamplingParams, suppressed_ids
-from ..transfer import RowCopier, row_slice, set_row, to_device, to_device_together, zero_rows
+from ..transfer import RowViews, row_slice, set_row, to_device, to_device_together, zero_rows
 from . import kernels
 from .config import EngineConfig
 from .decoder import FlatDecoder, PagedCache
@@ -127,7 +127,8 @@ class ModelRunner:
         # costs what ~30,000 one-row steps save.
         self.cp_qkv_tables = self._cp_qkv_tables() if self._decode["fused"] and self.device.type == "cuda" else None
         self.cache: PagedCache | None = None
-        self._rows: RowCopier | None = None
+        self._rows: RowViews | None = None  # the rows' views (remove_rows), made once
+        self._padding: RowViews | None = None
         self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
         self.prefix_cache = PrefixCache(int(cfg.prefix_cache_gb * 2**30)) if cfg.prefix_cache_gb else None
 
@@ -161,7 +162,7 @@ class ModelRunner:
         are captured and with no rows admitted. Row max_rows of the block table is a scratch row (all blocks ->
         block 0) for the padding tokens of a bucketed prefill."""
         cfg, tc = self.config, self.model.talker.config
-        self.cache = self._rows = None  # free the old cache before allocating the new one
+        self.cache = self._rows = self._padding = None  # free the old cache before allocating the new one
         blocks_per_row = -(-self.max_context // cfg.block_size)
         self.cache = PagedCache.allocate(tc.num_hidden_layers, num_blocks, cfg.block_size, tc.num_key_value_heads,
                                          tc.head_dim, cfg.max_rows + 1, blocks_per_row, self.dtype, self.device)
@@ -329,12 +330,18 @@ class ModelRunner:
 
     def _make_padding(self, rows: list[int]) -> None:
         """Rows that hold no request: finished, pointing at the scratch block."""
-        zero_rows([self.cache.block_table, self.state.positions], rows)
         run = row_slice(rows)  # (fill_ / index_fill_: `t[index] = True` would copy a host scalar, synchronizing)
         if run:
+            zero_rows([self.cache.block_table, self.state.positions], rows)
             self.state.done[run] = True
         else:
+            self._padding_views().zero(rows)
             self.state.done.index_fill_(0, to_device(rows, self.device), True)
+
+    def _padding_views(self) -> RowViews:
+        if self._padding is None:
+            self._padding = RowViews([self.cache.block_table, self.state.positions])
+        return self._padding
 
     def remove_rows(self, released: list[int], moves: list[tuple[int, int]]) -> None:
         """Frees the KV blocks of the rows `released` (in order), then moves the sequence in row src to the free row
@@ -344,7 +351,7 @@ class ModelRunner:
             self.kv.release(row)
         if moves:
             if self._rows is None:  # (the rows' views: made once the cache is allocated)
-                self._rows = RowCopier([*self.state.tensors(), self.cache.block_table])
+                self._rows = RowViews([*self.state.tensors(), self.cache.block_table])
             self._rows.copy(moves)
             for src, dst in moves:
                 self.kv.move(src, dst)
