@@ -123,11 +123,12 @@ class OpCounter:
 class Probe:
     """The engine's phases timed in the engine thread (thread CPU time), and the stub that replaces the device."""
 
-    def __init__(self, engine, frame_s: float, warmup: int, iterations: int, extra: tuple[str, ...] = ()):
+    def __init__(self, engine, frame_s: float, warmup: int, iterations: int, extra: tuple[str, ...] = (),
+                 cprofile: str | None = None):
         import q3tts.engine.engine as engine_module
         from q3tts.engine.readback import Readback
 
-        self.engine, self.frame_s = engine, frame_s
+        self.engine, self.frame_s, self.cprofile = engine, frame_s, cprofile
         self.warmup, self.iterations = warmup, iterations
         self.totals: dict[str, int] = {}
         self.calls: dict[str, int] = {}
@@ -140,8 +141,6 @@ class Probe:
         self.consumer_clock = Clock()  # (built in the main thread: the event loop's)
         self.counters = {"chunks": 0, "frames": 0, "submit_ns": 0, "requests": 0, "behind": 0, "ended": 0}
         targets = [(engine, name, name) for name in ENGINE_PHASES if hasattr(engine, name)]
-        if os.environ.get("LOOP_NO_PHASES"):
-            targets = []
         targets += [(engine.scheduler, "admit", "admit")]
         targets += [(engine_module, name, name) for name in ("deliver", "post") if hasattr(engine_module, name)]
         targets += [(Readback, name, f"readback.{name}") for name in ("push", "pop", "pop_pcm")]
@@ -223,7 +222,7 @@ class Probe:
                                "process_ns": time.process_time_ns(), "wall_ns": time.perf_counter_ns(),
                                "stub_ns": self.stub_ns, "totals": dict(self.totals), "calls": dict(self.calls),
                                "counters": dict(self.counters)})
-        if os.environ.get("LOOP_CPROFILE") and self.iteration in (first, first + self.iterations):
+        if self.cprofile and self.iteration in (first, first + self.iterations):  # (in thread CPU time)
             import cProfile
 
             if self.iteration == first:
@@ -231,7 +230,7 @@ class Probe:
                 self.profile.enable()
             else:
                 self.profile.disable()
-                self.profile.dump_stats(os.environ["LOOP_CPROFILE"])
+                self.profile.dump_stats(self.cprofile)
         # then, untimed, the torch operations of a few iterations (what a GPU's host pays per launch)
         if self.iteration == first + self.iterations:
             self.ops = OpCounter()
@@ -346,7 +345,7 @@ def child(args: argparse.Namespace) -> None:
     tts = TTS.from_pretrained(tiny_checkpoint("tiny"), device="cpu", engine_config=config)
     engine = tts.engine
     probe = Probe(engine, args.frame_ms / 1e3, args.warmup, args.iterations,
-                  tuple(filter(None, args.extra.split(","))))
+                  tuple(filter(None, args.extra.split(","))), args.cprofile)
     gc.collect()
     gc.freeze()  # as `q3tts serve` does after start-up (server/service.py)
     if args.loop == "uvloop":  # what uvicorn runs the server's routes on when it is installed (the server extra)
@@ -477,6 +476,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--extra", default="", help="more phases to time, nested in those above: attribute paths from "
                         "the engine, e.g. runner.add_rows,codec.start (with --child)")
+    parser.add_argument("--cprofile", help="with --child: write the engine thread's profile over the window here "
+                        "(cProfile, in thread CPU time)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     child(args) if args.child else parent(args)
