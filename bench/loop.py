@@ -2,29 +2,37 @@
 
 The engine (q3tts/engine/engine.py and everything it calls: scheduler, sequences, KV blocks, readback, stream
 hand-out) runs the tiny model on the CPU with its device work replaced at the model runner's and the codec
-runner's frame step (`ModelRunner.step`, `CodecRunner.step`, and the talker's prefill forward), the level that
-both trees share (measured first: with those three replaced, nothing of the model's compute runs in the loop).
-The stub does what the frame does to the rows' flags (a row is done after its `max_new_tokens`, codes are
-random, no EOS) and then sleeps `--frame-ms` (the GPU's frame, as the engine waits for it: the interpreter's
-lock released). Everything else is the tree's own code, run as on a GPU host: one CPU thread for torch ops,
-the tensors on the CPU (a GPU's launches cost more host time than the CPU's small ops: the rows' tensor work is
-a lower bound here, the Python an exact measure).
+runner's frame step (`ModelRunner.step`, `CodecRunner.step`) and the talker's prefill forward
+(`ModelRunner.talker`), the level that both trees share (measured first, with py-spy: with those three
+replaced, no model code runs in the loop). The stub does what the frame does to the rows' flags (a row is done
+after its `max_new_tokens`, codes are random, no EOS) and sleeps `--frame-ms` (the GPU's frame, waited for with
+the interpreter's lock released; a spinning wait, as CUDA's default, gave the same ratios). Everything else is
+the tree's own code, on one CPU thread for torch ops as the engine thread on a GPU. Its tensors are on the CPU:
+a small op costs here about what a launch costs a GPU's host, a multi-tensor op costs one per tensor here and
+one launch there; what a boundary runs is reported (`torch_ops`: kernels and views per iteration, and the
+thread CPU time inside them, counted over a few iterations after the timed window). The frame's copies to the
+host (`Readback.push`: DMA on a GPU, a 2 MB memcpy here at 256 rows) are reported and left out of
+`host_ms_per_iteration` (`host_ms_with_readback_push` has them).
 
 Load: `rows` requests in flight at every moment (closed loop: a stream that ends is replaced by a new request
 at once), CustomVoice prompts, 75-175 frames each (the first `rows` spread over 5-175 so that departures are
-steady from the start), the server's runaway guard, streams read by one asyncio event loop in the main thread
-with `stream.achunks()` as the server's routes read them (each task counts its chunks, as a route would hand
-them to its encoder). Measured over `--iterations` loop iterations after `--warmup`: the engine thread's CPU
-time per iteration (the stub's own excluded) and per phase (its methods wrapped with timers: thread CPU time,
-not wall, so that the GIL's waits and this shared machine's other processes count as little as possible), the
-event loop's CPU time per delivered chunk (request submissions excluded, reported apart), and whether any
-stream fell behind real-time playback.
+steady from the start), the server's runaway guard, streams read by one event loop in the main thread (uvloop,
+as uvicorn runs the server's routes; `--loop asyncio` for the standard one) with `stream.achunks()` as the
+routes read them (each task counts its chunks, as a route would hand them to its encoder). Measured over
+`--iterations` loop iterations after `--warmup`: the engine thread's CPU time per iteration (the stub's own
+excluded) and per phase (its methods wrapped with timers: thread CPU time, not wall, so that the GIL's waits
+and this shared machine's other processes count as little as possible), the event loop's CPU time per
+delivered chunk (request submissions excluded, reported apart), the whole process's CPU per iteration (the
+hand-out thread's included), and whether any stream fell behind real-time playback (a check: this machine's
+neighbours stall it at times).
 
 Each (tree, rows) is one child process; the trees alternate within each round of row counts, rounds repeat,
 and the medians over rounds are reported. The base tree is a git worktree of `--base` made here.
 
 usage: python bench/loop.py [--rows 64,128,256,512] [--rounds 3] [--frame-ms 5] [--base 5c33433]
        [--out bench/results/<date>-loop-cpu.json]
+       python bench/loop.py --child --rows 256 [--extra runner.add_rows,...] [--cprofile out.prof]  (one tree:
+       the one on PYTHONPATH)
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BASE_COMMIT = "5c33433"
 # Engine methods and module functions timed as phases, where the tree has them (label: (owner kind, name)).
-ENGINE_PHASES = ("_grow", "_launch", "_settle", "_drop_abandoned", "_audio", "_join", "_start_codec")
+ENGINE_PHASES = ("_grow", "_launch", "_settle", "_drop_abandoned", "_audio", "_hand_out", "_join", "_start_codec")
 FRAME = 0.08
 
 
@@ -450,12 +458,20 @@ def print_table(results: list[dict]) -> None:
 
 
 def write(results: list[dict], args: argparse.Namespace) -> None:
-    doc = {"card": f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, no GPU)",
+    doc = {"card": f"CPU ({cpu_name()}, {os.cpu_count()} cores, no GPU)",
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commits_line(results),
            "command": "python bench/loop.py " + " ".join(sys.argv[1:]), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.out}")
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
 
 
 def commits_line(results: list[dict]) -> str:

@@ -316,10 +316,11 @@ class Engine:
         # Each iteration: grow, launch frame n + 1 for the rows as they are, then, while it runs: settle frame n
         # (its codes and flags, read back last time: rows that ended leave, having run frame n + 1 as padding),
         # hand out frame n's audio once its decode is done (the decode runs beside frame n + 1's language model,
-        # on the codec's stream), admit (their prefill queues behind frame n + 1: they join frame n + 2), and
-        # wait for frame n + 1's codes. The host's bookkeeping thus overlaps the device's frame instead of
-        # following it. An idle engine admits first and launches at once. The rows' state is arrays
-        # (engine/rows.py): a boundary's work is a few vector operations plus Python for the rows that change.
+        # on the codec's stream), admit (their prefill queues behind frame n + 1: they join frame n + 2), post
+        # the hand-out (the hand-out thread reads the frames out to the streams) and wait for frame n + 1's
+        # codes. The host's bookkeeping thus overlaps the device's frame instead of following it. An idle engine
+        # admits first and launches at once. The rows' state is arrays (engine/rows.py): a boundary's work is a
+        # few vector operations plus Python for the rows that change (join, leave, grow a block).
         readback = Readback(self.runner, depth=2, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
         last: tuple[FrameOut, np.ndarray] | None = None
         while True:
@@ -343,17 +344,18 @@ class Engine:
                     self._leave_cancelled(ends)
             if produced is not None:
                 self._audio(readback.pop_pcm().numpy(), *produced)
-            frames = self._hand_out(produced[2] if produced else None)
             with self._cv:
+                frames = self._hand_out(produced[2] if produced else None)
                 self.slots.boundary()
                 start = len(self.rows)
                 resumed, admitted = self.scheduler.admit(time.perf_counter(), self._frame_seconds)
                 self._joined = self._joined or bool(resumed or admitted)
                 self._join(resumed, admitted)
                 self._start_codec(start, resumed, admitted)
-            # (after the admissions, as the wait for the device begins: the hand-out thread and the readers' event
-            # loops then take the interpreter's lock while this thread does not need it)
-            self._dispatcher.put(frames, ends)
+                # Posted after the admissions, as the wait for the device begins (the hand-out thread and the readers'
+                # event loops then take the interpreter's lock while this thread does not need it), and with the lock
+                # (a stream ended at once from another thread gets its end after this)
+                self._dispatcher.put(frames, ends)
             last = (readback.pop(wait_pcm=False), row_slots) if row_slots is not None else None
 
     def _launch(self, readback: Readback) -> np.ndarray:
@@ -494,13 +496,15 @@ class Engine:
                 channel.first_audio = now - channel.submitted
                 self.metrics.notify("on_first_audio", channel.first_audio)
 
-    def _hand_out(self, produced: np.ndarray | None) -> Frames:
+    def _hand_out(self, produced: np.ndarray | None) -> Frames | None:
         """The frames that go out now (engine/stream.py `Delivery`): of the streams that got one, and all held by
         streams that end or were preempted (`_flush`) at this boundary."""
         delivery = self.delivery
         slots = produced if produced is not None else np.zeros(0, dtype=np.int64)
         go, held, counts = delivery.hand_out(slots, time.perf_counter(), self._flush)
         self._flush = []
+        if not len(go):
+            return None
         channels = self.slots.channels
         return Frames([channels[slot] for slot in go.tolist()], held, counts, tuple(delivery.ring))
 
@@ -566,7 +570,7 @@ class Engine:
             self.slots.close(p.slot, muted=reason in ("cancelled", "error"))
             if outbox is not None:
                 self._flush.append(p.slot)  # (what it holds goes out before its end)
-            elif self.delivery.count[p.slot]:  # (ended at once: the codes of what it holds, not their audio)
+            elif self.delivery.count[p.slot] and self._owns_delivery():  # (ended at once: what it holds, as codes)
                 _, held, counts = self.delivery.take(p.slot)
                 frames = Frames([channel], held, counts, tuple(self.delivery.ring))
             p.slot = None
@@ -576,6 +580,12 @@ class Engine:
             self._dispatcher.put(frames, items)  # (after what the engine handed out before: in order)
         else:
             outbox.extend(items)
+
+    def _owns_delivery(self) -> bool:
+        """Whether this thread may touch the hand-out state (the engine thread's, outside the lock too): the engine
+        thread, or any once it ended. (Another thread ending a request at once leaves what it holds: a preempted
+        request's frames went out at its preemption.)"""
+        return threading.current_thread() is self._thread or not self._thread.is_alive()
 
 
 def device_scope(device: torch.device) -> contextlib.AbstractContextManager:
