@@ -287,7 +287,7 @@ class Probe:
                 "chunks_per_iteration": round(counters["chunks"] / n, 2),
                 "frames_per_iteration": round(counters["frames"] / n, 2),
                 "requests_per_iteration": round(counters["requests"] / n, 3),
-                "streams_ended": counters["ended"], "streams_behind_realtime": counters["behind"],
+                "streams_ended": counters["ended"], "streams_behind_realtime": counters["behind"],  # (ever late)
                 "torch_ops": ops, "phases": phases}
 
 
@@ -320,16 +320,16 @@ async def drive(tts, engine, probe: Probe, target: int, seed: int) -> None:
                                    asyncio_loop=True, stop_after=limit, stop_on_repeats=guard.repeated_frames)
             c["submit_ns"] += time.thread_time_ns() - t
             c["requests"] += 1
-            start, got = None, 0
+            start, got, behind = None, 0, False
             async for chunk in stream.achunks():
                 now = time.perf_counter()
                 start = start or now
-                if now > start + got * FRAME + 0.001:  # frame `got` (the chunk's first) is late for playback
-                    c["behind"] += 1
+                behind |= now > start + got * FRAME + 0.001  # frame `got` (the chunk's first) is late for playback
                 got += chunk.shape[0] // 1920
                 c["chunks"] += 1
                 c["frames"] += chunk.shape[0] // 1920
             c["ended"] += 1
+            c["behind"] += behind
 
     tasks = [asyncio.create_task(reader(True)) for _ in range(target)]
     while not probe.done.is_set():
@@ -405,6 +405,9 @@ def median_row(runs: list[dict]) -> dict:
     out = {k: med([r[k] for r in runs]) for k, v in runs[0].items() if isinstance(v, (int, float))}
     out["phases"] = {label: {k: med([r["phases"][label][k] for r in runs]) for k in runs[0]["phases"][label]}
                      for label in runs[0]["phases"]}
+    ops = [r["torch_ops"] for r in runs]
+    out["torch_ops"] = {k: med([o[k] for o in ops]) for k in ops[0] if k != "ops_by_name"}
+    out["torch_ops"]["ops_by_name"] = ops[len(ops) // 2]["ops_by_name"]  # (one round's)
     out["rounds_host_ms_per_iteration"] = [r["host_ms_per_iteration"] for r in runs]
     out["rounds_consumer_us_per_chunk"] = [r["consumer_us_per_chunk"] for r in runs]
     return out
@@ -439,7 +442,8 @@ def parent(args: argparse.Namespace) -> None:
             results.append({"engine": "q3tts", "benchmark": "loop", "tree": name, "commit": commits[name],
                             "model": "tiny (device stubbed)", "batch": n, "ms_per_frame": None,
                             "audio_s_per_s": None, "ttfa_ms_p50": None, "ttfa_ms_p95": None, "rps": None,
-                            "behind_realtime_share": None, "gpu_mem_gb": None,
+                            "behind_realtime_share": round(row["streams_behind_realtime"]
+                                                           / max(row["streams_ended"], 1), 4), "gpu_mem_gb": None,
                             **row, "rows_target": n, "rows": row["rows"], "rounds": args.rounds})
     print_table(results)
     if args.out:

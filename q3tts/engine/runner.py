@@ -238,15 +238,17 @@ class ModelRunner:
     def grow_rows(self, rows: list[int], num_positions: list[int]) -> None:
         """`grow` for each row, with one write of the block table; on OutOfBlocks the rows before the one that
         failed keep their new blocks."""
-        cells: list[tuple[int, int, int]] = []  # (row, index in its table, block)
+        cells: tuple[list[int], list[int], list[int]] = ([], [], [])  # row, index in its table, block
         try:
             for row, n in zip(rows, num_positions):
                 start, new = self.kv.grow(row, n)
-                cells += [(row, start + i, block) for i, block in enumerate(new)]
+                cells[0].extend([row] * len(new))
+                cells[1].extend(range(start, start + len(new)))
+                cells[2].extend(new)
         finally:
-            if cells:
-                r, c, b = to_device(torch.tensor(cells, dtype=torch.int32).T, self.device)
-                self.cache.block_table[r, c] = b
+            if cells[0]:
+                where = to_device(torch.tensor(cells, dtype=torch.int32), self.device)
+                self.cache.block_table[where[0], where[1]] = where[2]
 
     def prefill_tokens(self, prompt: Prompt) -> int:
         """The positions `add_rows` would prefill for `prompt` now (its cached prefix, if any, is copied)."""
