@@ -6,7 +6,9 @@ rest of the frame (docs/perf-notes.md, entry 46). Staging through pinned memory 
 keeps the copy in stream order instead (the caching host allocator keeps the pinned block until the copy is
 done). The engine moves, clears and arms rows of many per-row tensors between frames; `set_row`, `copy_row`,
 `zero_rows` and `write_rows` do that as multi-tensor launches (one per dtype: the fused kernels take one dtype)
-rather than one small launch per tensor and row, and `set_rows` gives many rows one row's values.
+rather than one small launch per tensor and row, `set_rows` gives many rows one row's values, `RowViews` moves
+and clears many rows at once with their views made once, and `to_device_together` stages many host tensors in
+one transfer.
 """
 
 from __future__ import annotations

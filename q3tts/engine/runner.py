@@ -191,36 +191,19 @@ class ModelRunner:
     def _arm_rows(self, rows: list[int], prompts: list[Prompt], params: list[SamplingParams], hidden: torch.Tensor,
                   counts: list[int]) -> None:
         """Each new row's state: its prompt's last hidden state (`hidden` holds `counts[i]` tokens of row i, in
-        order), its counters, limits, sampling settings and trailing text, from the host in one transfer (a burst's
-        rows together; ~40 small copies and launches before)."""
-        s, n = self.state, len(rows)
-        text = max(len(p.trailing_ids) for p in prompts)
-        trailing = torch.zeros(n, text, dtype=torch.int32)
-        for i, p in enumerate(prompts):
-            if p.trailing_ids:
-                trailing[i, :len(p.trailing_ids)] = torch.tensor(p.trailing_ids, dtype=torch.int32)
-        last = list(itertools.accumulate(counts))
+        order), its counters, limits, sampling settings and trailing text, from the host in one transfer and one
+        multi-tensor copy per dtype (a burst's rows together; ~40 small copies and launches before)."""
+        s = self.state
         samplers = [s.talker_sampler, s.cp_sampler]
-        int64 = [s.steps, s.max_new, s.seeds, s.trailing_len, *(x.top_k for x in samplers)]
-        float32 = [s.penalty, *(t for x in samplers for t in (x.temperature, x.top_p))]
-        flags = [s.done, s.emitted, *(x.do_sample for x in samplers)]
-        int64_values = [[0] * n, [q.max_new_tokens for q in params], [q.seed for q in params],
-                        [len(p.trailing_ids) for p in prompts],
-                        *([min(getattr(q, name), TOP_K_ALL) for q in params] for name in ("top_k", "subtalker_top_k")),
-                        [k - 1 for k in last]]
-        float32_values = [[q.repetition_penalty for q in params],
-                          *([getattr(q, name) for q in params]
-                            for name in ("temperature", "top_p", "subtalker_temperature", "subtalker_top_p"))]
-        flag_values = [[False] * n, [False] * n, [bool(q.do_sample) for q in params],
-                       [bool(q.subtalker_dosample) for q in params]]
-        big, small, bits, positions, trailing = to_device_together(
-            [torch.tensor(int64_values), torch.tensor(float32_values, dtype=torch.float32), torch.tensor(flag_values),
-             torch.tensor([p.num_positions for p in prompts], dtype=torch.int32), trailing], self.device)
+        targets = [[s.steps, s.max_new, s.seeds, s.trailing_len, *(x.top_k for x in samplers)],  # int64 (and `last`)
+                   [s.penalty, *(t for x in samplers for t in (x.temperature, x.top_p))],  # float32
+                   [s.done, s.emitted, *(x.do_sample for x in samplers)], [s.positions]]  # bool, int32
+        int64, *others, trailing = to_device_together(_row_values(prompts, params, counts), self.device)
+        *counters, last = int64.unbind(0)
+        values = [counters, *(t.unbind(0) for t in others)]
         run = row_slice(rows)
         index = run if run else to_device(rows, self.device)
-        *big, last = big.unbind(0)
-        targets, values = [int64, float32, flags, [s.positions]], [big, small.unbind(0), bits.unbind(0), [positions]]
-        for group, group_values in zip(targets, values):  # (a dtype each: one multi-tensor copy each)
+        for group, group_values in zip(targets, values):  # (a dtype each)
             if run:
                 torch._foreach_copy_([t[run] for t in group], list(group_values))
             else:
@@ -228,8 +211,8 @@ class ModelRunner:
                     t[index] = v
         s.hidden[index] = hidden[last]
         zero_rows([s.seen], rows)
-        if text:
-            s.trailing_ids[index, :text] = trailing
+        if trailing.shape[1]:
+            s.trailing_ids[index, :trailing.shape[1]] = trailing
 
     def grow(self, row: int, num_positions: int) -> None:
         """Makes `row` hold KV for at least `num_positions` positions (OutOfBlocks if too few blocks are free)."""
@@ -582,6 +565,26 @@ class ModelRunner:
                                               cp.lm_head[g + 1].weight, projected=tables is not None, qkv0=qkv0))
             cp_logits.append(torch.stack(logits, dim=1))
         return talker_logits, torch.cat(cp_logits)
+
+
+def _row_values(prompts: list[Prompt], params: list[SamplingParams], counts: list[int]) -> list[torch.Tensor]:
+    """`ModelRunner._arm_rows`' host values, a tensor per dtype (int64 [7, n]: steps, max_new_tokens, seeds, trailing
+    lengths, the two top-ks and each row's last prefill token; float32 [5, n]: the penalty, the two temperatures and
+    top-ps; bool [4, n]: done, emitted, the two do_samples; int32 [1, n]: positions) and the trailing text [n, T]."""
+    n, text = len(prompts), max(len(p.trailing_ids) for p in prompts)
+    trailing = torch.zeros(n, text, dtype=torch.int32)
+    for i, p in enumerate(prompts):
+        if p.trailing_ids:
+            trailing[i, :len(p.trailing_ids)] = torch.tensor(p.trailing_ids, dtype=torch.int32)
+    top_k = ([min(getattr(q, name), TOP_K_ALL) for q in params] for name in ("top_k", "subtalker_top_k"))
+    int64 = [[0] * n, [q.max_new_tokens for q in params], [q.seed for q in params],
+             [len(p.trailing_ids) for p in prompts], *top_k, [k - 1 for k in itertools.accumulate(counts)]]
+    float32 = [[getattr(q, name) for q in params] for name in ("repetition_penalty", "temperature", "top_p",
+                                                                "subtalker_temperature", "subtalker_top_p")]
+    flags = [[False] * n, [False] * n, *([bool(getattr(q, name)) for q in params]
+                                         for name in ("do_sample", "subtalker_dosample"))]
+    return [torch.tensor(int64), torch.tensor(float32, dtype=torch.float32), torch.tensor(flags),
+            torch.tensor([[p.num_positions for p in prompts]], dtype=torch.int32), trailing]
 
 
 def _copy_into(old: RowState, new: RowState) -> RowState:
