@@ -253,17 +253,20 @@ class LoopProfile:
 
         self.totals: collections.Counter = collections.Counter()
         self.rows = 0
-        targets = [(engine, name, name) for name in ("_settle", "_grow", "_join", "_start_codec", "_audio")]
+        targets = [(engine, name, name) for name in ("_settle", "_grow", "_join", "_start_codec", "_audio",
+                                                      "_hand_out")]
         targets += [(engine.scheduler, "admit", "admit"), (engine.codec, "step", "codec.step"),
                     (engine_module, "deliver", "deliver"), (engine_module, "post", "post"),
                     (Readback, "pop", "wait.frame"), (Readback, "pop_pcm", "wait.pcm")]
         # the model runner's admission steps and its transfers, wherever called (grow_rows and to_device serve
         # _grow and the departures too)
         targets += [(engine.runner, name, f"runner.{name}") for name in ("grow_rows", "_reuse_prefixes",
-                                                                           "_prefill_tokens", "_keep_prefixes")]
+                                                                           "_prefill_tokens", "_keep_prefixes",
+                                                                           "_arm_rows", "remove_rows")]
         targets += [(runner_module, name, f"runner.{name}") for name in ("to_device", "write_rows")]
-        for owner, name, label in targets:
-            setattr(owner, name, self._timed(label, getattr(owner, name)))
+        for owner, name, label in targets:  # (those of the tree it runs: the engine's phases were renamed since)
+            if hasattr(owner, name):
+                setattr(owner, name, self._timed(label, getattr(owner, name)))
         step = engine.runner.step
 
         def timed_step(num_rows: int) -> None:

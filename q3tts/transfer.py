@@ -6,7 +6,9 @@ rest of the frame (docs/perf-notes.md, entry 46). Staging through pinned memory 
 keeps the copy in stream order instead (the caching host allocator keeps the pinned block until the copy is
 done). The engine moves, clears and arms rows of many per-row tensors between frames; `set_row`, `copy_row`,
 `zero_rows` and `write_rows` do that as multi-tensor launches (one per dtype: the fused kernels take one dtype)
-rather than one small launch per tensor and row, and `set_rows` gives many rows one row's values.
+rather than one small launch per tensor and row, `set_rows` gives many rows one row's values, `RowViews` moves
+and clears many rows at once with their views made once, and `to_device_together` stages many host tensors in
+one transfer.
 """
 
 from __future__ import annotations
@@ -28,6 +30,32 @@ def to_device(values, device: torch.device | str, dtype: torch.dtype | None = No
     return t.contiguous().pin_memory().to(device, non_blocking=True)
 
 
+def to_device_together(tensors: list[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
+    """Host tensors on `device` in one transfer (each `to_device` stages and copies on its own: a pinned block and
+    a copy launch each): their bytes packed (`pack_bytes`), unpacked there as views. Already there (the CPU, or
+    tensors on the device), they are returned as they are."""
+    if torch.device(device).type != "cuda" or not PINNED or any(t.device.type != "cpu" for t in tensors):
+        return [t.to(device) for t in tensors]
+    flat, layout = pack_bytes(tensors)
+    return unpack_bytes(to_device(flat, device), layout)
+
+
+def pack_bytes(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple]]:
+    """The tensors' bytes in one uint8 tensor, widest dtype first (so that each part stays aligned for its dtype),
+    and where each is (`unpack_bytes`)."""
+    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
+    layout, offset = [None] * len(tensors), 0
+    for i in order:
+        t = tensors[i]
+        layout[i] = (t.dtype, t.shape, offset, t.numel() * t.element_size())
+        offset += layout[i][3]
+    return torch.cat([tensors[i].contiguous().reshape(-1).view(torch.uint8) for i in order]), layout
+
+
+def unpack_bytes(flat: torch.Tensor, layout: list[tuple]) -> list[torch.Tensor]:
+    return [flat[offset:offset + size].view(dtype).view(shape) for dtype, shape, offset, size in layout]
+
+
 def row_slice(rows: list[int]) -> slice | None:
     """rows as a slice when they follow each other (one view per tensor instead of one per row), else None."""
     return slice(rows[0], rows[0] + len(rows)) if rows == list(range(rows[0], rows[0] + len(rows))) else None
@@ -43,6 +71,11 @@ def foreach_copy(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> No
 
 def _by_dtype(*lists: list[torch.Tensor]) -> list[tuple[list[torch.Tensor], ...]]:
     """The lists' items (pairs, for two lists) grouped by their dtypes, in order."""
+    if len(lists) == 1:  # (the frame boundary's zeroing: no tuple per item)
+        single: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in lists[0]:
+            single.setdefault(t.dtype, []).append(t)
+        return [(group,) for group in single.values()]
     groups: dict[tuple, tuple[list[torch.Tensor], ...]] = {}
     for items in zip(*lists):
         group = groups.setdefault(tuple(t.dtype for t in items), tuple([] for _ in lists))
@@ -69,6 +102,29 @@ def set_rows(tensors: list[torch.Tensor], rows: list[int], values: list[torch.Te
 def copy_row(tensors: list[torch.Tensor], src: int, dst: int) -> None:
     """t[dst] = t[src] for every tensor, in one multi-tensor launch per dtype."""
     set_row(tensors, dst, [t[src] for t in tensors])
+
+
+class RowViews:
+    """Rows of per-row state tensors that stay in place (a CUDA graph's), copied and cleared many at once in one
+    multi-tensor launch per dtype. The rows' views are made once: indexing a tensor costs ~1 us of host time, and
+    a move takes two per tensor and row (the codec's state alone is dozens of tensors)."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.groups = [[t.unbind(0) for t in group] for (group,) in _by_dtype(tensors)]
+
+    def copy(self, moves: list[tuple[int, int]]) -> None:
+        """t[dst] = t[src] for every tensor and (src, dst), sources and destinations apart (a copy never reads a row
+        another one writes)."""
+        if moves:
+            for rows in self.groups:
+                torch._foreach_copy_([r[dst] for r in rows for _, dst in moves],
+                                     [r[src] for r in rows for src, _ in moves])
+
+    def zero(self, rows: list[int]) -> None:
+        """t[row] = 0 for every tensor and row."""
+        if rows:
+            for views in self.groups:
+                torch._foreach_zero_([v[row] for v in views for row in rows])
 
 
 def zero_rows(tensors: list[torch.Tensor], rows: list[int]) -> None:

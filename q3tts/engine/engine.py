@@ -39,13 +39,14 @@ from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import SamplingParams
 from .config import EngineConfig
 from .kv_blocks import OutOfBlocks
+from .rows import RowTable, SlotTable, remove_rows
 from .runner.codec import CodecRunner
 from .runner.graphs import side_stream
 from .runner.model_runner import ModelRunner, SwappedRow
 from .runner.readback import FrameOut, Readback
 from .scheduler import QueueFull, Scheduler
 from .sequence import Prompt, Sequence
-from .stream import END, Channel, RequestStream, deliver, post
+from .stream import END, Channel, Delivery, Dispatcher, Frames, RequestStream
 
 log = logging.getLogger("q3tts.engine")
 _ids = itertools.count()
@@ -83,7 +84,7 @@ class _Payload:
     max_positions: int  # prompt + max_new_tokens: the row never writes KV beyond
     stop_after: int | None = None  # the runaway guard's frame limit
     stop_on_repeats: int | None = None  # ... and how many identical frames in a row end the request
-    repeats: int = 0  # identical frames in a row so far
+    slot: int | None = None  # its slot in the engine's SlotTable, from its admission to its end
     swapped: tuple[SwappedRow, list[torch.Tensor]] | None = None  # while preempted
 
 
@@ -101,14 +102,20 @@ class Engine:
             self._size_kv_cache()  # (on a GPU: sized after a profiling run)
         self.scheduler = Scheduler(config.max_rows, config.max_waiting, self.runner.kv, config.max_prefill_tokens,
                                    config.prefill_seconds_per_token, config.safety_seconds,
-                                   lambda seq: self.runner.prefill_tokens(seq.payload.prompt))
+                                   lambda seq: self.runner.prefill_tokens(seq.payload.prompt), self._min_lead)
         self.metrics = EngineMetrics()
         self.rows: list[Sequence] = []  # rows[i]: the sequence in batch row i
+        # Their host state as arrays (engine/rows.py): by row, by request (slot), and the slots' stream hand-out
+        self.table = RowTable(config.max_rows)
+        self.slots = SlotTable(2 * config.max_rows)
+        self.delivery = Delivery(config.stream_hold_s, self.slots.size)
         self.healthy = True
         self.host_threads = 0  # torch's CPU threads in the engine's thread (set by it: 1 on a GPU)
         self._cv = threading.Condition()
         self._dropped: collections.deque[str] = collections.deque()  # ended by RequestStream finalizers
-        self._preempted: list[Channel] = []  # since the last hand-out: their held frames go out now
+        self._dispatcher = Dispatcher(lambda channel: self._dropped.append(channel.request_id))
+        self._flush: list[int] = []  # slots ended or preempted since the last hand-out: their held frames go out now
+        self._cancelling: list[Sequence] = []  # running requests cancelled: they leave at the next boundary
         self._launched: float | None = None  # when the last frame was launched (None: none running since)
         self._frame_seconds = 0.0  # the time between two launches with no prefill between: how long a frame takes
         self._joined = False  # requests joined (prefilled or swapped in) since the last launch
@@ -120,6 +127,7 @@ class Engine:
         self._thread.start()
         self._built.wait()
         if self._build_error is not None:
+            self._dispatcher.close()
             raise self._build_error
         atexit.register(_stop_at_exit, weakref.ref(self))
 
@@ -158,6 +166,7 @@ class Engine:
             sys.setswitchinterval(self._saved_switch_interval)
             self._saved_switch_interval = None
         self._fail_all(EngineError("the engine was stopped"))
+        self._dispatcher.close()
 
     def submit(self, prompt: Prompt, params: SamplingParams, ref_codes: torch.Tensor | None = None,
                request_id: str | None = None, asyncio_loop: bool = False, stop_after: int | None = None,
@@ -204,6 +213,8 @@ class Engine:
             if seq is not None and seq not in self.rows:  # waiting or swapped: done now
                 self.metrics.requests_cancelled += 1
                 self._end(seq, "cancelled")
+            elif seq is not None:  # running: it leaves at the next boundary
+                self._cancelling.append(seq)
             self._cv.notify()
 
     @property
@@ -305,14 +316,16 @@ class Engine:
         # Each iteration: grow, launch frame n + 1 for the rows as they are, then, while it runs: settle frame n
         # (its codes and flags, read back last time: rows that ended leave, having run frame n + 1 as padding),
         # hand out frame n's audio once its decode is done (the decode runs beside frame n + 1's language model,
-        # on the codec's stream), admit (their prefill queues behind frame n + 1: they join frame n + 2), and
-        # wait for frame n + 1's codes. The host's bookkeeping thus overlaps the device's frame instead of
-        # following it. An idle engine admits first and launches at once.
+        # on the codec's stream), admit (their prefill queues behind frame n + 1: they join frame n + 2), post
+        # the hand-out (the hand-out thread reads the frames out to the streams) and wait for frame n + 1's
+        # codes. The host's bookkeeping thus overlaps the device's frame instead of following it. An idle engine
+        # admits first and launches at once. The rows' state is arrays (engine/rows.py): a boundary's work is a
+        # few vector operations plus Python for the rows that change (join, leave, grow a block).
         readback = Readback(self.runner, depth=2, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
-        last: tuple[FrameOut, list[Sequence]] | None = None
+        last: tuple[FrameOut, np.ndarray] | None = None
         while True:
-            outbox: list[tuple[Channel, object]] = []
-            audio: list[tuple[Sequence, int]] = []
+            ends: list[tuple[Channel, object]] = []
+            produced = None
             with self._cv:
                 while not (self._stopping or self.rows or self.scheduler.num_waiting or last or self._dropped):
                     self._cv.wait()
@@ -320,32 +333,33 @@ class Engine:
                     return
                 if self.rows:
                     self._grow()
-            row_map = self._launch(readback) if self.rows else None
-            if row_map is None:
+            row_slots = self._launch(readback) if self.rows else None
+            if row_slots is None:
                 self._launched, self._frame_seconds = None, 0.0
             with self._cv:
                 if last is not None:
-                    audio = self._settle(*last, outbox)
+                    produced = self._settle(*last, ends)
                 self._drop_abandoned()
-                for seq in [s for s in self.rows if s.cancelled]:
-                    self.metrics.requests_cancelled += 1
-                    self._leave(seq, "cancelled", outbox)
-            if last is not None:
-                outbox[:0] = self._audio(readback.pop_pcm().numpy(), audio)  # a stream's audio before its end
-            outbox = deliver(outbox, time.perf_counter(), self.config.stream_hold_s, self._preempted)
-            self._preempted = []
-            for channel in post(outbox):  # their event loop is closed: nobody reads them
-                self._dropped.append(channel.request_id)
+                if self._cancelling:
+                    self._leave_cancelled(ends)
+            if produced is not None:
+                self._audio(readback.pop_pcm().numpy(), *produced)
             with self._cv:
+                frames = self._hand_out(produced[2] if produced else None)
+                self.slots.boundary()
                 start = len(self.rows)
                 resumed, admitted = self.scheduler.admit(time.perf_counter(), self._frame_seconds)
                 self._joined = self._joined or bool(resumed or admitted)
                 self._join(resumed, admitted)
                 self._start_codec(start, resumed, admitted)
-            last = (readback.pop(wait_pcm=False), row_map) if row_map is not None else None
+                # Posted after the admissions, as the wait for the device begins (the hand-out thread and the readers'
+                # event loops then take the interpreter's lock while this thread does not need it), and with the lock
+                # (a stream ended at once from another thread gets its end after this)
+                self._dispatcher.put(frames, ends)
+            last = (readback.pop(wait_pcm=False), row_slots) if row_slots is not None else None
 
-    def _launch(self, readback: Readback) -> list[Sequence]:
-        """Launches the next frame of rows 0..B-1 and its decode; returns the rows' sequences in that frame."""
+    def _launch(self, readback: Readback) -> np.ndarray:
+        """Launches the next frame of rows 0..B-1 and its decode; returns the rows' slots in that frame."""
         now = time.perf_counter()
         if self._launched is not None and not self._joined:  # (a prefill between would count as a slow frame)
             self._frame_seconds = now - self._launched
@@ -355,18 +369,19 @@ class Engine:
         self.codec.step(B)
         readback.push(B)
         self.metrics.max_batch = max(self.metrics.max_batch, B)
-        for seq in self.rows:
-            seq.num_positions = min(seq.num_positions + 1, seq.payload.max_positions)
-        return list(self.rows)
+        self.table.advance(B)
+        return self.table.slot[:B].copy()
 
     def _join(self, resumed: list[Sequence], admitted: list[Sequence]) -> None:
         """Brings preempted requests back into the next free rows, then prefills the admitted ones after them
         (the scheduler admitted only what the free KV blocks hold). Call with the lock."""
+        kv = self.runner.kv
         for seq in resumed:
-            row = len(self.rows)
-            self.runner.swap_in(row, seq.payload.swapped[0])
-            self.runner.grow(row, min(seq.num_positions + 1, seq.payload.max_positions))
+            row, p = len(self.rows), seq.payload
+            self.runner.swap_in(row, p.swapped[0])
+            self.runner.grow(row, min(seq.num_positions + 1, p.max_positions))
             self.rows.append(seq)
+            self.table.set(row, seq.num_positions, p.max_positions, len(kv.rows[row]) * kv.block_size, p.slot)
         if admitted:
             start = len(self.rows)
             now = time.perf_counter()
@@ -374,7 +389,18 @@ class Engine:
                 seq.payload.channel.admitted = now - seq.payload.channel.submitted
             self.runner.add_rows(list(range(start, start + len(admitted))), [s.payload.prompt for s in admitted],
                                  [s.payload.params for s in admitted])
+            for row, seq in enumerate(admitted, start):
+                self._open(row, seq)
             self.rows.extend(admitted)
+
+    def _open(self, row: int, seq: Sequence) -> None:
+        """The admitted request's slot, and its row's entry."""
+        p, kv = seq.payload, self.runner.kv
+        p.slot = self.slots.open(seq, p.channel, p.params.max_new_tokens, p.stop_after, p.stop_on_repeats,
+                                 seq.realtime)
+        self.delivery.ensure(self.slots.size)
+        self.delivery.start(p.slot)
+        self.table.set(row, seq.num_positions, p.max_positions, len(kv.rows[row]) * kv.block_size, p.slot)
 
     def _start_codec(self, start: int, resumed: list[Sequence], admitted: list[Sequence]) -> None:
         """Codec state of the rows that joined at `start..` (on the codec's stream: after the decode in flight,
@@ -392,71 +418,99 @@ class Engine:
     def _grow(self) -> None:
         """Gives every running row the KV blocks of its next frame, oldest request first; when none are free,
         the newest running request is preempted (swapped out) until they are. Call with the lock."""
-        kv = self.runner.kv
-        wanted = [min(seq.num_positions + 1, seq.payload.max_positions) for seq in self.rows]
-        needy = [row for row, n in enumerate(wanted) if len(kv.rows[row]) * kv.block_size < n]
-        if sum(kv.missing(row, wanted[row]) for row in needy) <= kv.num_free:  # (the usual case: one write)
-            self.runner.grow_rows(needy, [wanted[row] for row in needy])
+        kv, table, B = self.runner.kv, self.table, len(self.rows)
+        wanted = table.wanted(B)
+        needy = np.flatnonzero(table.capacity[:B] < wanted)
+        if not len(needy):
             return
-        for seq in sorted((self.rows[row] for row in needy), key=lambda s: s.order):
+        blocks = -(-wanted[needy] // kv.block_size)
+        if int((blocks - table.capacity[needy] // kv.block_size).sum()) <= kv.num_free:  # (the usual case)
+            self.runner.grow_rows(needy.tolist(), wanted[needy].tolist())
+            table.capacity[needy] = blocks * kv.block_size
+            return
+        for seq in sorted((self.rows[row] for row in needy.tolist()), key=lambda s: s.order):
             while seq.request_id in self.scheduler.running:
+                row = self.rows.index(seq)
                 try:
-                    self.runner.grow(self.rows.index(seq), min(seq.num_positions + 1, seq.payload.max_positions))
+                    self.runner.grow(row, int(table.wanted(row + 1)[row]))
+                    table.capacity[row] = len(kv.rows[row]) * kv.block_size
                     break
                 except OutOfBlocks:
                     self._swap_out(self.scheduler.preempt())
 
     def _swap_out(self, seq: Sequence) -> None:
         row = self.rows.index(seq)
+        seq.num_positions = int(self.table.positions[row])  # (the scheduler weighs its return by it)
         seq.payload.swapped = (self.runner.swap_out(row), self.codec.swap_out(row))
-        self._preempted.append(seq.payload.channel)
-        self._compact(row)
+        self._flush.append(seq.payload.slot)
+        self._compact([seq], released=False)
         self.metrics.preemptions += 1
         log.info("preempted %s (KV cache full, %d rows running)", seq.request_id, len(self.rows))
 
-    def _settle(self, out: FrameOut, row_map: list[Sequence], outbox: list) -> list[tuple[Sequence, int]]:
-        """Takes frame n's codes and flags: finished requests leave (their last audio went out with frame n - 1).
-        Returns (sequence, row in frame n) of each frame produced, whose audio `_audio` hands out. Call with the
-        lock."""
-        emitted, done, codes = out.emitted.tolist(), out.done.tolist(), out.codes.numpy()
-        audio = []
-        for i, seq in enumerate(row_map):
-            channel = seq.payload.channel
-            if channel.finished:
-                continue
-            if emitted[i]:
-                seq.frames += 1
-                self.metrics.frames += 1
-                audio.append((seq, i))
-                self._record(seq.payload, codes[i])
-            reason = _finish_reason(seq, bool(done[i]))
-            if reason is not None:
-                self.metrics.requests_finished += 1
-                self.metrics.finish_reasons[reason] += 1
-                self.metrics.notify("on_finish", seq.frames * 0.08, time.perf_counter() - channel.submitted)
-                self._leave(seq, reason, outbox)
-        return audio
+    def _settle(self, out: FrameOut, slots: np.ndarray, ends: list
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Takes frame n's codes and flags (`slots`: its rows' requests): each live request's frame is counted
+        (and its run of identical frames); finished requests leave (their last audio went out with frame n - 1).
+        Returns (the frame's codes, and the index in the frame and slot of each frame produced), which `_audio`
+        hands out. Call with the lock."""
+        emitted, done, codes = out.emitted.numpy(), out.done.numpy(), out.codes.numpy()
+        t = self.slots
+        live = t.live[slots]
+        index = np.flatnonzero(live & emitted)
+        produced = slots[index]
+        t.record(produced, codes[index])
+        self.metrics.frames += len(index)
+        over = (t.frames[slots] >= t.stop_after[slots]) | (t.repeats[slots] >= t.stop_on_repeats[slots])
+        ending = np.flatnonzero(live & (done | over))
+        if len(ending):
+            self._finish([(int(slots[i]), bool(done[i])) for i in ending.tolist()], ends)
+        return codes, index, produced
 
-    @staticmethod
-    def _record(payload: _Payload, codes: np.ndarray) -> None:
-        channel = payload.channel
-        same = bool(channel.codes) and channel.codes[-1].tobytes() == codes.tobytes()  # (array_equal: ~10x slower)
-        payload.repeats = payload.repeats + 1 if same else 1
-        channel.codes.append(codes)
+    def _finish(self, finished: list[tuple[int, bool]], ends: list) -> None:
+        """The requests in these (slot, done) leave with their finish reasons, in order. Call with the lock."""
+        t, now, leaving = self.slots, time.perf_counter(), []
+        for slot, done in finished:
+            frames = int(t.frames[slot])
+            reason = _finish_reason(done, frames, int(t.max_new[slot]), int(t.stop_after[slot]),
+                                    int(t.repeats[slot]), int(t.stop_on_repeats[slot]))
+            self.metrics.requests_finished += 1
+            self.metrics.finish_reasons[reason] += 1
+            self.metrics.notify("on_finish", frames * 0.08, now - t.channels[slot].submitted)
+            leaving.append((t.seqs[slot], reason))
+        self._leave(leaving, ends)
 
-    def _audio(self, pcm: np.ndarray, audio: list[tuple[Sequence, int]]) -> list[tuple[Channel, object]]:
-        """Each produced frame's 1920 samples for its stream (none for a stream ended meanwhile)."""
-        now, items = time.perf_counter(), []
-        for seq, i in audio:
-            channel = seq.payload.channel
-            if channel.finish_reason in ("cancelled", "error"):  # ended at this boundary: its audio is not wanted
-                continue
-            if seq.first_audio is None:
-                seq.first_audio = now
+    def _audio(self, pcm: np.ndarray, codes: np.ndarray, index: np.ndarray, slots: np.ndarray) -> None:
+        """Each produced frame (row index[i] of pcm [n, 1920] and codes [n, 16], for slots[i]) to its stream's held
+        frames, as its codes only for a stream cancelled or failed meanwhile (`muted`); first audio noted."""
+        if not len(index):
+            return
+        t = self.slots
+        audio = ~t.muted[slots]
+        self.delivery.add(pcm, codes, slots, index, audio)
+        first = slots[audio & np.isnan(t.first_audio[slots])]
+        if len(first):
+            now = time.perf_counter()
+            t.first_audio[first] = now
+            for slot in first.tolist():
+                channel = t.channels[slot]
                 channel.first_audio = now - channel.submitted
                 self.metrics.notify("on_first_audio", channel.first_audio)
-            items.append((channel, pcm[i]))
-        return items
+
+    def _hand_out(self, produced: np.ndarray | None) -> Frames | None:
+        """The frames that go out now (engine/stream.py `Delivery`): of the streams that got one, and all held by
+        streams that end or were preempted (`_flush`) at this boundary."""
+        delivery = self.delivery
+        slots = produced if produced is not None else np.zeros(0, dtype=np.int64)
+        go, held, counts = delivery.hand_out(slots, time.perf_counter(), self._flush)
+        self._flush = []
+        if not len(go):
+            return None
+        channels = self.slots.channels
+        return Frames([channels[slot] for slot in go.tolist()], held, counts, tuple(delivery.ring))
+
+    def _min_lead(self, now: float) -> float:
+        """The scheduler's smallest lead over real time of the running streams (`Sequence.lead`), from the slots."""
+        return self.slots.min_lead(self.table.slot[:len(self.rows)], now)
 
     def _drop_abandoned(self) -> None:
         """Ends the requests whose streams were dropped unread or whose event loop closed. Call with the lock."""
@@ -466,37 +520,72 @@ class Engine:
             if seq is not None and seq not in self.rows:
                 self.metrics.requests_cancelled += 1
                 self._end(seq, "cancelled")
+            elif seq is not None:
+                self._cancelling.append(seq)
 
-    def _leave(self, seq: Sequence, reason: str, outbox: list | None = None) -> None:
-        """Frees the sequence's row and ends its stream (through `outbox` if given). Call with the lock."""
-        row = self.rows.index(seq)
-        self.runner.release_rows([row])
-        self._compact(row)
-        self.scheduler.finish(seq.request_id)
-        self._end(seq, reason, outbox=outbox)
+    def _leave_cancelled(self, ends: list) -> None:
+        """The running requests cancelled since the last boundary leave, in their rows' order (a preempted one
+        when it is back in a row). Call with the lock."""
+        waiting = [seq for seq in dict.fromkeys(self._cancelling) if not seq.payload.channel.finished]
+        running = sorted((seq for seq in waiting if seq.payload.swapped is None), key=self.rows.index)
+        self._cancelling = [seq for seq in waiting if seq.payload.swapped is not None]
+        if running:
+            self.metrics.requests_cancelled += len(running)
+            self._leave([(seq, "cancelled") for seq in running], ends)
 
-    def _compact(self, row: int) -> None:
-        """Moves the last row into the emptied `row`, so the running rows stay 0..B-1."""
-        last = len(self.rows) - 1
-        if row != last:
-            self.runner.move_row(last, row)
-            self.codec.move_row(last, row)
-            self.rows[row] = self.rows[last]
-        self.rows.pop()
+    def _leave(self, leaving: list[tuple[Sequence, str]], ends: list) -> None:
+        """Frees the rows of these (sequence, finish reason), in order, and ends their streams through `ends`. A
+        request preempted at this boundary has no row: it leaves the swapped ones. Call with the lock."""
+        self._compact([seq for seq, _ in leaving if seq.payload.swapped is None])
+        for seq, reason in leaving:
+            if seq.payload.swapped is not None:
+                self.scheduler.swapped.remove(seq)
+            self.scheduler.finish(seq.request_id)
+            self._end(seq, reason, outbox=ends)
+
+    def _compact(self, leaving: list[Sequence], released: bool = True) -> None:
+        """Removes the rows of `leaving` (`rows.remove_rows`: as one after the other, the running rows staying
+        0..B-1 and each request's row, so its batch neighbours, as before) with one batch of device copies
+        (`released`: their KV blocks are freed here, else they were)."""
+        if leaving:
+            gone, moves = remove_rows(self.rows, leaving)
+            self.runner.remove_rows(gone if released else [], moves)
+            self.codec.move_rows(moves)
+            self.table.move(moves)
 
     def _end(self, seq: Sequence, reason: str, error: BaseException | None = None, outbox: list | None = None
              ) -> None:
-        channel = seq.payload.channel
+        """Ends the request's stream (through `outbox` if given; its held frames go out first there). Call with the
+        lock."""
+        channel, p = seq.payload.channel, seq.payload
         if channel.finished:
             return
         channel.finished, channel.finish_reason = True, reason
-        seq.payload.swapped = None
+        p.swapped = None
+        frames = None
+        if p.slot is not None:
+            seq.frames = int(self.slots.frames[p.slot])  # (what the slot counted, on the sequence from now on)
+            first = self.slots.first_audio[p.slot]
+            seq.first_audio = None if np.isnan(first) else float(first)
+            self.slots.close(p.slot, muted=reason in ("cancelled", "error"))
+            if outbox is not None:
+                self._flush.append(p.slot)  # (what it holds goes out before its end)
+            elif self.delivery.count[p.slot] and self._owns_delivery():  # (ended at once: what it holds, as codes)
+                _, held, counts = self.delivery.take(p.slot)
+                frames = Frames([channel], held, counts, tuple(self.delivery.ring))
+            p.slot = None
         items = [(channel, error)] if error is not None else []
         items.append((channel, END))
         if outbox is None:
-            post(items)
+            self._dispatcher.put(frames, items)  # (after what the engine handed out before: in order)
         else:
             outbox.extend(items)
+
+    def _owns_delivery(self) -> bool:
+        """Whether this thread may touch the hand-out state (the engine thread's, outside the lock too): the engine
+        thread, or any once it ended. (Another thread ending a request at once leaves what it holds: a preempted
+        request's frames went out at its preemption.)"""
+        return threading.current_thread() is self._thread or not self._thread.is_alive()
 
 
 def device_scope(device: torch.device) -> contextlib.AbstractContextManager:
@@ -529,14 +618,15 @@ def _in_new_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return result[0]
 
 
-def _finish_reason(seq: Sequence, done: bool) -> str | None:
-    """Why a request ends after this frame, if it does."""
-    p = seq.payload
+def _finish_reason(done: bool, frames: int, max_new: int, stop_after: int, repeats: int, stop_on_repeats: int
+                   ) -> str | None:
+    """Why a request ends after this frame, if it does (`frames` delivered so far, `repeats` identical frames in a
+    row; the runaway guard's limits NEVER when unset)."""
     if done:
-        return "length" if seq.frames + 1 >= p.params.max_new_tokens else "eos"
-    if p.stop_after is not None and seq.frames >= p.stop_after:
+        return "length" if frames + 1 >= max_new else "eos"
+    if frames >= stop_after:
         return "runaway"
-    if p.stop_on_repeats is not None and p.repeats >= p.stop_on_repeats:
+    if repeats >= stop_on_repeats:
         return "repetition"
     return None
 

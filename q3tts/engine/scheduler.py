@@ -35,9 +35,12 @@ class QueueFull(Exception):
 class Scheduler:
     def __init__(self, max_running: int, max_waiting: int, kv: KVBlocks, max_prefill_tokens: int = 4096,
                  prefill_seconds_per_token: float = 1e-4, safety_seconds: float = 0.04,
-                 prefill_tokens: Callable[[Sequence], int] = lambda seq: seq.num_positions):
+                 prefill_tokens: Callable[[Sequence], int] = lambda seq: seq.num_positions,
+                 min_lead: Callable[[float], float] | None = None):
         """prefill_tokens: the positions a waiting request's prefill will compute (fewer than its prompt when
-        part of it is cached)."""
+        part of it is cached). min_lead(now): the smallest `Sequence.lead` of the running requests, for a caller
+        that keeps their frames and first audio itself (the engine: in arrays, engine/rows.py); by default the
+        running sequences' own."""
         if max_running < 1 or max_waiting < 0 or max_prefill_tokens < 1:
             raise ValueError("max_running and max_prefill_tokens must be >= 1, max_waiting >= 0")
         self.max_running, self.max_waiting, self.kv = max_running, max_waiting, kv
@@ -45,6 +48,7 @@ class Scheduler:
         self.prefill_seconds_per_token = prefill_seconds_per_token
         self.safety_seconds = safety_seconds
         self.prefill_tokens = prefill_tokens
+        self.min_lead = min_lead or self._min_lead
         self.waiting: deque[Sequence] = deque()
         self.swapped: list[Sequence] = []  # preempted, oldest admission first
         self.running: dict[str, Sequence] = {}
@@ -97,8 +101,7 @@ class Scheduler:
         return resumed, self._admit_waiting(now, free_rows - len(resumed), free_blocks, frame_seconds)
 
     def _admit_waiting(self, now: float, free_rows: int, free_blocks: int, frame_seconds: float) -> list[Sequence]:
-        lead = min((s.lead(now) for s in self.running.values()), default=float("inf"))
-        stall_budget = lead - self.safety_seconds
+        stall_budget = self.min_lead(now) - self.safety_seconds
         if stall_budget <= 0 and frame_seconds < FRAME_SECONDS:
             return []  # a running stream is about to fall behind: let it catch up first
         admitted, tokens = [], 0
@@ -116,6 +119,9 @@ class Scheduler:
             admitted.append(self._run(seq))
             tokens, free_blocks = new_tokens, free_blocks - blocks
         return admitted
+
+    def _min_lead(self, now: float) -> float:
+        return min((s.lead(now) for s in self.running.values()), default=float("inf"))
 
     def _reserve(self, num_joining: int) -> int:
         """Blocks kept free for the running rows' growth (each takes one every 64 frames)."""

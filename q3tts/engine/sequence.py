@@ -50,8 +50,10 @@ class Prompt:
 @dataclass(eq=False)
 class Sequence:
     """A request as the scheduler sees it. `num_positions` counts the talker positions it holds or will hold
-    after the next frame (prompt + frames launched); the engine advances it. Compared by identity (the engine
-    looks rows up with `in` and `index`: field-by-field equality cost ~1 us per row compared)."""
+    after the next frame (prompt + frames launched), `frames` the frames delivered, `first_audio` when the first
+    was. While the request holds a row the engine keeps these three in its arrays (engine/rows.py) and writes them
+    here when it gives the row up (preempted: `num_positions`; ended: all). Compared by identity (the engine looks
+    rows up with `in` and `index`: field-by-field equality cost ~1 us per row compared)."""
 
     request_id: str
     num_positions: int  # the prompt's length until the first frame is launched

@@ -273,3 +273,16 @@ def test_bf16_at_least_as_faithful_as_official(tmp_path):
         assert ours["rel_error"]["p99"] <= official["rel_error"]["p99"]
         assert ours["top1_agreement"] >= official["top1_agreement"] - 0.01
     assert max(result["ref_gpu_vs_ref_cpu"][p]["rel_error"]["max"] for p in ("talker", "code_predictor")) < 1e-4
+
+
+def test_the_rows_arming_in_one_transfer_on_the_gpu():
+    """The host values of a boundary's new rows go to the device packed in one transfer (transfer.py
+    `to_device_together`, CPU tensors elsewhere returned as they are): unpacked there, each has its values, dtype
+    and shape, whatever the mix and order of dtypes (each part aligned for its own)."""
+    from q3tts.transfer import to_device_together
+
+    tensors = [torch.tensor([True, False, True]), torch.arange(5, dtype=torch.int32) - 2,
+               torch.zeros(2, 0, dtype=torch.int32), torch.tensor([1.5, -2.25]), torch.tensor([[2**40, -7], [3, 4]])]
+    for order in (tensors, tensors[::-1]):
+        got = to_device_together(order, "cuda")
+        assert all(g.is_cuda and g.dtype == t.dtype and torch.equal(g.cpu(), t) for g, t in zip(got, order))

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 import torch
 
 from ...models.codec_decoder import CodecDecoder
-from ...transfer import copy_row, set_row, set_rows
+from ...transfer import RowViews, set_row, set_rows
 from .codec_stream import StreamingDecoder
 from .graphs import capture_buckets, replay_or_run
 from .prefix_cache import PrefixCache, tensor_digest
@@ -39,6 +39,7 @@ class CodecRunner:
         self.samples_per_frame = decoder.samples_per_frame
         self.pcm = torch.zeros(codes.shape[0], self.samples_per_frame, device=codes.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._rows: RowViews | None = None  # views of the state's rows (start, move_rows)
         self.overlap_max_rows = overlap_max_rows
         self.pcm_stream = torch.cuda.Stream() if codes.device.type == "cuda" else None
         self._ready, self._taken, self._decoded = ((torch.cuda.Event(), torch.cuda.Event(), torch.cuda.Event())
@@ -61,7 +62,7 @@ class CodecRunner:
                 voices.setdefault(key, (ref, []))[1].append(row)
         lasts: dict[bytes, torch.Tensor] = {}
         with self._on_codec_stream():
-            self.stream.reset(rows)
+            self._views().zero(rows)  # (StreamingDecoder.reset, with the rows' views made once)
             for key, (ref, voice_rows) in voices.items():
                 kept = self.references.get(key) if self.references is not None else None
                 if kept is None:
@@ -87,10 +88,17 @@ class CodecRunner:
             i += key is not None
         return tails
 
-    def move_row(self, src: int, dst: int) -> None:
-        """Moves a stream's decoder state (see ModelRunner.move_row), on the codec's stream."""
-        with self._on_codec_stream():
-            copy_row(self.stream.state.tensors(), src, dst)
+    def move_rows(self, moves: list[tuple[int, int]]) -> None:
+        """Moves streams' decoder states, row src to row dst for each (src, dst) (see ModelRunner.remove_rows), on
+        the codec's stream."""
+        if moves:
+            with self._on_codec_stream():
+                self._views().copy(moves)
+
+    def _views(self) -> RowViews:
+        if self._rows is None:
+            self._rows = RowViews(self.stream.state.tensors())
+        return self._rows
 
     def swap_out(self, row: int) -> list[torch.Tensor]:
         """A copy of the row's decoder state (kept on the device; see ModelRunner.swap_out)."""

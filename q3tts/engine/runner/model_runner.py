@@ -14,6 +14,7 @@ a time as it runs (`grow`). A row can be swapped out to host memory (`swap_out`)
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -23,8 +24,8 @@ from ...kernels.linear import fused_linear
 from ...kernels.norm import add_rmsnorm
 from ...kernels.sampler import TalkerProcessors, sample_tokens
 from ...models.qwen3_tts import Qwen3TTSModel
-from ...sampling import MIN_NEW_TOKENS, SamplerTensors, SamplingParams, suppressed_ids
-from ...transfer import copy_row, row_slice, set_row, to_device, write_rows, zero_rows
+from ...sampling import MIN_NEW_TOKENS, TOP_K_ALL, SamplerTensors, SamplingParams, suppressed_ids
+from ...transfer import RowViews, row_slice, set_row, to_device, to_device_together, zero_rows
 from ..config import EngineConfig
 from ..kv_blocks import KVBlocks, OutOfBlocks
 from ..sequence import Prompt
@@ -127,6 +128,8 @@ class ModelRunner:
         # costs what ~30,000 one-row steps save.
         self.cp_qkv_tables = self._cp_qkv_tables() if self._decode["fused"] and self.device.type == "cuda" else None
         self.cache: PagedCache | None = None
+        self._rows: RowViews | None = None  # the rows' views (remove_rows), made once
+        self._padding: RowViews | None = None
         self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
         self.prefix_cache = PrefixCache(int(cfg.prefix_cache_gb * 2**30)) if cfg.prefix_cache_gb else None
 
@@ -160,7 +163,7 @@ class ModelRunner:
         are captured and with no rows admitted. Row max_rows of the block table is a scratch row (all blocks ->
         block 0) for the padding tokens of a bucketed prefill."""
         cfg, tc = self.config, self.model.talker.config
-        self.cache = None  # free the old cache before allocating the new one
+        self.cache = self._rows = self._padding = None  # free the old cache before allocating the new one
         blocks_per_row = -(-self.max_context // cfg.block_size)
         self.cache = PagedCache.allocate(tc.num_hidden_layers, num_blocks, cfg.block_size, tc.num_key_value_heads,
                                          tc.head_dim, cfg.max_rows + 1, blocks_per_row, self.dtype, self.device)
@@ -173,35 +176,44 @@ class ModelRunner:
         """Prefills `prompts` into the empty `rows` and arms them. Each row gets the KV blocks of its prompt and
         first frame (`grow` adds the rest as it runs); raises OutOfBlocks, changing nothing, if they are not
         free."""
-        s, dev = self.state, self.device
+        dev = self.device
         lengths = [p.num_positions for p in prompts]
         need = sum(self.kv.blocks_for(n + 1) for n in lengths)
         if need > self.kv.num_free:
             raise OutOfBlocks(f"{need} KV blocks needed for the prompts, {self.kv.num_free} free")
         self.grow_rows(rows, [n + 1 for n in lengths])
         starts, store = self._reuse_prefixes(rows, prompts)
-        idx = to_device(rows, dev)
         pieces = [piece.to(dev) for p, start in zip(prompts, starts) for piece in p.embeds_from(start)]
         hidden = self._prefill_tokens(rows, starts, lengths, pieces)
         if store:  # computed just now: kept for the next request with this voice
             self._keep_prefixes(store)
-        last = to_device((torch.tensor(lengths) - torch.tensor(starts)).cumsum(0) - 1, dev)
-        s.hidden[idx] = hidden[last]
+        self._arm_rows(rows, prompts, params, hidden, [n - a for n, a in zip(lengths, starts)])
+
+    def _arm_rows(self, rows: list[int], prompts: list[Prompt], params: list[SamplingParams], hidden: torch.Tensor,
+                  counts: list[int]) -> None:
+        """Each new row's state: its prompt's last hidden state (`hidden` holds `counts[i]` tokens of row i, in
+        order), its counters, limits, sampling settings and trailing text, from the host in one transfer and one
+        multi-tensor copy per dtype (a burst's rows together; ~40 small copies and launches before)."""
+        s = self.state
+        samplers = [s.talker_sampler, s.cp_sampler]
+        targets = [[s.steps, s.max_new, s.seeds, s.trailing_len, *(x.top_k for x in samplers)],  # int64 (and `last`)
+                   [s.penalty, *(t for x in samplers for t in (x.temperature, x.top_p))],  # float32
+                   [s.done, s.emitted, *(x.do_sample for x in samplers)], [s.positions]]  # bool, int32
+        int64, *others, trailing = to_device_together(_row_values(prompts, params, counts), self.device)
+        *counters, last = int64.unbind(0)
+        values = [counters, *(t.unbind(0) for t in others)]
+        run = row_slice(rows)
+        index = run if run else to_device(rows, self.device)
+        for group, group_values in zip(targets, values):  # (a dtype each)
+            if run:
+                torch._foreach_copy_([t[run] for t in group], list(group_values))
+            else:
+                for t, v in zip(group, group_values):
+                    t[index] = v
+        s.hidden[index] = hidden[last]
         zero_rows([s.seen], rows)
-        text = [len(p.trailing_ids) for p in prompts]
-        n = len(rows)
-        talker, cp = (SamplerTensors.build(params, subtalker, "cpu").tensors() for subtalker in (False, True))
-        write_rows([s.positions, s.steps, s.done, s.emitted, s.max_new, s.penalty, s.seeds, s.trailing_len,
-                    *s.talker_sampler.tensors(), *s.cp_sampler.tensors()], rows,
-                   [torch.tensor(lengths), torch.zeros(n), torch.zeros(n), torch.zeros(n),
-                    torch.tensor([p.max_new_tokens for p in params]),
-                    torch.tensor([p.repetition_penalty for p in params]), torch.tensor([p.seed for p in params]),
-                    torch.tensor(text), *talker, *cp])
-        if max(text):  # every row's trailing text in one copy (a burst's rows would take one each)
-            trailing = torch.zeros(n, max(text), dtype=torch.int32)
-            for i, p in enumerate(prompts):
-                trailing[i, :text[i]] = torch.tensor(p.trailing_ids, dtype=torch.int32)
-            s.trailing_ids[idx, :max(text)] = to_device(trailing, dev)
+        if trailing.shape[1]:
+            s.trailing_ids[index, :trailing.shape[1]] = trailing
 
     def grow(self, row: int, num_positions: int) -> None:
         """Makes `row` hold KV for at least `num_positions` positions (OutOfBlocks if too few blocks are free)."""
@@ -210,15 +222,17 @@ class ModelRunner:
     def grow_rows(self, rows: list[int], num_positions: list[int]) -> None:
         """`grow` for each row, with one write of the block table; on OutOfBlocks the rows before the one that
         failed keep their new blocks."""
-        cells: list[tuple[int, int, int]] = []  # (row, index in its table, block)
+        cells: tuple[list[int], list[int], list[int]] = ([], [], [])  # row, index in its table, block
         try:
             for row, n in zip(rows, num_positions):
                 start, new = self.kv.grow(row, n)
-                cells += [(row, start + i, block) for i, block in enumerate(new)]
+                cells[0].extend([row] * len(new))
+                cells[1].extend(range(start, start + len(new)))
+                cells[2].extend(new)
         finally:
-            if cells:
-                r, c, b = to_device(torch.tensor(cells, dtype=torch.int32).T, self.device)
-                self.cache.block_table[r, c] = b
+            if cells[0]:
+                where = to_device(torch.tensor(cells, dtype=torch.int32), self.device)
+                self.cache.block_table[where[0], where[1]] = where[2]
 
     def prefill_tokens(self, prompt: Prompt) -> int:
         """The positions `add_rows` would prefill for `prompt` now (its cached prefix, if any, is copied)."""
@@ -302,19 +316,39 @@ class ModelRunner:
 
     def _make_padding(self, rows: list[int]) -> None:
         """Rows that hold no request: finished, pointing at the scratch block."""
-        zero_rows([self.cache.block_table, self.state.positions], rows)
         run = row_slice(rows)  # (fill_ / index_fill_: `t[index] = True` would copy a host scalar, synchronizing)
         if run:
+            zero_rows([self.cache.block_table, self.state.positions], rows)
             self.state.done[run] = True
         else:
+            self._padding_views().zero(rows)
             self.state.done.index_fill_(0, to_device(rows, self.device), True)
 
+    def _padding_views(self) -> RowViews:
+        if self._padding is None:
+            self._padding = RowViews([self.cache.block_table, self.state.positions])
+        return self._padding
+
+    def remove_rows(self, released: list[int], moves: list[tuple[int, int]]) -> None:
+        """Frees the KV blocks of the rows `released` (in order), then moves the sequence in row src to the free row
+        dst for each (src, dst) (between frames, device copies only: one launch per dtype for all of them); the rows
+        left empty become padding (the engine's compaction leaves them after the running rows: one slice)."""
+        for row in released:
+            self.kv.release(row)
+        if moves:
+            if self._rows is None:  # (the rows' views: made once the cache is allocated)
+                self._rows = RowViews([*self.state.tensors(), self.cache.block_table])
+            self._rows.copy(moves)
+            for src, dst in moves:
+                self.kv.move(src, dst)
+        empty = {*released, *(src for src, _ in moves)} - {dst for _, dst in moves}
+        if empty:
+            self._make_padding(sorted(empty))
+
     def move_row(self, src: int, dst: int) -> None:
-        """Moves the sequence in row `src` to the free row `dst` (between frames, device copies only), so the
-        running rows stay 0..B-1; `src` becomes a padding row."""
-        copy_row([*self.state.tensors(), self.cache.block_table], src, dst)
-        self.kv.move(src, dst)
-        self._make_padding([src])
+        """Moves the sequence in row `src` to the free row `dst`, so the running rows stay 0..B-1; `src` becomes a
+        padding row."""
+        self.remove_rows([], [(src, dst)])
 
     def swap_out(self, row: int) -> SwappedRow:
         """Copies the row's state and KV blocks off the device's rows and cache and frees them (the row becomes
@@ -532,6 +566,26 @@ class ModelRunner:
                                               cp.lm_head[g + 1].weight, projected=tables is not None, qkv0=qkv0))
             cp_logits.append(torch.stack(logits, dim=1))
         return talker_logits, torch.cat(cp_logits)
+
+
+def _row_values(prompts: list[Prompt], params: list[SamplingParams], counts: list[int]) -> list[torch.Tensor]:
+    """`ModelRunner._arm_rows`' host values, a tensor per dtype (int64 [7, n]: steps, max_new_tokens, seeds, trailing
+    lengths, the two top-ks and each row's last prefill token; float32 [5, n]: the penalty, the two temperatures and
+    top-ps; bool [4, n]: done, emitted, the two do_samples; int32 [1, n]: positions) and the trailing text [n, T]."""
+    n, text = len(prompts), max(len(p.trailing_ids) for p in prompts)
+    trailing = torch.zeros(n, text, dtype=torch.int32)
+    for i, p in enumerate(prompts):
+        if p.trailing_ids:
+            trailing[i, :len(p.trailing_ids)] = torch.tensor(p.trailing_ids, dtype=torch.int32)
+    top_k = ([min(getattr(q, name), TOP_K_ALL) for q in params] for name in ("top_k", "subtalker_top_k"))
+    int64 = [[0] * n, [q.max_new_tokens for q in params], [q.seed for q in params],
+             [len(p.trailing_ids) for p in prompts], *top_k, [k - 1 for k in itertools.accumulate(counts)]]
+    float32 = [[getattr(q, name) for q in params] for name in ("repetition_penalty", "temperature", "top_p",
+                                                                "subtalker_temperature", "subtalker_top_p")]
+    flags = [[False] * n, [False] * n, *([bool(getattr(q, name)) for q in params]
+                                         for name in ("do_sample", "subtalker_dosample"))]
+    return [torch.tensor(int64), torch.tensor(float32, dtype=torch.float32), torch.tensor(flags),
+            torch.tensor([[p.num_positions for p in prompts]], dtype=torch.int32), trailing]
 
 
 def _copy_into(old: RowState, new: RowState) -> RowState:

@@ -24,6 +24,12 @@ class Readback:
     once its copy has landed. The host therefore runs one or more frames behind the device. `pop(wait_pcm=False)`
     returns the frame's codes and flags as soon as the language model's part has landed and keeps its PCM for
     `pop_pcm()`: the codec's decode of that frame then overlaps whatever is launched in between.
+
+    The PCM lands in a buffer of its own per frame (pinned, from torch's caching host allocator, on a GPU), which
+    `pop_pcm` returns as it is (a ring slot would have to be copied on the host first: at 256 rows 2 MB a frame,
+    ~0.3 ms of the engine thread's time). Its rows are held for their streams (`stream.Delivery`: at most about
+    `EngineConfig.stream_hold_s` of frames) until the engine's hand-out thread copies them out for their readers
+    (`stream.Dispatcher`), so a buffer lives ~1 s at most, whatever its readers do.
     """
 
     def __init__(self, runner: ModelRunner, depth: int = 4, pcm: torch.Tensor | None = None,
@@ -35,11 +41,10 @@ class Readback:
         self.codes = torch.zeros(depth, rows, 16, dtype=torch.int64, pin_memory=pinned)
         self.emitted = torch.zeros(depth, rows, dtype=torch.bool, pin_memory=pinned)
         self.done = torch.zeros(depth, rows, dtype=torch.bool, pin_memory=pinned)
-        self.pcm = torch.zeros(depth, *pcm.shape, pin_memory=pinned) if pcm is not None else None
         self.events = [torch.cuda.Event() if pinned else None for _ in range(depth)]
         self.pcm_events = [torch.cuda.Event() if pinned else None for _ in range(depth)]
-        self.pending: list[tuple[int, int]] = []  # (slot, rows)
-        self.pcm_pending: list[tuple[int, int]] = []  # popped without their PCM
+        self.pending: list[tuple[int, int, torch.Tensor | None]] = []  # (slot, rows, the PCM's buffer)
+        self.pcm_pending: list[tuple[int, torch.Tensor]] = []  # popped without their PCM: (slot, its buffer)
         self.next = 0
 
     def push(self, num_rows: int) -> None:
@@ -51,29 +56,32 @@ class Readback:
         self.done[slot, :num_rows].copy_(s.done[:num_rows], non_blocking=True)
         if self.cuda:
             self.events[slot].record()
-        if self.pcm is not None:
+        pcm = None
+        if self.source_pcm is not None:
             with torch.cuda.stream(self.pcm_stream) if self.pcm_stream is not None else nullcontext():
-                self.pcm[slot, :num_rows].copy_(self.source_pcm[:num_rows], non_blocking=True)
+                pcm = torch.empty(num_rows, self.source_pcm.shape[1], pin_memory=self.cuda)
+                pcm.copy_(self.source_pcm[:num_rows], non_blocking=True)  # (the allocator keeps it until done)
                 if self.cuda:
                     self.pcm_events[slot].record()
-        self.pending.append((slot, num_rows))
+        self.pending.append((slot, num_rows, pcm))
         self.next = (slot + 1) % self.depth
 
     def pop(self, wait_pcm: bool = True) -> FrameOut:
-        """The oldest pushed frame; waits only for that frame's copy (without its PCM if `wait_pcm` is False)."""
-        slot, n = self.pending.pop(0)
+        """The oldest pushed frame; waits only for that frame's copy (without its PCM if `wait_pcm` is False). Its
+        codes are a copy, its flags views of the ring (read them before `depth` more frames are pushed)."""
+        slot, n, pcm = self.pending.pop(0)
         if self.cuda:
             self.events[slot].synchronize()
-        out = FrameOut(self.codes[slot, :n].clone(), self.emitted[slot, :n].clone(), self.done[slot, :n].clone(),
-                       None)
-        if self.pcm is None:
+        # (the codes copied, for keeping; the flags as views: valid until `depth` more frames are pushed)
+        out = FrameOut(self.codes[slot, :n].clone(), self.emitted[slot, :n], self.done[slot, :n], None)
+        if pcm is None:
             return out
-        self.pcm_pending.append((slot, n))
+        self.pcm_pending.append((slot, pcm))
         return out if not wait_pcm else out._replace(pcm=self.pop_pcm())
 
     def pop_pcm(self) -> torch.Tensor:
         """The PCM of the oldest frame popped without it: [n, samples per frame]."""
-        slot, n = self.pcm_pending.pop(0)
+        slot, pcm = self.pcm_pending.pop(0)
         if self.cuda:
             self.pcm_events[slot].synchronize()
-        return self.pcm[slot, :n].clone()
+        return pcm
