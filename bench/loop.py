@@ -134,7 +134,8 @@ class Probe:
     def __init__(self, engine, frame_s: float, warmup: int, iterations: int, extra: tuple[str, ...] = (),
                  cprofile: str | None = None):
         import q3tts.engine.engine as engine_module
-        from q3tts.engine.readback import Readback
+
+        Readback = engine_module.Readback  # (engine/readback.py before the packages by stage, runner/readback.py since)
 
         self.engine, self.frame_s, self.cprofile = engine, frame_s, cprofile
         self.warmup, self.iterations = warmup, iterations
