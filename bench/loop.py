@@ -133,12 +133,9 @@ class Probe:
 
     def __init__(self, engine, frame_s: float, warmup: int, iterations: int, extra: tuple[str, ...] = (),
                  cprofile: str | None = None):
-        try:  # (the module's place in the base tree, then in the reorganised one)
-            from q3tts.engine.readback import Readback
-        except ImportError:
-            from q3tts.engine.runner.readback import Readback
-
         import q3tts.engine.engine as engine_module
+
+        Readback = engine_module.Readback  # (engine/readback.py before the packages by stage, runner/readback.py since)
 
         self.engine, self.frame_s, self.cprofile = engine, frame_s, cprofile
         self.warmup, self.iterations = warmup, iterations
