@@ -256,10 +256,17 @@ class TTS(OfficialAPI):
     def _render(self, requests: list[Request], official_cut: bool,
                 on_frame: Callable[[int], None] | None = None) -> list[np.ndarray]:
         """The audio of `requests`. `official_cut`: an in-context voice's reference share is cut as the
-        official code does (float truncation, which can keep the reference audio's last sample)."""
+        official code does (float truncation, which can keep the reference audio's last sample).
+
+        On the CPU the finished codes are decoded again as the official code decodes a call's items (one padded
+        batch, `_decode`): in float32 the vocoder amplifies rounding, so the engine's incremental decode, as exact
+        as the official one against float64, can be ~1e-4 away from it, while this decode is the official's,
+        bit for bit at equal thread counts (docs/faithfulness.md). On a GPU the streamed decode is returned: a
+        second decode would cost as much GPU time as the first, for no gain in bfloat16."""
         if self.reference:
             return self._render_reference(requests, official_cut, on_frame)
         streams = self._submit_all(requests)
+        whole = self.engine.device.type == "cpu"
         wavs = []
         with _cancelled_on_exit(streams):
             for request, stream in zip(requests, streams):
@@ -268,11 +275,17 @@ class TTS(OfficialAPI):
                     frames.append(frame)
                     if on_frame is not None:
                         on_frame(len(frames))
+                if whole:  # (decoded below, all together)
+                    continue
                 wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
                 ref = request.spec.ref_codes
                 if official_cut and ref is not None and _official_extra(ref.shape[0], len(frames), self._spf):
                     wav = np.concatenate([stream.channel.ref_tail.numpy(), wav])
                 wavs.append(wav)
+        if whole:
+            codes = [torch.from_numpy(np.stack(s.channel.codes)) if s.channel.codes else
+                     torch.zeros(0, 16, dtype=torch.long) for s in streams]
+            return self._decode(requests, codes, official_cut)
         return wavs
 
     def _submit_all(self, requests: list[Request]) -> list[RequestStream]:
@@ -297,6 +310,11 @@ class TTS(OfficialAPI):
         steps = iter(range(1, 1 << 62))
         codes = generate_codes(self.model.talker, prompts, [r.params for r in requests],
                                on_frame and (lambda _: on_frame(next(steps))))
+        return self._decode(requests, codes, official_cut)
+
+    def _decode(self, requests: list[Request], codes: list[torch.Tensor], official_cut: bool) -> list[np.ndarray]:
+        """The requests' generated codes (each after its in-context reference's) decoded as the official code
+        decodes one call's items, then each cut to its own share."""
         refs = [r.spec.ref_codes for r in requests]
         full = [torch.cat([r.cpu(), c]) if r is not None else c for r, c in zip(refs, codes)]
         wavs = self.speech_tokenizer.decode(full)

@@ -73,6 +73,7 @@ def main(ckpt, calls_path, out_path):
         wavs, sr = getattr(tts, call["method"])(**kwargs)
         rec["wavs"] = [torch.from_numpy(w.copy()) for w in wavs]
         rec["sr"] = sr
+        rec["threads"] = torch.get_num_threads()  # (float32 sums depend on it: the audio is bit-identical at equal counts)
         results.append(dict(rec))
     torch.save(results, out_path)
     print("ok", len(results))
