@@ -18,7 +18,7 @@ import torch
 
 from q3tts.benchmarks.common import graph_ms
 from q3tts.config import CodecDecoderConfig
-from q3tts.engine import codec_kernels
+from q3tts.kernels import codec as codec_kernels
 
 CANDIDATES = [(bm, bn, bk, w, s) for bm, bn, bk, (w, s) in
               itertools.product((64, 128), (32, 64, 128), (32, 64), ((4, 3), (8, 3), (8, 4)))]

@@ -19,7 +19,7 @@ import torch
 
 from q3tts.benchmarks.common import clone_prompt, graph_ms, load_model
 from q3tts.benchmarks.decode import decode_runner
-from q3tts.engine import kernels
+from q3tts.kernels.attention import decode_attention
 from q3tts.sampling import SamplingParams
 
 
@@ -57,7 +57,7 @@ def attention_us(batch: int, context: int, block_size: int = 64, heads: int = 16
                 rows=torch.arange(batch, device=dev, dtype=torch.int32),
                 positions=torch.full((batch,), context - 1, device=dev, dtype=torch.int32), block_table=table,
                 k_cache=cache(), v_cache=cache(), num_heads=heads, out_dtype=torch.bfloat16)
-    return graph_ms(lambda: kernels.decode_attention(**args), 50, reps=28) * 1e3
+    return graph_ms(lambda: decode_attention(**args), 50, reps=28) * 1e3
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from q3tts.engine import codec_kernels
+from q3tts.kernels import codec as codec_kernels
 
 
 @triton.jit

@@ -11,9 +11,9 @@ import time
 
 import torch
 
-from q3tts.prompt import PromptSpec, build_prompt
-from q3tts.random_model import random_model, random_prompt_ids
+from q3tts.benchmarks.random_model import random_model, random_prompt_ids
 from q3tts.reference import generate_codes
+from q3tts.request.prompt import PromptSpec, build_prompt
 from q3tts.sampling import SamplingParams
 
 

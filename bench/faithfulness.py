@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
+from q3tts.benchmarks.random_model import random_prompt_ids
 from q3tts.config import ModelConfig
 from q3tts.engine import EngineConfig
-from q3tts.engine.runner import ModelRunner
+from q3tts.engine.runner.model_runner import ModelRunner
 from q3tts.models.qwen3_tts import Qwen3TTSModel
-from q3tts.prompt import PromptSpec, build_prompt
-from q3tts.random_model import random_prompt_ids
 from q3tts.reference import generate_codes
+from q3tts.request.prompt import PromptSpec, build_prompt
 from q3tts.sampling import SamplingParams
 from q3tts.teacher_forcing import teacher_forced_logits
 

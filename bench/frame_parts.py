@@ -8,8 +8,9 @@ does not enter the comparison:
     done; done
 
 `--tiles`: a bench/fused_linear.py --out table laid over the committed tile tables (the sweep's tiles in the
-frame without a commit); `--fused-decode`: EngineConfig.fused_decode; `--set decoder.FUSED_MAX_ROWS=2`: a
-constant of a q3tts.engine module, for the run. Random weights at the real configs with EOS off. GPU machine only.
+frame without a commit); `--fused-decode`: EngineConfig.fused_decode;
+`--set engine.runner.transformer.FUSED_MAX_ROWS=2`: a constant of a q3tts module, for the run. Random weights
+at the real configs with EOS off. GPU machine only.
 
 usage: python bench/frame_parts.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,2] [--fused-decode all]
                                    [--tiles tiles.json] [--set MODULE.NAME=VALUE ...] [--label NAME]
@@ -25,7 +26,8 @@ import torch
 
 from q3tts.benchmarks.common import ab_label, add_ab_options, clone_prompt, load_model
 from q3tts.benchmarks.decode import breakdown, decode_runner
-from q3tts.engine import EngineConfig, kernels
+from q3tts.engine import EngineConfig
+from q3tts.kernels import linear
 
 
 def main() -> None:
@@ -39,7 +41,7 @@ def main() -> None:
     label = ab_label(args)
     if args.tiles:
         for table, key, tiles in json.loads(args.tiles.read_text()):
-            getattr(kernels, table)[tuple(key)] = tuple(tiles)
+            getattr(linear, table)[tuple(key)] = tuple(tiles)
     batches = [int(b) for b in args.batches.split(",")]
     for name in args.sizes.split(","):
         model = load_model(name, None, torch.device("cuda"))

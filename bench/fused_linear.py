@@ -1,4 +1,4 @@
-"""Tile shapes for the decode steps' fused matrix products (kernels.fused_linear): every product shape of a
+"""Tile shapes for the decode steps' fused matrix products (linear.fused_linear): every product shape of a
 model's talker and code predictor layers (each shape once), for 1, 2 and 64 rows, timed with each candidate
 (BLOCK_N, BLOCK_K, warps, stages; the tensor-core kernel's K ranges too) against what it replaces (cuBLAS plus
 the norm / SwiGLU / residual-add kernels around it; beyond 16 rows wider column blocks and the K columns split
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from q3tts.benchmarks.common import graph_ms
-from q3tts.engine import kernels
+from q3tts.kernels import activation, linear, norm
 
 CANDIDATES = [(bn, bk, w, s, 1) for bn, bk, (w, s) in
               itertools.product((16, 32, 64), (64, 128, 256), ((4, 3), (4, 5), (8, 3)))]
@@ -82,13 +82,13 @@ def rotating(calls: list):
 def unfused(x, w, norm_w, residual, kind):
     """What fused_linear replaces: the separate kernels (each add+RMSNorm counted once, with the product after it)."""
     if kind == "norm":
-        return lambda: F.linear(kernels.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w)
+        return lambda: F.linear(norm.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w)
     if kind == "swiglu":
-        return lambda: kernels.silu_mul(F.linear(kernels.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w))
+        return lambda: activation.silu_mul(F.linear(norm.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w))
     if kind == "head":
         return lambda: torch.mm(x, w.t(), out_dtype=torch.float32)
     if kind == "head_norm":
-        return lambda: torch.mm(kernels.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w.t(),
+        return lambda: torch.mm(norm.add_rmsnorm(residual, None, norm_w, 1e-6, w.dtype)[0], w.t(),
                                 out_dtype=torch.float32)
     return lambda: F.linear(x, w)
 
@@ -120,28 +120,28 @@ def main() -> None:
                                 "head_norm": dict(norm=norm_w, eps=1e-6, fp32_out=True),
                                 "norm": dict(norm=norm_w, eps=1e-6),
                                 "swiglu": dict(norm=norm_w, eps=1e-6, swiglu=True)}[kind]
-                gemv = M <= kernels.GEMV_MAX_ROWS
+                gemv = M <= linear.GEMV_MAX_ROWS
                 extra = {}  # (the tensor-core kernel's norms take their sums of squares as the decoder hands them on)
                 if not gemv and "norm" in fused_kwargs:
-                    extra = dict(squares=kernels.row_squares(res_in))
+                    extra = dict(squares=linear.row_squares(res_in))
                 elif not gemv and kind == "residual":
                     extra = dict(squares_out=True)
-                fused = rotating([functools.partial(kernels.fused_linear, inputs, c, **fused_kwargs, **extra)
+                fused = rotating([functools.partial(linear.fused_linear, inputs, c, **fused_kwargs, **extra)
                                   for c in copies])
                 base = rotating([unfused(x, c, norm_w, res_in, kind) for c in copies])
-                ref = kernels._fused_linear_ref(inputs, w, fused_kwargs.get("norm"), 1e-6,
+                ref = linear._fused_linear_ref(inputs, w, fused_kwargs.get("norm"), 1e-6,
                                                 fused_kwargs.get("swiglu", False), fused_kwargs.get("residual"),
                                                 fused_kwargs.get("fp32_out", False))
                 t_base, t_default = time_ms(base), time_ms(fused)
                 if gemv:  # the tensor-core kernel this replaces, with its committed tiles
-                    with mock.patch.object(kernels, "GEMV_MAX_ROWS", 0):
+                    with mock.patch.object(linear, "GEMV_MAX_ROWS", 0):
                         t_dot = time_ms(fused)
                         total["dot"] = total.get("dot", 0.0) + t_dot
                     key = (out_n, K, kind == "swiglu")
                 else:
-                    key = (min(kernels.FUSED_BLOCK_M, max(16, 1 << (M - 1).bit_length())), out_n, K, kind == "swiglu")
+                    key = (min(linear.FUSED_BLOCK_M, max(16, 1 << (M - 1).bit_length())), out_n, K, kind == "swiglu")
                 table_name = TABLES.get(M, "FUSED_LINEAR_TILES")
-                swept = getattr(kernels, table_name)
+                swept = getattr(linear, table_name)
                 results = []
                 candidates = CANDIDATES if M <= 16 else WIDE_CANDIDATES
                 for tiles in (GEMV_CANDIDATES if M == 1 else GEMV_TWO_ROW_CANDIDATES) if gemv else candidates:

@@ -1,4 +1,4 @@
-"""The engine's persistent layer tail (q3tts/engine/persistent.py) alone at 64 or 128 rows: one launch (o, add +
+"""The engine's persistent layer tail (q3tts/kernels/persistent.py) alone at 64 or 128 rows: one launch (o, add +
 RMSNorm, gate/up + SwiGLU, down, add + RMSNorm, the next qkv) against the kernels per step that it replaces, in CUDA
 graphs over distinct weights (cold L2), and where its time goes: each program's clock at each phase's start and end (the
 phase's own time, slowest program, and the wait at the barrier after it). GPU machine only (Hopper).
@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from persistent_probe import graph_ms  # noqa: E402
 
-from q3tts.engine import kernels, persistent  # noqa: E402
+from q3tts.kernels import persistent  # noqa: E402
+from q3tts.kernels.activation import silu_mul
+from q3tts.kernels.norm import add_rmsnorm
 from q3tts.layers.attention import FusedLayerWeights  # noqa: E402
 
 PHASES = ["o", "norm", "gate/up", "down", "norm", "qkv"]
@@ -37,9 +39,9 @@ def layer(hidden: int, inter: int, g: torch.Generator) -> FusedLayerWeights:
 
 
 def per_kernels(attended, res, w, after, eps):
-    h, res = kernels.add_rmsnorm(F.linear(attended, w.o), res, w.post_norm, eps, attended.dtype)
-    h = F.linear(kernels.silu_mul(F.linear(h, w.gate_up)), w.down)
-    xn, res = kernels.add_rmsnorm(h, res, after.input_norm, eps, attended.dtype)
+    h, res = add_rmsnorm(F.linear(attended, w.o), res, w.post_norm, eps, attended.dtype)
+    h = F.linear(silu_mul(F.linear(h, w.gate_up)), w.down)
+    xn, res = add_rmsnorm(h, res, after.input_norm, eps, attended.dtype)
     return F.linear(xn, after.qkv)
 
 

@@ -5,7 +5,7 @@ cuBLAS there, so what is left is fewer launches.)
 The work of the code predictor's decoder layers less the attention, at M rows: per layer qkv = xn Wqkv^T; o = qkv[:,
 :Hq] Wo^T; res += o, xn2 = rmsnorm(res); h = silu(xn2 Wg^T) * (xn2 Wu^T); res += h Wd^T, xn = rmsnorm(res). Two ways:
 
-* unfused: what the engine runs at 64 rows today (cuBLAS products, `kernels.add_rmsnorm`, `kernels.silu_mul`);
+* unfused: what the engine runs at 64 rows today (cuBLAS products, `norm.add_rmsnorm`, `activation.silu_mul`);
 * persistent: one launch for all layers; its programs walk six phases per layer (qkv; o split over K into fp32
   partial sums; the partial sums added in order to the residual stream and normed, one row per program; gate/up with
   SwiGLU; down split over K; the second norm), each phase's tiles spread over the programs, a grid barrier (an
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from q3tts.engine import kernels
+from q3tts.kernels import activation, backend, norm
 
 MAX_SPINS = tl.constexpr(1 << 22)  # a barrier gives up (raising the error flag) instead of hanging the GPU
 
@@ -162,13 +162,13 @@ class Layers:
         self.ones = torch.ones(H, device=device, dtype=dtype)  # (the first norm's weight)
 
     def unfused(self, res):
-        xn, res = kernels.add_rmsnorm(res, None, self.ones, self.eps, self.w_qkv.dtype)
+        xn, res = norm.add_rmsnorm(res, None, self.ones, self.eps, self.w_qkv.dtype)
         for layer in range(self.L):
             qkv = torch.nn.functional.linear(xn, self.w_qkv[layer])
             o = torch.nn.functional.linear(qkv[:, :self.HQ], self.w_o[layer])
-            xn2, res = kernels.add_rmsnorm(o, res, self.n1[layer], self.eps, xn.dtype)
-            h = kernels.silu_mul(torch.nn.functional.linear(xn2, self.w_gu[layer]))
-            xn, res = kernels.add_rmsnorm(torch.nn.functional.linear(h, self.w_d[layer]), res, self.n2[layer],
+            xn2, res = norm.add_rmsnorm(o, res, self.n1[layer], self.eps, xn.dtype)
+            h = activation.silu_mul(torch.nn.functional.linear(xn2, self.w_gu[layer]))
+            xn, res = norm.add_rmsnorm(torch.nn.functional.linear(h, self.w_d[layer]), res, self.n2[layer],
                                           self.eps, xn.dtype)
         return xn, res
 
@@ -241,7 +241,7 @@ def main():
                      "ms": graph_ms(lambda: (xn.copy_(ref_xn), res2.copy_(lay.x0)))})
         for row in rows:
             print(json.dumps(row), flush=True)
-    xn0, _ = kernels.add_rmsnorm(lay.x0, None, lay.ones, lay.eps, lay.w_qkv.dtype)  # (the persistent way's input)
+    xn0, _ = norm.add_rmsnorm(lay.x0, None, lay.ones, lay.eps, lay.w_qkv.dtype)  # (the persistent way's input)
     for config, bk in [(c, 16 if cpu else int(b)) for c in configs for b in args.bk.split(",")]:
         for programs in programs_list:
             bufs = buffers(lay, config, device)
@@ -266,5 +266,5 @@ def main():
 if __name__ == "__main__":
     if not torch.cuda.is_available():
         assert os.environ.get("TRITON_INTERPRET") == "1", "on the CPU run with TRITON_INTERPRET=1"
-        kernels.INTERPRET_ON_CPU = True
+        backend.INTERPRET_ON_CPU = True
     main()

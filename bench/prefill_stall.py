@@ -17,7 +17,7 @@ import torch
 from q3tts import transfer
 from q3tts.benchmarks.common import clone_prompt, load_model, write_results
 from q3tts.engine import EngineConfig
-from q3tts.engine.runner import ModelRunner
+from q3tts.engine.runner.model_runner import ModelRunner
 from q3tts.sampling import SamplingParams
 
 CASES = [(1, 12), (1, 40), (4, 40), (1, 120), (8, 60), (1, 400)]  # (prompts admitted, text tokens each)

@@ -18,8 +18,8 @@ import torch
 
 from q3tts.benchmarks.common import load_model, random_decoder, voice_prompt
 from q3tts.benchmarks.streaming import burst_specs, streaming_engine
-from q3tts.engine.readback import Readback
-from q3tts.prompt import build_prompts
+from q3tts.engine.runner.readback import Readback
+from q3tts.request.prompt import build_prompts
 from q3tts.sampling import SamplingParams
 
 _sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

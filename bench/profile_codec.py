@@ -13,7 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from q3tts.benchmarks.common import graph_ms, random_decoder
-from q3tts.engine.codec_stream import StreamingDecoder, _Cursor
+from q3tts.engine.runner.codec_stream import StreamingDecoder, _Cursor
 
 
 def top_kernels(stream: StreamingDecoder, batch: int, n: int = 24) -> None:

@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from q3tts.benchmarks.common import clone_prompt, load_model
 from q3tts.engine import EngineConfig
-from q3tts.engine.runner import ModelRunner
+from q3tts.engine.runner.model_runner import ModelRunner
 from q3tts.sampling import SamplingParams
 
 

@@ -1,10 +1,10 @@
-"""The sampling kernel alone (q3tts/engine/sampler.py): a frame's 16 draws (the talker's over 3,072 ids with its
+"""The sampling kernel alone (q3tts/kernels/sampler.py): a frame's 16 draws (the talker's over 3,072 ids with its
 processors, the code predictor's 15 over 2,048, each gathering its code's embedding row) in one CUDA graph, ms per
 frame, at the default sampling (temperature 0.9, top-k 50), with top-p 0.9 (with and without top-k), without top-k
 and without sampling, over logits N(0, s^2).
 For A/B runs: run it once per tree, alternating, as bench/frame_parts.py. GPU machine only.
 
-usage: python bench/sampling.py [--batches 1,64] [--scales 1,3] [--set sampler.NAME=VALUE ...] [--label NAME]
+usage: python bench/sampling.py [--batches 1,64] [--scales 1,3] [--set kernels.sampler.NAME=VALUE ...] [--label NAME]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from q3tts.benchmarks.common import ab_label, add_ab_options, graph_ms
-from q3tts.engine.sampler import TalkerProcessors, sample_tokens
+from q3tts.kernels.sampler import TalkerProcessors, sample_tokens
 from q3tts.sampling import SamplerTensors, SamplingParams
 
 

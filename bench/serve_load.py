@@ -248,8 +248,8 @@ class LoopProfile:
 
     def __init__(self, engine) -> None:
         import q3tts.engine.engine as engine_module
-        import q3tts.engine.runner as runner_module
-        from q3tts.engine.readback import Readback
+        import q3tts.engine.runner.model_runner as runner_module
+        from q3tts.engine.runner.readback import Readback
 
         self.totals: collections.Counter = collections.Counter()
         self.rows = 0

@@ -6,24 +6,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import TTS
+    from .api.streaming import AudioChunk
+    from .api.tts import TTS
     from .engine import EngineConfig, EngineError, QueueFull
     from .errors import RequestError
-    from .request import Request, RunawayGuard
+    from .request.builder import Request, RunawayGuard
+    from .request.voice import Voice, VoiceClonePromptItem
     from .sampling import SamplingParams
-    from .streaming import AudioChunk
-    from .voice import Voice, VoiceClonePromptItem
 
     Qwen3TTSModel = TTS
 
 # The public names load their modules on first use, so that `q3tts --help` answers at once (importing torch takes
 # ~3 s).
-_EXPORTS = {"TTS": (".api", "TTS"), "Qwen3TTSModel": (".api", "TTS"),  # drop-in name: q3tts/official.py
+_EXPORTS = {"TTS": (".api.tts", "TTS"), "Qwen3TTSModel": (".api.tts", "TTS"),  # drop-in name: api/official.py
             "EngineConfig": (".engine", "EngineConfig"), "EngineError": (".engine", "EngineError"),
             "QueueFull": (".engine", "QueueFull"), "RequestError": (".errors", "RequestError"),
-            "Request": (".request", "Request"), "RunawayGuard": (".request", "RunawayGuard"),
-            "SamplingParams": (".sampling", "SamplingParams"), "AudioChunk": (".streaming", "AudioChunk"),
-            "Voice": (".voice", "Voice"), "VoiceClonePromptItem": (".voice", "VoiceClonePromptItem")}
+            "Request": (".request.builder", "Request"), "RunawayGuard": (".request.builder", "RunawayGuard"),
+            "SamplingParams": (".sampling", "SamplingParams"), "AudioChunk": (".api.streaming", "AudioChunk"),
+            "Voice": (".request.voice", "Voice"), "VoiceClonePromptItem": (".request.voice", "VoiceClonePromptItem")}
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .models.talker import Talker
-from .prompt import Prompt
+from .request.prompt import Prompt
 
 
 @torch.no_grad()

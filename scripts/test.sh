@@ -2,6 +2,8 @@
 # Sets up everything the test suite needs on a fresh clone, then runs ruff and every test.
 #   .venv         q3tts with its dev extras on CPU torch 2.13.0
 #   .venv-oracle  the official qwen-tts 0.1.1 (transformers 4.57.3), the equivalence oracle, in its own environment
+#   .venv-clients the third-party clients tests/clients drives (Pipecat, LiveKit, wyoming-openai, tts-bench), one
+#                 environment each: scripts/client_envs.sh
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k codec`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,12 +26,15 @@ if [ ! -f .venv-oracle/.ready ]; then
   touch .venv-oracle/.ready
 fi
 
+bash scripts/client_envs.sh
+
 # The playground's browser tests: Debian's Chromium and ChromeDriver (Selenium comes with the dev extras).
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }
 fi
 
-.venv/bin/ruff check q3tts tests bench
+.venv/bin/ruff check q3tts tests bench examples scripts
 # Screenshots of the browser tests land in test-artifacts/.
-Q3TTS_REQUIRE_ORACLE=1 Q3TTS_REQUIRE_BROWSER=1 Q3TTS_ARTIFACTS="$PWD/test-artifacts" .venv/bin/python -m pytest -q "$@"
+# tests/docs builds the docs site (mkdocs build --strict) and redraws the plots: the dev extras bring the docs extra.
+Q3TTS_REQUIRE_ORACLE=1 Q3TTS_REQUIRE_BROWSER=1 Q3TTS_REQUIRE_CLIENTS=1 Q3TTS_REQUIRE_DOCS=1 Q3TTS_ARTIFACTS="$PWD/test-artifacts" .venv/bin/python -m pytest -q "$@"

@@ -51,7 +51,7 @@ def oracle() -> Oracle:
 
 
 def pytest_terminal_summary(terminalreporter):
-    from tests import test_equivalence
+    from tests.equivalence import test_equivalence
 
     if test_equivalence.LARGEST:
         terminalreporter.section("largest differences against the official implementation")

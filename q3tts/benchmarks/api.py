@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..api import TTS
+from ..api.tts import TTS
 from .common import FRAME_SECONDS, cuda_device
 
 TEXT = ("Hello world, this is a test of speech synthesis in a voice cloned from a short reference, spoken at an "

@@ -17,10 +17,10 @@ from ..checkpoint import instantiate
 from ..config import ModelConfig, SpeechTokenizerConfig
 from ..models.codec_decoder import CodecDecoder
 from ..models.qwen3_tts import Qwen3TTSModel
-from ..prompt import PromptSpec, build_prompt
-from ..random_model import CONFIG_DIR, random_model, random_prompt_ids
+from ..request.prompt import PromptSpec, build_prompt
 from ..tiny.random_init import random_state_dict
 from ..tiny.speech_tokenizer import condition_vocoder
+from .random_model import CONFIG_DIR, random_model, random_prompt_ids
 
 FRAME_SECONDS = 0.08  # one codec frame = 80 ms of audio
 
@@ -76,17 +76,18 @@ def add_ab_options(parser) -> None:
     """--set and --label, for A/B runs of one tree against itself or another (bench/frame_parts.py,
     bench/sampling.py); `ab_label` applies them."""
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                        help="a q3tts.engine module's constant for this run (a Python literal)")
+                        help="a q3tts module's constant for this run (a Python literal), e.g. "
+                             "kernels.sampler.SAMPLE_WARPS=4")
     parser.add_argument("--label", default=None, help="first word of each line (default: the tree's q3tts path)")
 
 
 def ab_label(args) -> str:
-    """Sets each --set MODULE.NAME=VALUE (a q3tts.engine module's constant) for the run; returns the label of
-    its lines: --label, or the folder q3tts was imported from."""
+    """Sets each --set MODULE.NAME=VALUE (a q3tts module's constant, MODULE dotted below q3tts) for the run;
+    returns the label of its lines: --label, or the folder q3tts was imported from."""
     for setting in args.set:
         name, value = setting.split("=", 1)
         module, attr = name.rsplit(".", 1)
-        setattr(importlib.import_module(f"q3tts.engine.{module}"), attr, ast.literal_eval(value))
+        setattr(importlib.import_module(f"q3tts.{module}"), attr, ast.literal_eval(value))
     return args.label or str(Path(__file__).resolve().parents[2])
 
 

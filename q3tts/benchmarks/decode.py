@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from ..engine import EngineConfig
-from ..engine.readback import Readback
-from ..engine.runner import ModelRunner, _frame_sum
-from ..engine.sampler import sample_tokens
+from ..engine.runner.model_runner import ModelRunner, _frame_sum
+from ..engine.runner.readback import Readback
+from ..kernels.sampler import sample_tokens
 from ..sampling import SamplingParams
 from .common import FRAME_SECONDS, clone_prompt, cuda_device, graph_ms, load_model
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 from ..engine import Engine, EngineConfig
-from ..engine.codec_stream import StreamingDecoder
-from ..engine.readback import Readback
+from ..engine.runner.codec_stream import StreamingDecoder
+from ..engine.runner.readback import Readback
 from ..models.speech_tokenizer import SpeechTokenizer
-from ..prompt import build_prompts
+from ..request.prompt import build_prompts
 from ..sampling import SamplingParams
 from .common import (
     FRAME_SECONDS,

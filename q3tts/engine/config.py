@@ -54,8 +54,8 @@ class EngineConfig:
     # SwiGLU and residual adds inside the matrix products (kernels.fused_linear; bf16/fp16 weights, calls of up
     # to decoder.FUSED_MAX_ROWS tokens: 5 kernels per layer instead of 9); "off": neither.
     fused_decode: str = "all"
-    # Voice prefixes kept for reuse across requests (engine/prefix_cache.py): the talker's keys and values of each
-    # voice's first positions, and the codec's state after each in-context voice's reference; each of the two
+    # Voice prefixes kept for reuse across requests (engine/runner/prefix_cache.py): the talker's keys and values of
+    # each voice's first positions, and the codec's state after each in-context voice's reference; each of the two
     # caches at most this much memory beside the KV cache; 0 turns both off.
     prefix_cache_gb: float = 0.25
 

@@ -37,13 +37,13 @@ from ..errors import RequestError
 from ..models.codec_decoder import CodecDecoder
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import SamplingParams
-from .codec import CodecRunner
 from .config import EngineConfig
-from .graphs import side_stream
 from .kv_blocks import OutOfBlocks
-from .readback import FrameOut, Readback
 from .rows import RowTable, SlotTable, remove_rows
-from .runner import ModelRunner, SwappedRow
+from .runner.codec import CodecRunner
+from .runner.graphs import side_stream
+from .runner.model_runner import ModelRunner, SwappedRow
+from .runner.readback import FrameOut, Readback
 from .scheduler import QueueFull, Scheduler
 from .sequence import Prompt, Sequence
 from .stream import END, Channel, Delivery, Dispatcher, Frames, RequestStream

@@ -12,15 +12,15 @@ FRAME_SECONDS = 0.08  # one codec frame: 1920 samples at 24 kHz
 
 @dataclass(eq=False)
 class Prompt:
-    """A request's talker input, built by `q3tts.prompt.build_prompt`. Its embeddings are kept as the pieces they
-    were built from (a voice's head is one tensor shared by all its prompts); `embeds` and `trailing` join them on
+    """A request's talker input, built by `q3tts.request.prompt.build_prompt`. Its embeddings are kept as the pieces
+    they were built from (a voice's head is one tensor shared by all its prompts); `embeds` and `trailing` join them on
     first use, and the engine joins a whole batch's pieces at once (`embeds_from`)."""
 
     parts: tuple[torch.Tensor, ...]  # [L_i, H] each: the prefill input, in order
     trailing_parts: tuple[torch.Tensor, ...]  # [N_i, H]: added at decode step s < N (TTS_PAD after)
     pad: torch.Tensor  # [H] TTS_PAD
     trailing_ids: list[int]  # text ids whose projections are `trailing` (the engine projects them per step)
-    prefix_len: int = 0  # the first positions, which depend on the voice alone (engine/prefix_cache.py)
+    prefix_len: int = 0  # the first positions, which depend on the voice alone (engine/runner/prefix_cache.py)
     prefix_key: str | None = None  # a digest of what they depend on
 
     def __post_init__(self):

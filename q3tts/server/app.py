@@ -18,13 +18,14 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from . import errors, playground, speech, status, voices, websocket
+from . import errors
 from .auth import HideQueryKeys
 from .config import ServerConfig
-from .core import CoreServer
+from .front.link import CoreServer
 from .guard import RequestGuard
 from .metrics import ServerMetrics
 from .middleware import HideCancelledTracebacks, KeepTransport, RequestContextMiddleware
+from .routes import playground, speech, status, voices, websocket
 from .service import SpeechService
 from .voice_store import VoiceStore
 
@@ -42,19 +43,22 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         front = asyncio.create_task(_exit_with_front(config.front_pid)) if config.front_pid else None
+        failed = "the model did not load"
         try:
             model = tts if tts is not None else await asyncio.to_thread(_load, config)
+            failed = "the server cannot start"  # (the voice settings do not suit this checkpoint)
+            service = SpeechService(model, config, VoiceStore(config.voices_dir), observer=metrics)
+            await asyncio.to_thread(service.resolver.load_default_voice)
         except (ValueError, OSError, RuntimeError, MemoryError) as e:  # a checkpoint that does not load, no memory
             give_up = getattr(app.state, "give_up", None)
             if start_ready or give_up is None:
                 raise
-            log.error("the model did not load: %s", e)  # (one line, and serve() exits 1)
+            log.error("%s: %s", failed, e)  # (one line, and serve() exits 1)
             if front is not None:
                 front.cancel()
             give_up()
             yield
             return
-        service = SpeechService(model, config, VoiceStore(config.voices_dir), observer=metrics)
         metrics.engine_source = lambda: service.engine
         app.state.service, app.state.speak = service, service.speak
         service.on_give_up = getattr(app.state, "give_up", None)  # (serve(): the process exits)
@@ -99,7 +103,7 @@ async def _exit_with_front(front: int) -> None:
 
 
 def _load(config: ServerConfig) -> Any:
-    from ..api import TTS
+    from ..api.tts import TTS
 
     log.info("loading %s", config.model)
     return TTS.from_pretrained(config.model, device=config.device, dtype=config.dtype,

@@ -1,15 +1,18 @@
 """Incremental audio encoders: float32 mono PCM in (any number of samples per call), encoded bytes out, ready
 to send at once. Every format streams: the client can play the first bytes while the rest is generated.
 
-- `pcm`: raw 16-bit little-endian mono at the model's rate (24 kHz), no header.
-- `wav`: a WAV header whose sizes say "as long as possible" (streaming WAV), then 16-bit PCM.
+- `pcm`: raw signed 16-bit little-endian mono at the model's rate (24 kHz) or the asked `sample_rate`, no header.
+- `wav`: a WAV header whose RIFF and data sizes are 0xFFFFFFFF, the standard "open-ended" value that readers take
+  for "until the data ends" (streaming WAV), then 16-bit PCM; a WAV sent whole (`whole=True`: the WebSocket's
+  one file per segment) carries its true sizes.
 - `mp3`, `opus` (in Ogg, pages flushed every 20 ms), `aac` (ADTS): PyAV encoders writing to a non-seekable sink
   that is drained after every call. Lossy encoders add their codec's priming/padding (under one 80 ms frame of
   audio).
 - `flac`: sent whole when the audio ends. FLAC's header carries the total sample count, which libsndfile (and
   with it soundfile) needs to read the file; a streamed FLAC can only say "unknown".
 
-`make_encoder(format, sample_rate, speed)` builds one; `speed != 1` time-stretches first (see time_stretch.py).
+`make_encoder(format, sample_rate, speed, out_rate, volume)` builds one; before encoding, `volume != 1` scales the
+samples, `speed != 1` time-stretches (see time_stretch.py) and `out_rate` resamples (soxr, streaming, HQ).
 `encode_async` runs the costly ones (PyAV: ~0.2-2 ms per 80 ms frame) in a worker thread, so many streams
 encode on many cores instead of stalling the event loop. Pure: no server, no engine; unit-tested on its own.
 """
@@ -23,8 +26,9 @@ from typing import Protocol
 
 import av
 import numpy as np
+import soxr
 
-from ..audio import to_int16
+from ..request.audio import to_int16
 from .time_stretch import TimeStretch
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
@@ -34,6 +38,7 @@ MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "fl
 _PYAV = {"mp3": ("mp3", "libmp3lame", {}), "opus": ("ogg", "libopus", {"page_duration": "20000"}),
          "aac": ("adts", "aac", {}), "flac": ("flac", "flac", {})}
 _STREAMING_SIZE = 0xFFFFFFFF  # WAV sizes for "unknown length": readers play until the data ends
+_WAV_HEADER_BYTES = 44
 _WHOLE = ("flac",)  # formats whose header must hold the length: written to memory, sent at the end
 
 
@@ -56,25 +61,38 @@ class PCMEncoder:
 
 
 class WAVEncoder:
+    """16-bit PCM after a WAV header: streamed (open-ended sizes, the header with the first bytes) or, `whole`,
+    held until flush and sent with its true sizes."""
+
     offload = False
 
-    def __init__(self, sample_rate: int):
-        self.sample_rate = sample_rate
+    def __init__(self, sample_rate: int, whole: bool = False):
+        self.sample_rate, self.whole = sample_rate, whole
         self.started = False
+        self.parts: list[bytes] = []
 
-    def header(self) -> bytes:
+    def header(self, data_bytes: int | None = None) -> bytes:
         rate, channels, bits = self.sample_rate, 1, 16
         block = channels * bits // 8
-        return (b"RIFF" + struct.pack("<I", _STREAMING_SIZE) + b"WAVE"
+        riff = _STREAMING_SIZE if data_bytes is None else _WAV_HEADER_BYTES - 8 + data_bytes
+        data = _STREAMING_SIZE if data_bytes is None else data_bytes
+        return (b"RIFF" + struct.pack("<I", riff) + b"WAVE"
                 + b"fmt " + struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * block, block, bits)
-                + b"data" + struct.pack("<I", _STREAMING_SIZE - 36))
+                + b"data" + struct.pack("<I", data))
 
     def encode(self, pcm: np.ndarray) -> bytes:
+        samples = to_int16(pcm).tobytes()
+        if self.whole:
+            self.parts.append(samples)
+            return b""
         head = b"" if self.started else self.header()
         self.started = True
-        return head + to_int16(pcm).tobytes()
+        return head + samples
 
     def flush(self) -> bytes:
+        if self.whole:
+            data, self.parts = b"".join(self.parts), []
+            return self.header(len(data)) + data
         return b"" if self.started else self.encode(np.zeros(0, dtype=np.float32))
 
 
@@ -140,31 +158,83 @@ class PyAVEncoder:
             self.container.mux(packet)
 
 
-class StretchedEncoder:
-    """Time-stretches (pitch kept) before encoding."""
+class Gain:
+    """`volume_multiplier`: the samples scaled (clipped to 16 bits when encoded)."""
+
+    def __init__(self, factor: float):
+        self.factor = np.float32(factor)
+
+    def process(self, pcm: np.ndarray) -> np.ndarray:
+        return pcm * self.factor
+
+    def flush(self) -> np.ndarray:
+        return np.zeros(0, dtype=np.float32)
+
+
+class Resample:
+    """`sample_rate`: soxr's streaming resampler (HQ); the output is round(n x out / in) samples in all."""
+
+    def __init__(self, in_rate: int, out_rate: int):
+        self.stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+
+    def process(self, pcm: np.ndarray) -> np.ndarray:
+        return self.stream.resample_chunk(np.ascontiguousarray(pcm, dtype=np.float32))
+
+    def flush(self) -> np.ndarray:
+        return self.stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+
+
+class Stage(Protocol):
+    def process(self, pcm: np.ndarray) -> np.ndarray: ...
+
+    def flush(self) -> np.ndarray: ...
+
+
+class StagedEncoder:
+    """Samples through `stages` in order (gain, time stretch, resampling), then encoded."""
 
     offload = True
 
-    def __init__(self, encoder: AudioEncoder, stretch: TimeStretch):
-        self.encoder, self.stretch = encoder, stretch
+    def __init__(self, encoder: AudioEncoder, stages: list[Stage]):
+        self.encoder, self.stages = encoder, stages
 
     def encode(self, pcm: np.ndarray) -> bytes:
-        return self.encoder.encode(self.stretch.process(pcm))
+        for stage in self.stages:
+            pcm = stage.process(pcm)
+        return self.encoder.encode(pcm)
 
     def flush(self) -> bytes:
-        return self.encoder.encode(self.stretch.flush()) + self.encoder.flush()
+        """Each stage's tail through the stages after it."""
+        out = b""
+        for i, stage in enumerate(self.stages):
+            tail = stage.flush()
+            for later in self.stages[i + 1:]:
+                tail = later.process(tail)
+            out += self.encoder.encode(tail)
+        return out + self.encoder.flush()
 
 
-def make_encoder(fmt: str, sample_rate: int, speed: float = 1.0) -> AudioEncoder:
+def make_encoder(fmt: str, sample_rate: int, speed: float = 1.0, out_rate: int | None = None, volume: float = 1.0,
+                 whole: bool = False) -> AudioEncoder:
+    """An encoder of audio at `sample_rate` into `fmt` at `out_rate` (default: the same), after `volume` and
+    `speed`; `whole`: a WAV is sent at the end with its true sizes."""
     if fmt not in FORMATS:
         raise ValueError(f"unsupported response_format {fmt!r}; supported: {list(FORMATS)}")
+    rate = out_rate or sample_rate
     if fmt == "pcm":
         encoder: AudioEncoder = PCMEncoder()
     elif fmt == "wav":
-        encoder = WAVEncoder(sample_rate)
+        encoder = WAVEncoder(rate, whole)
     else:
-        encoder = PyAVEncoder(fmt, sample_rate)
-    return encoder if speed == 1.0 else StretchedEncoder(encoder, TimeStretch(speed, sample_rate))
+        encoder = PyAVEncoder(fmt, rate)
+    stages: list[Stage] = []
+    if volume != 1.0:
+        stages.append(Gain(volume))
+    if speed != 1.0:
+        stages.append(TimeStretch(speed, sample_rate))
+    if rate != sample_rate:
+        stages.append(Resample(sample_rate, rate))
+    return StagedEncoder(encoder, stages) if stages else encoder
 
 
 async def encode_async(encoder: AudioEncoder, pcm: np.ndarray) -> bytes:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine import EngineConfig
-from ..request import RunawayGuard
+from ..request.builder import RunawayGuard
 
 
 @dataclass
@@ -26,6 +26,12 @@ class ServerConfig:
     api_key: str | None = None  # bearer token required on /v1/* when set
     voices_dir: Path | None = None  # where uploaded voices persist; None keeps them in memory
     served_model_name: str | None = None  # the id /v1/models reports (default: `model`)
+    # Voice names beyond the checkpoint's own (voice_aliases.py): alias -> a preset speaker (CustomVoice), a
+    # description (VoiceDesign) or a stored voice (Base); over the default table of OpenAI's voice names.
+    voice_aliases: dict[str, str] = field(default_factory=dict)
+    # For a request that names no voice (and, on Base, an OpenAI voice name with no stored voice of that name): a
+    # preset speaker, a description, or a stored voice's name or a voice file / recording (Base).
+    default_voice: str | None = None
     warmup: bool = True  # run one request through the engine before /ready says yes
     core_socket: str | None = None  # an engine process behind a front (router.py): its speech requests come here
     front_pid: int | None = None  # that front's process: the engine process stops when it is gone
@@ -60,6 +66,7 @@ class ServerConfig:
         if not self.max_body_bytes > 0:
             raise ValueError(f"max_body_bytes must be > 0, got {self.max_body_bytes!r}")
         self.ref_audio_hosts = tuple(h.lower() for h in self.ref_audio_hosts)
+        self._check_voices()
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.voices_dir is not None:
@@ -75,6 +82,21 @@ class ServerConfig:
 
             VoiceStore(self.voices_dir)  # (a damaged index: refused here, in one line, before the model loads)
         self.engine_config()  # validates the engine's settings
+
+    def _check_voices(self) -> None:
+        """The aliases' form and a default voice file's existence (what they stand for is checked against the
+        checkpoint once it is known: voice_aliases.py); the file as an absolute path, for engine processes."""
+        from .voice_aliases import check_aliases, is_voice_file
+
+        if not isinstance(self.voice_aliases, dict):
+            raise ValueError(f"voice_aliases must be a mapping of names to voices, got {self.voice_aliases!r}")
+        check_aliases(self.voice_aliases)
+        if self.default_voice is not None and is_voice_file(self.default_voice):
+            path = Path(self.default_voice).expanduser()
+            if not path.is_file():
+                raise ValueError(f"default_voice {self.default_voice!r}: no such file (a saved voice from `q3tts "
+                                 "voice create`, a recording, or the name of a stored voice)")
+            self.default_voice = str(path.resolve())
 
     @property
     def ref_audio_urls(self) -> bool:

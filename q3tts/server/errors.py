@@ -84,7 +84,7 @@ def from_validation(exc: Exception) -> APIError:
     # A location can hold what the client sent (an unknown key is its own location).
     loc = [field(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
     param = ".".join(loc) or None
-    code = "missing" if first.get("type") == "missing" else "invalid_value"
+    code = {"missing": "missing", "unsupported": "unsupported"}.get(first.get("type"), "invalid_value")
     message = first.get("msg", "invalid value")
     return bad_request(f"{param}: {message}" if param else message, param=param, code=code)
 

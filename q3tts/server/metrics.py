@@ -3,9 +3,10 @@
 - `q3tts_queue_depth`, `q3tts_running_streams`: the engine's waiting and running requests (read at scrape).
 - `q3tts_frames_generated_total`, `q3tts_engine_requests_{finished,cancelled}_total`, `q3tts_engine_errors_total`:
   the engine's own counters (read at scrape).
-- `q3tts_prefix_cache_{hits,misses}_total`: prompts whose voice prefix was reused / computed (engine/prefix_cache.py).
+- `q3tts_prefix_cache_{hits,misses}_total`: prompts whose voice prefix was reused / computed
+  (engine/runner/prefix_cache.py).
 - `q3tts_codec_references_{reused,decoded}_total`: in-context streams whose codec state after the reference was
-  copied (same reference as another stream, now or kept) / decoded (engine/codec.py).
+  copied (same reference as another stream, now or kept) / decoded (engine/runner/codec.py).
 - `q3tts_time_to_first_audio_seconds`: submission -> first 80 ms frame, per request.
 - `q3tts_real_time_factor`: wall seconds (submission -> end) per second of audio, per finished request; below 1
   is faster than real time.

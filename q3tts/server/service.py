@@ -1,50 +1,44 @@
 """The speech service: the one place the HTTP and WebSocket routes meet the model and its engine.
 
 It starts the model's engine (graphs captured, one warm-up request through it; `ready` only then), resolves a
-request's voice in the server's terms (a `voice` names a preset speaker or a stored voice; `ref_audio` carries a
-recording), and submits. Validation is the request builder's (`q3tts.request`): a `RequestError` it raises is
+request's voice and language in the server's terms (voice_choice.py), checks its `model` (model_ids.py), and
+submits. Validation is the request builder's (`q3tts.request`): a `RequestError` it raises is
 only translated here into the API's error shape, its parameter renamed to the HTTP field.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import gc
 import itertools
 import logging
 import os
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
-from ..audio import AudioError
+from ..api.pieces import PieceStream
 from ..engine import EngineError, QueueFull, RequestStream
 from ..engine.engine import one_cpu_thread_on_gpu
 from ..engine.sequence import Prompt
 from ..errors import RequestError, quote
-from ..fetch import FetchError, FetchPolicy, fetch
-from ..pieces import PieceStream
-from ..request import Request
-from ..voice import Voice
+from ..request.builder import Request
+from ..request.voice import Voice
 from . import errors
 from .config import ServerConfig
-from .core import Speech
+from .front.link import Speech
+from .model_ids import is_served, model_ids
 from .schemas import TASK_TYPES, SpeechRequest, SpeechSettings
-from .voice_store import VoiceStore, VoiceStoreError
+from .voice_choice import VoiceChoice, VoiceResolver
+from .voice_store import VoiceStore
 
 log = logging.getLogger("q3tts.server")
 _ids = itertools.count()
-PLACEHOLDER_VOICES = ("", "default")  # `voice` where none applies (VoiceDesign, ref_audio); OpenAI needs one
-OPENAI_MODEL_NAMES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # accepted as aliases of the loaded model
 MAX_RESTARTS = 3  # engine rebuilds after failures before the server gives up
 PREPARE_THREADS = 2
-DOWNLOAD_THREADS = 8  # reference downloads at once; more wait their turn
 T = TypeVar("T")
 HTTP_NAMES = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # Python argument -> HTTP field
 HTTP_VALUES = {"x_vector_only_mode=False": "x_vector_only_mode=false",  # a Python value in JSON's spelling
@@ -54,17 +48,8 @@ SERVER_FLAGS = {"max_context": "--max-context", "kv_cache_gb": "--kv-cache-gb",
 
 
 @dataclass
-class VoiceChoice:
-    """A request's (or a WebSocket session's) voice, resolved once."""
-
-    speaker: str | None = None
-    voice: Voice | None = None
-    instruct: str | None = None
-
-
-@dataclass
 class PreparedSpeech:
-    """A request's pieces (one, or several for a long input: q3tts.pieces) and their prompts."""
+    """A request's pieces (one, or several for a long input: q3tts.api.pieces) and their prompts."""
 
     requests: list[Request]
     prompts: list[Prompt]
@@ -109,9 +94,10 @@ class SpeechService:
         self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare",
                                            initializer=one_cpu_thread_on_gpu, initargs=(tts.device,))
         self._prompts = _PromptBatcher(lambda requests: self._in_worker(self.tts.prepare_many, requests))
-        # Reference downloads wait on other servers: threads of their own, so that slow ones never hold the default
-        # pool, where the audio encoders run (each ends at its deadline: fetch.py).
-        self._downloads = ThreadPoolExecutor(DOWNLOAD_THREADS, thread_name_prefix="q3tts-fetch")
+        # (ValueError: an alias or default voice this checkpoint cannot use)
+        self.resolver = VoiceResolver(tts, config, voices, self._in_worker, api_error)
+        self.model_ids = model_ids(config.model_id, config.model, tts.config.tts_model_type,
+                                   tts.config.tts_model_size)
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
 
@@ -180,7 +166,7 @@ class SpeechService:
         if self.owns_engine:
             await asyncio.to_thread(self.tts.close)
         self._workers.shutdown(wait=False)
-        self._downloads.shutdown(wait=False)
+        self.resolver.close()
 
     @property
     def healthy(self) -> bool:
@@ -218,103 +204,31 @@ class SpeechService:
             raise errors.engine_failed("the engine has failed; restart the server")
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name not in (self.config.model_id, *OPENAI_MODEL_NAMES):
+        if name is not None and not is_served(name, self.model_ids):
             raise errors.not_found(f"model {quote(name)} is not served here; this server serves "
-                                   f"{self.config.model_id!r}", param="model", code="model_not_found")
+                                   f"{self.config.model_id!r} (also as {', '.join(self.model_ids[1:])} or OpenAI's "
+                                   "tts-1, tts-1-hd, gpt-4o-mini-tts and their snapshots)", param="model",
+                                   code="model_not_found")
 
     async def resolve_voice(self, s: SpeechSettings) -> VoiceChoice:
-        """The voice a request asks for, in the server's terms, checked against the checkpoint's mode before any
-        reference audio is fetched or encoded."""
-        if s.task_type is not None and s.task_type != self.task_type:
-            raise errors.bad_request(f"task_type {quote(s.task_type)} does not match the loaded {self.task_type} "
-                                     f"checkpoint {self.config.model_id!r}", param="task_type")
-        kind = self.tts.config.tts_model_type
-        cloning = [n for n in ("ref_audio", "ref_text", "x_vector_only_mode") if getattr(s, n) not in (None, False)]
-        if kind != "base" and cloning:
-            raise errors.bad_request(f"{cloning[0]} is for voice cloning, which needs a Base checkpoint (this one is "
-                                     f"{self.task_type})", param=cloning[0])
-        if kind == "voice_design" and _named_voice(s) is not None:
-            raise errors.bad_request("a VoiceDesign checkpoint has no named voices: describe the voice in "
-                                     "`instructions` and omit `voice` (or pass 'default')", param="voice")
-        speaker = s.voice_id if kind == "custom_voice" else None
-        try:
-            instruct = self.tts.builder.check_mode(speaker, kind == "base", s.instructions)
-            self.tts.builder.language(s.language)
-            if speaker is not None:
-                speaker = self.tts.builder.speaker(speaker)
-        except RequestError as e:
-            raise api_error(e) from e
-        if kind == "base":
-            return VoiceChoice(voice=await self._clone_voice(s))
-        return VoiceChoice(speaker=speaker, instruct=instruct)
-
-    async def _clone_voice(self, s: SpeechSettings) -> Voice:
-        if s.ref_audio is not None:
-            if _named_voice(s) is not None:
-                raise errors.bad_request("pass either `voice` (a stored voice) or `ref_audio`, not both",
-                                         param="voice")
-            source = _audio_source(s.ref_audio)
-            if isinstance(source, str) and not source.startswith("data:"):
-                source = await self._download(source)
-            return await self.create_voice(source, s.ref_text, s.x_vector_only_mode, "ref_audio")
-        if s.ref_text is not None or s.x_vector_only_mode:
-            raise errors.bad_request("ref_text and x_vector_only_mode apply only with ref_audio (a stored voice "
-                                     "keeps its own)", param="ref_text" if s.ref_text is not None else
-                                     "x_vector_only_mode")
-        if not s.voice_id:
-            raise errors.bad_request("this Base checkpoint clones voices: pass `voice` (an id from POST "
-                                     "/v1/audio/voices) or `ref_audio`", param="voice", code="missing")
-        try:
-            found = await self._in_worker(self.voices.get, s.voice_id)
-        except VoiceStoreError as e:
-            raise errors.APIError(500, str(e), type=errors.SERVER, param="voice", code="voice_unreadable") from None
-        if found is None:
-            raise errors.not_found(f"voice {quote(s.voice_id)} not found", param="voice", code="voice_not_found")
-        return found[1]
-
-    async def _download(self, url: str) -> bytes:
-        """A ref_audio URL's bytes, as this server's settings allow (off by default)."""
-        c = self.config
-        if not c.ref_audio_urls:
-            raise errors.bad_request("ref_audio URLs are turned off on this server (q3tts serve "
-                                     "--allow-ref-audio-urls or --ref-audio-hosts turns them on): send the audio "
-                                     "as base64 or upload it to /v1/audio/voices", param="ref_audio",
-                                     code="urls_disabled")
-        policy = FetchPolicy(max_bytes=c.max_upload_bytes, timeout_s=c.ref_audio_timeout_s, hosts=c.ref_audio_hosts,
-                             allow_private=False)
-        started = time.monotonic()
-
-        def download() -> bytes:  # (the time limit counts from the request: waiting for a thread included)
-            return fetch(url, replace(policy, timeout_s=max(policy.timeout_s - (time.monotonic() - started), 0.0)))
-
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._downloads, download)
-        except FetchError as e:
-            raise errors.bad_request(str(e), param="ref_audio", code="download_failed") from e
+        """The voice and language a request asks for, in the server's terms (voice_choice.py)."""
+        return await self.resolver.resolve(s)
 
     async def create_voice(self, source: str | bytes, ref_text: str | None, x_vector_only: bool,
                            param: str) -> Voice:
         """Clones a voice from reference audio (Base checkpoints), in a worker thread."""
-        if self.tts.config.tts_model_type != "base":
-            raise errors.bad_request(f"voice cloning needs a Base checkpoint; this one is {self.task_type}",
-                                     param=param)
-        try:
-            return await asyncio.to_thread(self.tts.create_voice, source, ref_text, x_vector_only)
-        except AudioError as e:
-            raise errors.bad_request(str(e), param=param) from e
-        except RequestError as e:
-            raise api_error(e) from e
+        return await self.resolver.create_voice(source, ref_text, x_vector_only, param)
 
     def check_limits(self, s: SpeechSettings, text: str | None = None) -> None:
         """The lengths of what the client sent, before any work (README: "Limits")."""
         c = self.config
-        ref_audio_limit = 2048 if (s.ref_audio or "").startswith(("http://", "https://")) \
+        ref_audio_limit = 2048 if (s.reference[0] or "").startswith(("http://", "https://")) \
             else c.max_upload_bytes * 4 // 3 + 64  # base64 or a data: URL
         for param, value, limit in (("input", text, c.max_input_chars),
                                     ("instructions", s.instructions, c.max_instructions_chars),
-                                    ("ref_text", s.ref_text, c.max_ref_text_chars),
+                                    ("ref_text", s.reference[1], c.max_ref_text_chars),
                                     ("voice", s.voice_id, c.max_voice_chars),
-                                    ("ref_audio", s.ref_audio, ref_audio_limit)):
+                                    ("ref_audio", s.reference[0], ref_audio_limit)):
             if value is not None and len(value) > limit:
                 raise errors.bad_request(f"{param} is {len(value)} characters; this server accepts at most {limit}",
                                          param=param, code="input_too_long" if param == "input" else "too_long")
@@ -335,7 +249,7 @@ class SpeechService:
 
     def _requests(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> list[Request]:
         return self.tts.pieces(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
-                               language=s.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
+                               language=choice.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
                                runaway_guard=self.config.runaway_guard, **s.sampling())
 
     async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
@@ -368,23 +282,6 @@ class SpeechService:
 
     def random_seed(self) -> int:
         return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
-
-
-def _named_voice(s: SpeechSettings) -> str | None:
-    """`voice`, unless it is a placeholder (OpenAI's client always sends one) where no name applies."""
-    return None if s.voice_id in (None, *PLACEHOLDER_VOICES) else s.voice_id
-
-
-def _audio_source(ref_audio: str) -> str | bytes:
-    """A URL or data URL as it is; anything else must be base64 audio (never a path on this machine)."""
-    text = ref_audio.strip()
-    if text.startswith(("http://", "https://", "data:")):
-        return text
-    try:
-        return base64.b64decode("".join(text.split()), validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise errors.bad_request("ref_audio must be an http(s) URL, a data: URL or base64-encoded audio",
-                                 param="ref_audio") from e
 
 
 class _PromptBatcher:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import RequestError, quote
-from ..voice import Voice
+from ..request.voice import Voice
 
 try:
     import fcntl

@@ -5,7 +5,8 @@ model.safetensors, the text tokenizer files and speech_tokenizer/ exactly as a r
 them out, so both q3tts and the official package load them. The shapes keep what matters structurally:
 talker head_dim x heads != hidden, a text width that differs from the talker width (exercises the text
 projection), a code predictor narrower than the talker ("1b7": exercises small_to_mtp_projection) or as wide
-("0b6": Identity), the official codec ids (codebook size 2048) and the 12.5 Hz codec ratios.
+("0b6": Identity), the official codec ids (codebook size 2048) and the 12.5 Hz codec ratios. A `TinyShape`
+(`q3tts.tiny.shapes`) changes the sizes, e.g. to one drawn at random within the official families.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from safetensors.torch import save_file
 
 from ..config import MODEL_TYPES, ModelConfig
 from .random_init import random_state_dict
+from .shapes import TinyShape, mrope_section
 from .speech_tokenizer import write_tiny_speech_tokenizer
 from .text_tokenizer import write_tiny_text_tokenizer
 
@@ -37,11 +39,13 @@ GENERATION_CONFIG = {"do_sample": True, "repetition_penalty": 1.05, "temperature
                      "subtalker_top_k": 50, "max_new_tokens": 8192}
 
 
-def tiny_config(model_type: str, size: str, text_ids: dict[str, int]) -> dict:
-    """config.json contents of a tiny checkpoint (the official key layout, small dimensions)."""
+def tiny_config(model_type: str, size: str, text_ids: dict[str, int], shape: TinyShape | None = None) -> dict:
+    """config.json contents of a tiny checkpoint (the official key layout, small dimensions; `shape` overrides
+    the built-in sizes)."""
     if model_type not in MODEL_TYPES or size not in ("0b6", "1b7"):
         raise ValueError(f"unknown tiny model {model_type!r}/{size!r}")
-    hidden = 64 if size == "0b6" else 96
+    shape = shape or TinyShape()
+    hidden = shape.talker.get("hidden_size", 64 if size == "0b6" else 96)
     languages = dict(LANGUAGES)
     if model_type == "custom_voice":
         languages.update(beijing_dialect=2074, sichuan_dialect=2062)
@@ -56,13 +60,18 @@ def tiny_config(model_type: str, size: str, text_ids: dict[str, int]) -> dict:
             "vocab_size": 2048, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "hidden_act": "silu",
             "max_position_embeddings": 65536, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
-            "attention_bias": False, "num_code_groups": 16, "max_length": 20},
+            "attention_bias": False, "num_code_groups": 16, "max_length": 20, **shape.code_predictor},
         "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_pad_id": 2148, "codec_think_id": 2154,
         "codec_nothink_id": 2155, "codec_think_bos_id": 2156, "codec_think_eos_id": 2157,
-        "codec_language_id": languages,
+        "codec_language_id": languages, **shape.talker,
         "spk_id": SPEAKERS if model_type == "custom_voice" else {},
         "spk_is_dialect": {s: DIALECTS.get(s, False) for s in SPEAKERS} if model_type == "custom_voice" else {},
     }
+    talker["rope_scaling"]["mrope_section"] = mrope_section(talker["head_dim"])
+    cp_hidden = talker["code_predictor_config"]["hidden_size"]
+    if (cp_hidden == hidden) != (size == "0b6"):
+        raise ValueError(f"the {size} layout's code predictor is {'as wide as' if size == '0b6' else 'narrower than'} "
+                         f"the talker: hidden sizes {cp_hidden} and {hidden}")
     config = {
         "architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
         "tokenizer_type": "qwen3_tts_tokenizer_12hz", "tts_model_size": size, "tts_model_type": model_type,
@@ -78,20 +87,21 @@ def tiny_config(model_type: str, size: str, text_ids: dict[str, int]) -> dict:
 
 
 def write_tiny_checkpoint(folder: str | Path, model_type: str = "custom_voice", size: str = "1b7",
-                          seed: int = 0) -> Path:
-    """Writes a complete random checkpoint to `folder` and returns it."""
+                          seed: int = 0, shape: TinyShape | None = None) -> Path:
+    """Writes a complete random checkpoint to `folder` and returns it (`shape`: sizes other than the built-in
+    ones, see `TinyShape`)."""
     from ..models.qwen3_tts import Qwen3TTSModel
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     text_ids = write_tiny_text_tokenizer(folder)
-    config = tiny_config(model_type, size, text_ids)
+    config = tiny_config(model_type, size, text_ids, shape)
     _write_json(folder / "config.json", config)
     _write_json(folder / "generation_config.json", GENERATION_CONFIG)
     _write_json(folder / "preprocessor_config.json", {"processor_class": "Qwen3TTSProcessor"})
     shapes = Qwen3TTSModel.checkpoint_shapes(ModelConfig.from_file(folder / "config.json"))
     save_file(random_state_dict(shapes, seed), str(folder / "model.safetensors"))
-    write_tiny_speech_tokenizer(folder / "speech_tokenizer", seed=seed)
+    write_tiny_speech_tokenizer(folder / "speech_tokenizer", seed=seed, shape=shape)
     return folder
 
 

@@ -12,6 +12,7 @@ transformers, as in the real decoder.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from ..config import SpeechTokenizerConfig
 from ..models.codec_decoder import CodecDecoder
 from ..models.speech_tokenizer import SpeechTokenizer
 from .random_init import random_state_dict
+from .shapes import TinyShape
 
 TINY_SPEECH_TOKENIZER_CONFIG: dict = {
     "architectures": ["Qwen3TTSTokenizerV2Model"],
@@ -63,24 +65,29 @@ CONFIGURATION = {"framework": "pytorch", "task": "feature-extraction", "allow_re
 TARGET_PEAK = 0.5
 
 
-def write_tiny_speech_tokenizer(folder: Path, seed: int = 0) -> Path:
+def write_tiny_speech_tokenizer(folder: Path, seed: int = 0, shape: TinyShape | None = None) -> Path:
     """Writes config.json, model.safetensors (fp32, every tensor of the official file, random),
-    preprocessor_config.json and configuration.json to `folder` and returns it."""
+    preprocessor_config.json and configuration.json to `folder` and returns it. `shape`: decoder sizes other than
+    the built-in ones (`shape.codec`) and how the vocoder is conditioned (`shape.condition`)."""
+    shape = shape or TinyShape()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    _write_json(folder / "config.json", TINY_SPEECH_TOKENIZER_CONFIG)
+    data = copy.deepcopy(TINY_SPEECH_TOKENIZER_CONFIG)
+    data["decoder_config"].update(shape.codec)
+    _write_json(folder / "config.json", data)
     config = SpeechTokenizerConfig.from_file(folder / "config.json")
     tensors = random_state_dict(SpeechTokenizer.checkpoint_shapes(config), seed)
-    condition_vocoder(tensors, config, seed)
+    condition_vocoder(tensors, config, seed, per_block=shape.condition == "blocks")
     save_file(tensors, str(folder / "model.safetensors"))
     _write_json(folder / "preprocessor_config.json", PREPROCESSOR_CONFIG)
     _write_json(folder / "configuration.json", CONFIGURATION)
     return folder
 
 
-def condition_vocoder(tensors: dict[str, torch.Tensor], config: SpeechTokenizerConfig, seed: int) -> None:
-    """Rescales (in place) each upsampling block's transposed conv so the block outputs rms 1 on random codes,
-    then the last conv so the pre-clamp waveform peaks at TARGET_PEAK.
+def condition_vocoder(tensors: dict[str, torch.Tensor], config: SpeechTokenizerConfig, seed: int,
+                      per_block: bool = True) -> None:
+    """Rescales (in place) each upsampling block's transposed conv so the block outputs rms 1 on random codes
+    (unless `per_block` is False), then the last conv so the pre-clamp waveform peaks at TARGET_PEAK.
 
     Raw random weights grow the activations about 3x per block (rms ~35 before the last conv); through the
     Snake activations that turns fp32 rounding into ~3e-5 output differences between equal computations of
@@ -93,7 +100,8 @@ def condition_vocoder(tensors: dict[str, torch.Tensor], config: SpeechTokenizerC
     with torch.inference_mode():
         hidden = blocks[0](decoder.features(codes))
         for i, block in enumerate(blocks[1:-2], start=1):
-            _scale(tensors, f"decoder.decoder.{i}.block.1.conv", block.block[1].conv, 1 / _rms(block(hidden)))
+            if per_block:
+                _scale(tensors, f"decoder.decoder.{i}.block.1.conv", block.block[1].conv, 1 / _rms(block(hidden)))
             hidden = block(hidden)
         peak = float(blocks[-1](blocks[-2](hidden)).abs().max())
     _scale(tensors, f"decoder.decoder.{len(blocks) - 1}.conv", blocks[-1].conv, TARGET_PEAK / peak)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from ..text_tokenizer import PRETOKENIZE_REGEX
+from ..request.text_tokenizer import PRETOKENIZE_REGEX
 
 # The official order of Qwen's added tokens (ids 151643...); Qwen3-TTS uses <tts_pad>, <tts_text_bos>,
 # <tts_text_eod> at offsets 28, 29, 30.

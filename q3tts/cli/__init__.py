@@ -1,0 +1,7 @@
+"""The `q3tts` command line (`main.py`): say, batch, voice, serve, bench."""
+
+from __future__ import annotations
+
+from .commands import main
+
+__all__ = ["main"]

@@ -1,0 +1,304 @@
+"""The speech path between a front and its engine processes (`q3tts serve` on a GPU, or with `--devices`): one
+Unix socket per engine, every stream of that engine multiplexed over it.
+
+The front does the HTTP work (requests, body checks, encoding, chunked writes to every client) and the engine
+process does the model's (voices, prompts, the engine thread), so that the engine thread's per-frame Python
+never waits for the interpreter lock behind thousands of chunk writes a second. Over the socket the front sends
+a request's body as JSON (SPEAK) and may cancel it (CANCEL); the engine answers ACCEPTED (the audio will follow)
+or ERROR (the API error a direct request would get), then sends the stream's float32 PCM as the engine hands it
+out (AUDIO, unchanged) and its end (FINISHED with the finish reason, or FAILED with the engine's error). Every
+message is a 9-byte header (kind, stream number, payload length) and its payload. The socket lives in a folder
+only its user can enter: whoever reaches it may speak without the API key, as the front itself does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from ...engine import EngineError
+from ...engine.stream import END
+from .. import errors
+from ..schemas import SpeechRequest
+
+log = logging.getLogger("q3tts.server")
+SPEAK, CANCEL, ACCEPTED, ERROR, AUDIO, FINISHED, FAILED = range(7)
+HEADER = struct.Struct("<BII")  # kind, stream number, payload bytes
+CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Speech:
+    """A request the engine accepted: its audio stream (RequestStream, PieceStream or RemoteStream), its text
+    tokens and the audio's sample rate."""
+
+    stream: Any
+    input_tokens: int
+    sample_rate: int
+
+
+class CoreUnavailable(OSError):
+    """The engine process could not be reached, or went away before it answered: another engine may take the
+    request (this one dropped it with the connection)."""
+
+
+def pack(kind: int, number: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(kind, number, len(payload)) + payload
+
+
+class Parser:
+    """Splits a byte stream into messages (kind, stream number, payload)."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        """The messages `data` completes (a partial one waits for the rest)."""
+        buffer, messages = self.buffer, []
+        buffer += data
+        offset, end = 0, len(buffer)
+        while end - offset >= HEADER.size:
+            kind, number, size = HEADER.unpack_from(buffer, offset)
+            if end - offset - HEADER.size < size:
+                break
+            start = offset + HEADER.size
+            offset = start + size
+            messages.append((kind, number, bytes(buffer[start:offset])))
+        del buffer[:offset]
+        return messages
+
+
+class _Writer:
+    """Writes a connection's messages, those of one event-loop turn in one system call (an engine hand-out
+    reaches every running stream in the same turn)."""
+
+    def __init__(self, transport: asyncio.Transport):
+        self.transport, self.pending, self.scheduled = transport, [], False
+
+    def send(self, message: bytes) -> None:
+        self.pending.append(message)
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        if not self.transport.is_closing():
+            self.transport.write(b"".join(self.pending))
+        self.pending.clear()
+
+
+# ---- the engine process's side --------------------------------------------------------------------------------
+
+class CoreServer:
+    """Listens on `path` in the engine process; `speak(body, request_id) -> Speech` is the speech service's."""
+
+    def __init__(self, speak, path: str):
+        self.speak, self.path = speak, path
+        self.server: asyncio.AbstractServer | None = None
+        self.connections: set[_EngineSide] = set()
+
+    async def start(self) -> None:
+        if os.path.exists(self.path):
+            os.unlink(self.path)  # left by an engine process that was killed: the front starts it again
+        self.server = await asyncio.get_running_loop().create_unix_server(lambda: _EngineSide(self), self.path)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stops listening and lets the streams in flight finish for up to `timeout_s`."""
+        if self.server is not None:
+            self.server.close()
+        tasks = [t for c in self.connections for t in c.tasks.values()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        for connection in list(self.connections):
+            connection.transport.close()
+
+
+class _EngineSide(asyncio.Protocol):
+    def __init__(self, server: CoreServer):
+        self.server, self.parser = server, Parser()
+        self.tasks: dict[int, asyncio.Task] = {}  # per stream number: preparing, then streaming
+        self.streams: dict[int, Any] = {}  # submitted
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.out = _Writer(transport)  # type: ignore[arg-type]
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        for kind, number, payload in self.parser.feed(data):
+            if kind == SPEAK:
+                task = asyncio.get_running_loop().create_task(self._speak(number, payload))
+                self.tasks[number] = task
+                task.add_done_callback(lambda _, n=number: self.tasks.pop(n, None))
+            elif kind == CANCEL:
+                self._cancel(number)
+            else:
+                log.error("the front sent a message of unknown kind %d: closing its connection", kind)
+                self.transport.close()
+                return
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        for number in list(self.tasks):  # the front went away: nobody reads these streams
+            self._cancel(number)
+
+    def _cancel(self, number: int) -> None:
+        stream = self.streams.get(number)
+        if stream is not None:
+            stream.cancel()
+        elif (task := self.tasks.get(number)) is not None:
+            task.cancel()  # still preparing
+
+    async def _speak(self, number: int, payload: bytes) -> None:
+        try:
+            message = json.loads(payload)
+            body = SpeechRequest.model_validate(json.loads(message["body"]))  # (as the front read it: read_json)
+            speech = await self.server.speak(body, message["request_id"])
+        except errors.APIError as e:
+            self.out.send(pack(ERROR, number, _error_json(e)))
+            return
+        except ValidationError as e:  # (the front validated the body already)
+            self.out.send(pack(ERROR, number, _error_json(errors.from_validation(e))))
+            return
+        except Exception:  # a failure of ours: the client gets a 500 (as from one process), not a hang
+            log.exception("request %d from the front failed before its audio", number)
+            error = errors.APIError(500, "internal server error", type=errors.SERVER, code="internal_error")
+            self.out.send(pack(ERROR, number, _error_json(error)))
+            return
+        stream = self.streams[number] = speech.stream
+        info = {"input_tokens": speech.input_tokens, "sample_rate": speech.sample_rate}
+        self.out.send(pack(ACCEPTED, number, json.dumps(info).encode()))
+        try:
+            async for pcm in stream.achunks():
+                self.out.send(pack(AUDIO, number, pcm.tobytes()))
+            self.out.send(pack(FINISHED, number, (stream.finish_reason or "").encode()))
+        except EngineError as e:
+            self.out.send(pack(FAILED, number, str(e).encode()))
+        except Exception as e:
+            log.exception("request %d from the front failed mid-stream", number)
+            self.out.send(pack(FAILED, number, f"internal error: {e}".encode()))
+        finally:
+            del self.streams[number]
+            stream.cancel()  # (nothing if it ended; a task cancelled with the connection frees its row)
+
+
+def _error_json(e: errors.APIError) -> bytes:
+    return json.dumps({"status": e.status, "message": e.message, "type": e.type, "param": e.param, "code": e.code,
+                       "headers": e.headers}).encode()
+
+
+# ---- the front's side -----------------------------------------------------------------------------------------
+
+class CoreClient(asyncio.Protocol):
+    """The front's connection to one engine process."""
+
+    def __init__(self):
+        self.parser, self.numbers = Parser(), itertools.count()
+        self.streams: dict[int, RemoteStream] = {}
+        self.closed = False
+
+    @classmethod
+    async def connect(cls, path: str) -> CoreClient:
+        try:
+            _, client = await asyncio.wait_for(asyncio.get_running_loop().create_unix_connection(cls, path),
+                                               CONNECT_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise CoreUnavailable(f"cannot reach the engine at {path}: {e}") from e
+        return client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
+        """The request on this engine: its Speech once accepted; the engine's APIError if refused;
+        CoreUnavailable if the connection is gone or breaks first."""
+        if self.closed:
+            raise CoreUnavailable("the engine's connection is closed")
+        stream = RemoteStream(self, next(self.numbers) & 0xFFFFFFFF, request_id)
+        self.streams[stream.number] = stream
+        # (json.dumps escapes a lone surrogate, which the engine then refuses as a client error, where pydantic's
+        # JSON encoder raised; the floats are finite: SpeechSettings refuses inf and NaN)
+        message = {"body": json.dumps(body.model_dump(mode="json", exclude_unset=True)), "request_id": request_id}
+        self.transport.write(pack(SPEAK, stream.number, json.dumps(message).encode()))
+        try:
+            info = await stream.accepted
+        except asyncio.CancelledError:  # the client went away while the engine prepared it
+            stream.cancel()
+            raise
+        return Speech(stream, info["input_tokens"], info["sample_rate"])
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        for kind, number, payload in self.parser.feed(data):
+            stream = self.streams.get(number)
+            if stream is None:  # cancelled here: what was under way when the engine heard of it
+                continue
+            if kind == AUDIO:
+                stream.queue.put_nowait(np.frombuffer(payload, dtype=np.float32))
+            elif kind == ACCEPTED:
+                stream.accepted.set_result(json.loads(payload))
+            elif kind == ERROR:
+                fields = json.loads(payload)
+                stream.end(accepted=errors.APIError(fields.pop("status"), fields.pop("message"), **fields))
+            elif kind == FINISHED:
+                stream.finish_reason = payload.decode()
+                stream.end(END)
+            elif kind == FAILED:
+                stream.end(EngineError(payload.decode()))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        for stream in list(self.streams.values()):
+            stream.end(EngineError("the engine process went away mid-stream"),
+                       accepted=CoreUnavailable("the engine process went away before it answered"))
+
+
+class RemoteStream:
+    """A request's audio from an engine process (the interface of `RequestStream` the routes use)."""
+
+    def __init__(self, client: CoreClient, number: int, request_id: str):
+        self.client, self.number, self.request_id = client, number, request_id
+        self.accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.finish_reason: str | None = None
+        self.finished = False
+
+    def end(self, item: object = None, accepted: BaseException | None = None) -> None:
+        """The last message of the stream: before acceptance, `accepted` is raised to `speak`; after it, `item`
+        (END or an error) ends the audio."""
+        self.finished = True
+        self.client.streams.pop(self.number, None)
+        if not self.accepted.done():
+            self.accepted.set_exception(accepted or CoreUnavailable("the engine ended the request unanswered"))
+            self.accepted.exception()  # (retrieved: no warning if `speak` was cancelled meanwhile)
+        elif item is not None:
+            self.queue.put_nowait(item)
+
+    async def achunks(self) -> AsyncIterator[np.ndarray]:
+        while True:
+            item = await self.queue.get()
+            if item is END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.client.streams.pop(self.number, None)
+            if not self.client.closed:
+                self.client.transport.write(pack(CANCEL, self.number))

@@ -1,0 +1,135 @@
+"""`/v1/audio/voices`: list the preset speakers, stored voices and voice aliases, upload reference audio to clone a
+voice (Base checkpoints), fetch or delete a stored voice. A stored voice's id (or name) is a `voice` for
+`/v1/audio/speech` and the WebSocket.
+
+An upload is q3tts's form (`file`, `ref_text`, `name`, `x_vector_only_mode`) or OpenAI's custom-voice request as
+the openai SDK's `audio.voices.create` sends it (`audio_sample`, `consent`, `name`; vLLM-Omni's adds `ref_text` and
+`speaker_description`), which is answered in OpenAI's voice-object shape (`"object": "audio.voice"`, `"type":
+"audio_sample"`). OpenAI's request carries no transcript: without `ref_text` its voice is cloned from the speaker
+embedding alone (x_vector_only_mode), as vLLM-Omni does. `consent` (OpenAI's consent recording id) and
+`speaker_description` are checked and not kept."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from starlette.datastructures import UploadFile as StarletteUploadFile
+
+from ...errors import quote
+from .. import errors
+from ..service import SpeechService
+from ..voice_store import VoiceStoreError
+
+router = APIRouter()  # authentication: guard.py
+_NAME = re.compile(r"[\w.\- ]{1,64}")
+UPLOAD_FIELDS = ("file", "ref_text", "name", "x_vector_only_mode", "audio_sample", "consent", "type",
+                 "speaker_description")
+FILE_FIELDS = ("file", "audio_sample")
+PROMPT_FIELDS = ("prompt", "model", "script_hint")  # OpenAI's voices made from a description
+
+
+@router.get("/v1/audio/voices")
+async def list_voices(request: Request) -> dict:
+    """`data`: the preset speakers and stored voices; `aliases` and `default_voice`: the names that stand for them
+    (voice_aliases.py); `voices` (the names of all of those) and `uploaded_voices`: the lists of vLLM-Omni's,
+    SGLang-Omni's and Kokoro-FastAPI's answer."""
+    service: SpeechService = request.app.state.service
+    presets = [{"id": name, "object": "voice", "type": "preset", "name": name}
+               for name in service.tts.get_supported_speakers()]
+    stored = [entry.to_json() for entry in await asyncio.to_thread(service.voices.list)]
+    aliases = service.resolver.listing()
+    names = [v["name"] for v in presets + stored] + [a["name"] for a in aliases["aliases"]]
+    return {"object": "list", "task_type": service.task_type, "data": presets + stored, **aliases,
+            "voices": list(dict.fromkeys(names)), "uploaded_voices": stored}
+
+
+async def strict_form(request: Request) -> None:
+    """Refuses what FastAPI's form parameters let through: an unknown field (ignored), a repeated one (the last
+    kept), a boolean other than true/false ("yes", "on" and "1" read as true), text where a file belongs, and a
+    body that is no form at all (a bare audio file or JSON: 415, not "file: Field required")."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        sent = f"Content-Type {quote(media_type)}" if media_type else "no Content-Type"
+        raise errors.APIError(415, f"a voice upload is a multipart form (curl -F file=@voice.wav -F ref_text=...); "
+                                   f"this one came with {sent}", code="unsupported_media_type")
+    form = await request.form()
+    names = [name for name, _ in form.multi_items()]
+    for name in names:
+        if name in PROMPT_FIELDS or (name == "type" and form.get("type") == "prompt"):
+            raise errors.bad_request("voices made from a description (OpenAI's type \"prompt\") are not supported: "
+                                     "upload a recording as audio_sample, or describe the voice in `instructions` on "
+                                     "a VoiceDesign checkpoint", param=name)
+        if name not in UPLOAD_FIELDS:
+            raise errors.bad_request(f"unknown field {quote(name)}; a voice upload takes {', '.join(UPLOAD_FIELDS)}",
+                                     param=errors.field(name))
+        if names.count(name) > 1:
+            raise errors.bad_request(f"{name} is sent {names.count(name)} times; send it once", param=name)
+    for name in FILE_FIELDS:
+        if name in form and not isinstance(form[name], StarletteUploadFile):
+            raise errors.bad_request(f"{name} must be a file part (curl -F {name}=@voice.wav)", param=name)
+    if sum(name in form for name in FILE_FIELDS) != 1:
+        raise errors.bad_request("send the recording as `file` (or OpenAI's `audio_sample`), once",
+                                 param="file", code="missing" if not any(n in form for n in FILE_FIELDS) else
+                                 "invalid_value")
+    for name in ("consent", "type", "speaker_description"):
+        if name in form and not isinstance(form[name], str):
+            raise errors.bad_request(f"{name} must be text, not a file", param=name)
+    if form.get("type", "audio_sample") != "audio_sample":
+        raise errors.bad_request(f"type must be audio_sample, not {quote(form['type'])}", param="type")
+    if len(form.get("consent", "")) > 256 or len(form.get("speaker_description", "")) > 2000:
+        raise errors.bad_request("consent is at most 256 characters, speaker_description 2000",
+                                 param="consent" if len(form.get("consent", "")) > 256 else "speaker_description")
+    flag = form.get("x_vector_only_mode")
+    if flag is not None and (not isinstance(flag, str) or flag.lower() not in ("true", "false")):
+        shown = quote(flag) if isinstance(flag, str) else "a file"
+        raise errors.bad_request(f"x_vector_only_mode must be true or false, not {shown}", param="x_vector_only_mode")
+
+
+@router.post("/v1/audio/voices", status_code=201, dependencies=[Depends(strict_form)])
+async def create_voice(request: Request, file: Annotated[UploadFile | None, File()] = None,
+                       audio_sample: Annotated[UploadFile | None, File()] = None,
+                       ref_text: Annotated[str | None, Form()] = None, name: Annotated[str | None, Form()] = None,
+                       x_vector_only_mode: Annotated[bool | None, Form()] = None) -> dict:
+    """Clones a voice from an uploaded recording (with its transcript unless x_vector_only_mode) and stores it."""
+    service: SpeechService = request.app.state.service
+    openai_shape, param = audio_sample is not None, "file" if file is not None else "audio_sample"
+    file = file or audio_sample
+    if x_vector_only_mode is None:  # (OpenAI's request has no transcript: the speaker embedding alone)
+        x_vector_only_mode = openai_shape and not ref_text
+    if name is not None and not _NAME.fullmatch(name):
+        raise errors.bad_request("name: 1-64 letters, digits, spaces, '.', '_' or '-'", param="name")
+    if ref_text is not None and len(ref_text) > service.config.max_ref_text_chars:
+        raise errors.bad_request(f"ref_text is {len(ref_text)} characters; this server accepts at most "
+                                 f"{service.config.max_ref_text_chars}", param="ref_text", code="too_long")
+    data = await file.read(service.config.max_upload_bytes + 1)
+    if len(data) > service.config.max_upload_bytes:
+        raise errors.APIError(413, f"the upload exceeds {service.config.max_upload_bytes} bytes", param=param,
+                              code="file_too_large")
+    voice = await service.create_voice(data, ref_text or None, x_vector_only_mode, param=param)
+    try:
+        entry = await asyncio.to_thread(service.voices.add, voice, name)
+    except ValueError as e:
+        raise errors.APIError(409, str(e), param="name", code="voice_exists") from e
+    return {**entry.to_json(), "object": "audio.voice", "type": "audio_sample"} if openai_shape else entry.to_json()
+
+
+@router.get("/v1/audio/voices/{voice_id}")
+async def get_voice(voice_id: str, request: Request) -> dict:
+    try:
+        found = await asyncio.to_thread(request.app.state.service.voices.get, voice_id)
+    except VoiceStoreError as e:
+        raise errors.APIError(500, str(e), type=errors.SERVER, param="voice_id", code="voice_unreadable") from None
+    if found is None:
+        raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
+    return found[0].to_json()
+
+
+@router.delete("/v1/audio/voices/{voice_id}")
+async def delete_voice(voice_id: str, request: Request) -> dict:
+    entry = await asyncio.to_thread(request.app.state.service.voices.delete, voice_id)
+    if entry is None:
+        raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
+    return {"id": entry.id, "object": "audio.voice.deleted", "deleted": True}  # OpenAI's VoiceDeleted

@@ -1,0 +1,359 @@
+"""`WS /v1/audio/speech/stream`: text in as it is produced (e.g. by an LLM), audio out as soon as a segment of
+it is complete. Two protocols on this one path, chosen by the session's first message: vLLM-Omni's (the
+default, so that its clients work unchanged) and q3tts's own (`"protocol": "q3tts"`). docs/http-api.md has both.
+
+Client -> server (JSON text frames), both protocols:
+1. `{"type": "session.config", ...}` first: the fields of `/v1/audio/speech` except `input` and `stream_format`
+   (voice, language, instructions, task_type, ref_audio/ref_text, response_format, sample_rate, speed, seed,
+   sampling fields; `max_new_tokens` applies per segment), and `protocol`.
+2. `{"type": "input.text", "text": "..."}`, any number: text deltas, in order.
+3. `{"type": "input.done"}`: no more text (q3tts: the rest is spoken and the session ends; vLLM-Omni: the
+   utterance ends, and the connection stays open for the next one).
+
+vLLM-Omni protocol (defaults: response_format "wav", one whole file per segment):
+- session.config also takes `stream_audio` (true: each segment's pcm as it is made, in one or more binary
+  frames), `split_granularity` ("none": the utterance as one request (default), "sentence", "clause") or its
+  other name `text_input_mode` ("buffered" = none, "commitment" = sentence); it may be sent again between
+  utterances to change the session. `{"type": "session.close"}` ends the connection (segments already cut are
+  still spoken).
+- Server: `{"type": "audio.start", "utterance_index", "sentence_index", "sentence_text", "format", "sample_rate",
+  "channels"}`, then the segment's audio (a binary frame: the whole file, whose WAV header holds its true sizes;
+  with stream_audio, pcm frames as generated), then `{"type": "audio.done", "utterance_index", "sentence_index",
+  "total_bytes", "error": false}`; after input.done's segments, `{"type": "session.done", "utterance_index",
+  "total_sentences"}`.
+
+q3tts protocol (default response_format "pcm"):
+- `{"type": "input.flush"}` (optional): speak the buffered text now, even mid-sentence.
+- Server: `{"type": "session.created", "request_id", "sample_rate", "response_format", "seed"}` once the config is
+  accepted; `{"type": "segment.started", "segment": i, "text"}` when a segment's synthesis starts; binary frames:
+  the session's audio as ONE continuous stream in `response_format` (pcm: 16-bit LE mono at `sample_rate`; other
+  formats: one file/stream across all segments), in order; `{"type": "segment.done", "segment": i, "text",
+  "frames", "audio_seconds", "finish_reason"}` after the segment's audio (a lossy encoder or the time stretch may
+  hold back a few ms of it until the next segment or the end; `audio_seconds`, here and in `session.done`, is the
+  audio as delivered, after `speed`); `{"type": "session.done", "segments", "audio_seconds", "usage":
+  {"input_tokens", "output_tokens", "total_tokens"}}`, then the server closes with 1000.
+- Segments are cut at sentence and clause boundaries (text_segmenter.py).
+
+Both: `{"type": "error", "message", "error": {"message", "type", "param", "code"}}`, then the server closes: 1008
+for bad input, 1013 when the queue is full, 1011 for server failures. On SIGTERM the server closes the sessions
+open with 1012 (service restart) at once: unlike HTTP streams they are not drained (uvicorn's shutdown). Segments
+are spoken one after another with the same voice and the same seed (drawn once per session unless given). A
+client that disconnects cancels the segment being generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+
+from ...engine import EngineError
+from ...engine.sequence import FRAME_SECONDS
+from ...engine.stream import FRAME_SAMPLES
+from ...errors import RequestError, quote
+from ...request.builder import check_unicode
+from ...request.text_segmenter import TextSegmenter
+from .. import errors
+from ..audio_encoding import AudioEncoder, encode_async, flush_async, make_encoder
+from ..auth import websocket_authorized
+from ..body import parse_json
+from ..middleware import drop_connection, request_id_of
+from ..schemas import StreamConfig
+from ..service import SpeechService, VoiceChoice
+
+log = logging.getLogger("q3tts.server")
+router = APIRouter()
+MAX_SEGMENT_CHARS = 300
+PENDING_TEXT_FACTOR = 16  # text received but not yet spoken may reach this many times --max-input-chars
+UTTERANCE_END, SESSION_END = object(), object()  # the speaker's queue: besides (text, setup) segments
+
+
+@router.websocket("/v1/audio/speech/stream")
+async def speech_stream(websocket: WebSocket) -> None:
+    if not await websocket_authorized(websocket):
+        return
+    await websocket.accept()
+    service: SpeechService = websocket.app.state.service
+    try:
+        session = await StreamSession.open(websocket, service)
+        await session.run()
+        await websocket.close(code=1000)
+    except errors.APIError as e:
+        websocket.app.state.metrics.count_error(e.code)
+        await send_error(websocket, e)
+    except EngineError as e:
+        websocket.app.state.metrics.count_error("stream_failed")
+        await send_error(websocket, errors.engine_failed(str(e)))
+    except WebSocketDisconnect:
+        log.info("websocket %s: client went away", request_id_of(websocket.scope))
+    except asyncio.TimeoutError:
+        log.warning("websocket %s: the client stopped reading; session closed", request_id_of(websocket.scope))
+        drop_connection(websocket.scope)  # (a close frame would wait behind what the client does not read)
+
+
+@dataclass
+class Setup:
+    """What a segment is spoken with: the session's config, its voice and its seed (a vLLM-Omni session may
+    change them between utterances)."""
+
+    config: StreamConfig
+    choice: VoiceChoice
+    seed: int
+
+    @property
+    def sample_rate(self) -> int | None:
+        return self.config.sample_rate
+
+    def encoder(self, model_rate: int, whole: bool = False) -> AudioEncoder:
+        c = self.config
+        return make_encoder(c.response_format, model_rate, c.speed, c.sample_rate or model_rate, c.volume_multiplier,
+                            whole)
+
+
+class WholeText:
+    """vLLM-Omni's split_granularity "none": the utterance's text as one segment at input.done."""
+
+    def __init__(self):
+        self.buffer = ""
+
+    def push(self, delta: str) -> list[str]:
+        self.buffer += delta
+        return []
+
+    def flush(self) -> list[str]:
+        text, self.buffer = self.buffer.strip(), ""
+        return [text] if text else []
+
+
+class StreamSession:
+    def __init__(self, websocket: WebSocket, service: SpeechService, setup: Setup):
+        self.websocket, self.service, self.setup = websocket, service, setup
+        self.is_q3tts = setup.config.protocol == "q3tts"
+        self.model_rate = service.tts.sample_rate
+        self.segmenter = self._segmenter(setup.config)
+        self.max_pending_chars = PENDING_TEXT_FACTOR * service.config.max_input_chars
+        self.items: asyncio.Queue[Any] = asyncio.Queue()
+        self.request_id = request_id_of(websocket.scope)
+        self.num_segments = self.frames = self.input_tokens = 0
+        self.utterance = self.utterance_segments = 0  # vLLM-Omni: input.done cycles, segments of the current one
+        self.utterance_open = False  # text has come since the last input.done
+        self.queued_chars = 0  # segments waiting to be spoken (the segmenter's buffer holds the rest)
+        # q3tts: one encoder across the session (one continuous stream); vLLM-Omni: one per segment
+        self.encoder = setup.encoder(self.model_rate) if self.is_q3tts else None
+
+    @classmethod
+    async def open(cls, websocket: WebSocket, service: SpeechService) -> StreamSession:
+        """Reads and validates the config message (due within body_timeout_s: a connection that sends nothing
+        is not held open), resolves the voice once, and announces the session (q3tts)."""
+        timeout = service.config.body_timeout_s
+        try:
+            message = await asyncio.wait_for(_receive_json(websocket), timeout)
+        except asyncio.TimeoutError:
+            raise errors.APIError(408, f"no session.config message within {timeout:g} s of connecting",
+                                  code="request_timeout") from None
+        session = cls(websocket, service, await _setup(service, message))
+        if session.is_q3tts:
+            setup = session.setup
+            await session._send_json({"type": "session.created", "request_id": session.request_id,
+                                      "sample_rate": setup.sample_rate or session.model_rate,
+                                      "response_format": setup.config.response_format, "seed": setup.seed})
+        return session
+
+    def _segmenter(self, config: StreamConfig) -> TextSegmenter | WholeText:
+        """How text is cut into segments: q3tts at sentences and clauses; vLLM-Omni by its split_granularity
+        (none: the utterance whole, at most --max-input-chars)."""
+        longest = min(MAX_SEGMENT_CHARS, self.service.config.max_input_chars)
+        granularity = "q3tts" if self.is_q3tts else config.granularity
+        if granularity == "none":
+            return WholeText()
+        clause_min_chars = {"sentence": longest, "clause": 1}.get(granularity, min(40, longest))
+        return TextSegmenter(clause_min_chars=clause_min_chars, max_chars=longest)
+
+    async def run(self) -> None:
+        """Reads text and speaks segments concurrently; the first failure of either ends both."""
+        reader = asyncio.create_task(self._read())
+        speaker = asyncio.create_task(self._speak_all())
+        try:
+            done, _ = await asyncio.wait({reader, speaker}, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+            await speaker
+        finally:
+            for task in (reader, speaker):
+                task.cancel()
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        while True:
+            message = await _receive_json(self.websocket)
+            kind = message.get("type")
+            if kind == "input.text":
+                self._text(message.get("text"))
+            elif kind == "input.done":
+                self._queue(self.segmenter.flush())
+                self.utterance_open = False
+                self.items.put_nowait(SESSION_END if self.is_q3tts else UTTERANCE_END)
+                if self.is_q3tts:
+                    return
+            elif kind == "input.flush" and self.is_q3tts:
+                self._queue(self.segmenter.flush())
+            elif kind == "session.config" and not self.is_q3tts:
+                await self._reconfigure(message)
+            elif kind == "session.close" and not self.is_q3tts:
+                self.items.put_nowait(SESSION_END)  # (text not yet cut into segments is dropped)
+                return
+            else:
+                expected = "input.text, input.flush or input.done" if self.is_q3tts else \
+                    "session.config, input.text, input.done or session.close"
+                raise errors.bad_request(f"unknown message type {quote(kind)} (expected {expected})", param="type")
+
+    def _text(self, text: Any) -> None:
+        if not isinstance(text, str):
+            raise errors.bad_request("input.text needs a string `text`", param="text")
+        try:  # (refused here, naming this field, not when its segment is spoken)
+            check_unicode(text, "text")
+        except RequestError as e:
+            raise errors.bad_request(e.message, param="text") from None
+        buffered = len(self.segmenter.buffer) + len(text)
+        if isinstance(self.segmenter, WholeText) and buffered > self.service.config.max_input_chars:
+            raise errors.bad_request(f"the utterance is over {self.service.config.max_input_chars} characters: send "
+                                     "input.done sooner, or set split_granularity to sentence", param="text",
+                                     code="input_too_long")
+        if self.queued_chars + buffered > self.max_pending_chars:
+            raise errors.bad_request(f"more than {self.max_pending_chars} characters of text are waiting to be "
+                                     "spoken; send more as the audio arrives", param="text", code="input_too_long")
+        self.utterance_open = self.utterance_open or bool(text.strip())
+        self._queue(self.segmenter.push(text))
+
+    def _queue(self, segments: list[str]) -> None:
+        for segment in segments:
+            self.queued_chars += len(segment)
+            self.items.put_nowait((segment, self.setup))
+
+    async def _reconfigure(self, message: dict[str, Any]) -> None:
+        """vLLM-Omni: a new session.config between utterances changes what the next segments are spoken with."""
+        if self.utterance_open or self.segmenter.buffer.strip():
+            raise errors.bad_request("session.config cannot change the session while an utterance is open: send "
+                                     "input.done first", param="type")
+        setup = await _setup(self.service, message)
+        if setup.config.protocol != "vllm-omni":
+            raise errors.bad_request("a session keeps its protocol", param="protocol")
+        self.setup, self.segmenter = setup, self._segmenter(setup.config)
+
+    # ---- speaking -----------------------------------------------------------------------------------------
+
+    async def _speak_all(self) -> None:
+        while (item := await self.items.get()) is not SESSION_END:
+            if item is UTTERANCE_END:
+                await self._send_json({"type": "session.done", "utterance_index": self.utterance,
+                                       "total_sentences": self.utterance_segments})
+                self.utterance, self.utterance_segments = self.utterance + 1, 0
+            else:
+                await self._speak(*item)
+        if not self.is_q3tts:
+            return
+        if tail := await flush_async(self.encoder):
+            await self._send(self.websocket.send_bytes(tail))
+        usage = {"input_tokens": self.input_tokens, "output_tokens": self.frames,
+                 "total_tokens": self.input_tokens + self.frames}
+        await self._send_json({"type": "session.done", "segments": self.num_segments,
+                               "audio_seconds": self._seconds(self.frames, self.setup), "usage": usage})
+
+    async def _speak(self, text: str, setup: Setup) -> None:
+        index = self.num_segments if self.is_q3tts else self.utterance_segments
+        self.queued_chars -= len(text)
+        job = await self.service.prepare(text, setup.config, setup.choice, setup.seed)
+        stream = self.service.submit(job, f"{self.request_id}.{self.num_segments}")
+        self.num_segments += 1
+        self.utterance_segments += 1
+        self.input_tokens += job.input_tokens
+        await self._send_json(self._started(index, text, setup))
+        streamed = self.is_q3tts or setup.config.stream_audio
+        encoder = self.encoder or setup.encoder(self.model_rate, whole=not streamed)
+        frames, sent, held = 0, 0, []
+        try:
+            async for pcm in stream.achunks():
+                frames += len(pcm) // FRAME_SAMPLES
+                if not (data := await encode_async(encoder, pcm)):
+                    continue
+                sent += len(data)
+                if streamed:
+                    await self._send(self.websocket.send_bytes(data))
+                else:
+                    held.append(data)
+        finally:
+            stream.cancel()
+        if not self.is_q3tts:  # the segment's own encoder: its tail, and (not streamed) the whole file
+            tail = await flush_async(encoder)
+            sent += len(tail)
+            if data := b"".join(held) + tail:
+                await self._send(self.websocket.send_bytes(data))
+        self.frames += frames
+        await self._send_json(self._done(index, text, frames, sent, setup, stream.finish_reason))
+
+    def _started(self, index: int, text: str, setup: Setup) -> dict[str, Any]:
+        if self.is_q3tts:
+            return {"type": "segment.started", "segment": index, "text": text}
+        return {"type": "audio.start", "utterance_index": self.utterance, "sentence_index": index,
+                "sentence_text": text, "format": setup.config.response_format,
+                "sample_rate": setup.sample_rate or self.model_rate, "channels": 1}
+
+    def _done(self, index: int, text: str, frames: int, sent: int, setup: Setup,
+              finish_reason: str | None) -> dict[str, Any]:
+        if self.is_q3tts:
+            return {"type": "segment.done", "segment": index, "text": text, "frames": frames,
+                    "audio_seconds": self._seconds(frames, setup), "finish_reason": finish_reason}
+        return {"type": "audio.done", "utterance_index": self.utterance, "sentence_index": index,
+                "total_bytes": sent, "error": False}
+
+    async def _send_json(self, event: dict[str, Any]) -> None:
+        await self._send(self.websocket.send_json(event))
+
+    async def _send(self, sending: Awaitable[None]) -> None:
+        """A client that stops reading loses the session (and its row) after send_timeout_s."""
+        await asyncio.wait_for(sending, self.service.config.send_timeout_s)
+
+    @staticmethod
+    def _seconds(frames: int, setup: Setup) -> float:
+        """The seconds `frames` last as delivered, time-stretched by `speed` (time_stretch.py: to the sample)."""
+        return round(frames * FRAME_SECONDS / setup.config.speed, 3)
+
+
+async def _setup(service: SpeechService, message: dict[str, Any]) -> Setup:
+    """A session.config message validated, its model checked and its voice resolved."""
+    try:
+        config = StreamConfig.model_validate(message)
+    except ValidationError as e:
+        raise errors.from_validation(e) from e
+    service.check_limits(config)
+    service.check_ready()
+    service.check_model(config.model)
+    choice = await service.resolve_voice(config)
+    return Setup(config, choice, config.seed if config.seed is not None else service.random_seed())
+
+
+async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    if message.get("text") is None:
+        raise errors.bad_request("messages must be JSON text frames")
+    data = parse_json(message["text"])
+    if not isinstance(data, dict):
+        raise errors.bad_request("messages must be JSON objects with a `type`")
+    return data
+
+
+async def send_error(websocket: WebSocket, error: errors.APIError) -> None:
+    """The error event (vLLM-Omni's `message` beside the API's error object), then the close code."""
+    code = 1013 if error.status == 429 else 1011 if error.status >= 500 else 1008
+    with suppress(Exception):  # the client may be gone already
+        await websocket.send_json({"type": "error", "message": error.message, **error.body()})
+        await websocket.close(code=code)

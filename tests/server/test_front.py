@@ -1,0 +1,112 @@
+"""The front of `q3tts serve` on a GPU (router.py over core.py) answers a speech request exactly as one process
+does: a front and an engine process's app (uvicorn, tiny CustomVoice model on the CPU) in this process, each
+request sent to both, status, headers and bytes compared."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+from q3tts.server import ServerConfig  # noqa: E402
+from q3tts.server.front.app import Backend, Backends, create_router_app  # noqa: E402
+from q3tts.tiny import tiny_checkpoint  # noqa: E402
+from tests.server.harness import SEED, ServerThread, _free_port  # noqa: E402
+
+TEXT = "Hello world, this is a test."
+
+
+class FrontThread:
+    """The front over one running engine server (its HTTP port and core socket), on a free localhost port."""
+
+    def __init__(self, engine: ServerThread):
+        config = ServerConfig(model=engine.config.model, served_model_name="tiny", max_input_chars=200,
+                              port=_free_port())
+        backends = Backends([Backend(0, "cpu", engine.url, engine.config.core_socket)])
+        self.url = f"http://127.0.0.1:{config.port}"
+        self.server = uvicorn.Server(uvicorn.Config(create_router_app(config, backends), host="127.0.0.1",
+                                                    port=config.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="front", daemon=True)
+
+    def __enter__(self) -> FrontThread:
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started or httpx.get(self.url + "/ready").status_code != 200:
+            assert self.thread.is_alive() and time.time() < deadline, "the front did not get ready"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    folder = tiny_checkpoint("tiny", tmp_path_factory.mktemp("cache"))
+    config = ServerConfig(model=str(folder), served_model_name="tiny", device="cpu", max_running=2, max_waiting=8,
+                          max_context=512, max_input_chars=200,
+                          core_socket=str(tmp_path_factory.mktemp("core") / "engine.sock"))
+    with ServerThread(config) as engine, FrontThread(engine) as front:
+        yield engine, front
+
+
+@pytest.mark.parametrize("case", [
+    {"response_format": "pcm"}, {"response_format": "wav"}, {"response_format": "flac"}, {"response_format": "mp3"},
+    {"response_format": "pcm", "speed": 1.5}, {"response_format": "aac", "stream_format": "sse"},
+    {"voice": "nobody"}, {"model": "another"}, {"input": "x" * 300}, {"max_new_tokens": 100_000},
+    {"language": "klingon"}, {"instructions": "Whisper.", "task_type": "Base"}, {"ref_audio": "aGVsbG8="},
+    {"speed": 9.0}, {"response_format": "ogg"}, {"seed": "5"}, {"input": None},
+    # what other servers' clients send (tests/server/test_server_clients.py)
+    {"stream": True, "non_streaming_mode": False, "language": "en-US", "model": "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice",
+     "response_format": "pcm"}, {"voice": "alloy", "response_format": "wav", "sample_rate": 16000},
+    {"speaker": "vivian", "voice": None, "volume_multiplier": 0.5, "response_format": "pcm"},
+    {"voice": "boss", "voice_aliases": {"Boss": {"voice": "ryan", "rate": 1.25}}, "response_format": "pcm"},
+    {"temprature": 0.5}, {"word_timestamps": True}, {"sample_rate": 22050, "response_format": "opus"}])
+def test_the_front_answers_as_one_process(servers, case):
+    engine, front = servers
+    body = {"model": "tiny", "voice": "ryan", "input": TEXT, "max_new_tokens": 9, "seed": SEED, **case}
+    direct = httpx.post(engine.url + "/v1/audio/speech", json=body, timeout=60)
+    fronted = httpx.post(front.url + "/v1/audio/speech", json=body, timeout=60)
+    assert fronted.status_code == direct.status_code
+    assert fronted.headers["content-type"] == direct.headers["content-type"]
+    assert fronted.headers.get("retry-after") == direct.headers.get("retry-after")
+    assert fronted.headers.get("x-sample-rate") == direct.headers.get("x-sample-rate")
+    assert fronted.content == direct.content
+    if direct.status_code == 200:
+        assert len(direct.content) > 1000
+    else:
+        assert direct.json()["error"]["param"]
+
+
+def _vllm_omni_session(url: str) -> list:
+    """Two utterances of vLLM-Omni's protocol, then session.close: every message, in order."""
+    received = []
+    with connect(url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "alloy", "max_new_tokens": 4, "seed": SEED}))
+        for text in ("One. Two.", "Three."):
+            ws.send(json.dumps({"type": "input.text", "text": text}))
+            ws.send(json.dumps({"type": "input.done"}))
+        ws.send(json.dumps({"type": "session.close"}))
+        try:
+            while True:
+                received.append(ws.recv(timeout=60))
+        except ConnectionClosed:
+            received.append(ws.close_code)
+    return received
+
+
+def test_the_front_relays_vllm_omnis_websocket_protocol(servers):
+    engine, front = servers
+    direct = _vllm_omni_session(engine.url)
+    assert direct[-1] == 1000 and sum(isinstance(m, bytes) for m in direct) == 2
+    assert _vllm_omni_session(front.url) == direct

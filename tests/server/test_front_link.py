@@ -1,0 +1,154 @@
+"""The speech path between the `--devices` front and an engine process (server/front/link.py): an engine process's app
+(uvicorn, tiny CustomVoice model on the CPU) with its core socket, spoken to by the front's client. The audio
+crosses unchanged (float32, equal to the same request run in-process), refusals arrive as the API errors a
+direct request gets, and a cancelled request or a front that goes away frees its row."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+import httpx  # noqa: E402
+
+from q3tts.engine import EngineError  # noqa: E402
+from q3tts.server import ServerConfig  # noqa: E402
+from q3tts.server.errors import APIError  # noqa: E402
+from q3tts.server.front.link import (  # noqa: E402
+    AUDIO,
+    FINISHED,
+    SPEAK,
+    CoreClient,
+    CoreServer,
+    CoreUnavailable,
+    Parser,
+    Speech,
+    pack,
+)
+from q3tts.server.schemas import SpeechRequest  # noqa: E402
+from q3tts.tiny import tiny_checkpoint  # noqa: E402
+from tests.server.harness import FRAME, SEED, ServerThread, frames  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine_process(tmp_path_factory):
+    folder = tiny_checkpoint("tiny", tmp_path_factory.mktemp("cache"))
+    config = ServerConfig(model=str(folder), served_model_name="tiny", device="cpu", max_running=2, max_waiting=4,
+                          max_context=1024, core_socket=str(tmp_path_factory.mktemp("core") / "engine.sock"))
+    with ServerThread(config) as running:
+        yield running
+
+
+def _body(**fields) -> SpeechRequest:
+    return SpeechRequest(**{"model": "tiny", "voice": "ryan", "input": "Hello from the engine process.",
+                            "max_new_tokens": 9, "seed": SEED, "response_format": "pcm", **fields})
+
+
+async def _audio(stream) -> np.ndarray:
+    return np.concatenate([chunk async for chunk in stream.achunks()])
+
+
+def test_audio_crosses_unchanged(engine_process):
+    async def both():
+        client = await CoreClient.connect(engine_process.config.core_socket)
+        remote = await client.speak(_body(), "core-test")
+        got = await _audio(remote.stream)
+        local = await engine_process.app.state.service.speak(_body(), "in-process")  # the same request, here
+        want = await _audio(local.stream)
+        client.close()
+        return remote, got, local, want
+
+    remote, got, local, want = asyncio.run(both())
+    assert got.dtype == np.float32 and len(got) == frames(9) * FRAME
+    assert np.array_equal(got, want)
+    assert (remote.input_tokens, remote.sample_rate) == (local.input_tokens, 24000)
+    assert remote.stream.finish_reason == local.stream.finish_reason == "length"
+
+
+def test_refusals_are_the_api_errors_of_a_direct_request(engine_process):
+    async def refused(body: SpeechRequest) -> APIError:
+        client = await CoreClient.connect(engine_process.config.core_socket)
+        try:
+            with pytest.raises(APIError) as e:
+                await client.speak(body, "refused")
+            return e.value
+        finally:
+            client.close()
+
+    for body in (_body(voice="nobody"), _body(model="another-model"), _body(input="x" * 5000)):
+        error = asyncio.run(refused(body))
+        direct = httpx.post(engine_process.url + "/v1/audio/speech", json=body.model_dump(exclude_unset=True))
+        assert error.status == direct.status_code and error.status in (400, 404)
+        assert error.body() == direct.json()
+
+
+def test_cancel_and_a_front_that_goes_away_free_the_row(engine_process):
+    async def run():
+        client = await CoreClient.connect(engine_process.config.core_socket)
+        cancelled = await client.speak(_body(max_new_tokens=900), "cancelled")
+        await anext(cancelled.stream.achunks())
+        cancelled.stream.cancel()
+        abandoned = await client.speak(_body(max_new_tokens=900), "abandoned")
+        await anext(abandoned.stream.achunks())
+        assert engine_process.engine.num_running >= 1
+        client.close()  # the front's connection drops: the engine process cancels what it carried
+        await asyncio.sleep(0.05)
+        with pytest.raises(CoreUnavailable):
+            await client.speak(_body(), "after")
+
+    asyncio.run(run())
+    engine_process.wait_idle()
+    assert engine_process.engine.metrics.requests_cancelled >= 2
+
+
+def test_a_failure_of_ours_is_an_error_not_a_hang(tmp_path):
+    """An unexpected exception in the engine process, before the audio or during it, reaches the front as a 500
+    or a failed stream (as from one process), not as silence."""
+    class Breaking:
+        finish_reason = None
+
+        async def achunks(self):
+            yield np.zeros(1920, dtype=np.float32)
+            raise RuntimeError("broken mid-stream")
+
+        def cancel(self):
+            pass
+
+    async def speak(body, request_id):
+        if body.input == "before":
+            raise RuntimeError("broken before")
+        return Speech(Breaking(), 3, 24000)
+
+    async def run():
+        server = CoreServer(speak, str(tmp_path / "engine.sock"))
+        await server.start()
+        client = await CoreClient.connect(server.path)
+        with pytest.raises(APIError) as e:
+            await asyncio.wait_for(client.speak(_body(input="before"), "r1"), 5)
+        assert (e.value.status, e.value.code) == (500, "internal_error")
+        speech = await asyncio.wait_for(client.speak(_body(input="during"), "r2"), 5)
+        chunks = speech.stream.achunks()
+        assert len(await anext(chunks)) == 1920
+        with pytest.raises(EngineError, match="broken mid-stream"):
+            await asyncio.wait_for(anext(chunks), 5)
+        client.close()
+        await server.drain(1)
+
+    asyncio.run(run())
+
+
+def test_messages_split_anywhere_are_read_whole():
+    rng = random.Random(0)
+    messages = [(SPEAK, 1, b'{"body": "{}"}'), (AUDIO, 1, np.arange(3840, dtype=np.float32).tobytes()),
+                (AUDIO, 7, b""), (FINISHED, 2**32 - 1, b"eos")]
+    data = b"".join(pack(*m) for m in messages)
+    parser, got, at = Parser(), [], 0
+    while at < len(data):
+        step = rng.randint(1, 40)
+        got += parser.feed(data[at:at + step])
+        at += step
+    assert got == messages and not parser.buffer
