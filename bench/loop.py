@@ -483,6 +483,12 @@ def commits_line(results: list[dict]) -> str:
     return " vs ".join(dict.fromkeys(r["commit"] for r in results))
 
 
+def default_loop() -> str:
+    import importlib.util
+
+    return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="64,128,256,512", help="running rows, comma-separated")
@@ -490,8 +496,8 @@ def main() -> None:
     parser.add_argument("--frame-ms", type=float, default=5.0, help="the stubbed device's frame (default 5 ms)")
     parser.add_argument("--warmup", type=int, default=150, help="iterations before the window")
     parser.add_argument("--iterations", type=int, default=300, help="iterations measured")
-    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
-                        help="the consumers' event loop (default: uvloop, as uvicorn runs the server)")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default=default_loop(),
+                        help="the consumers' event loop (default: uvloop where installed, as uvicorn runs the server)")
     parser.add_argument("--base", default=BASE_COMMIT, help="the tree before (a commit)")
     parser.add_argument("--base-dir", type=Path, default=Path("/tmp/loop-base"))
     parser.add_argument("--out", type=Path)

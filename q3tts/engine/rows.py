@@ -1,6 +1,6 @@
 """The running requests' host state as arrays: what the engine's loop reads and writes at every frame boundary for
 every row, kept in numpy so that a boundary costs a few vector operations instead of Python per row (the engine
-thread's Python is what a GPU's frames wait for: docs/perf-notes.md, entries 103-108).
+thread's Python is what a GPU's frames wait for: docs/perf-notes.md, entries 103-107 and 109-113).
 
 Two tables:
   * `RowTable`, by batch row (0..B-1 in the model runner's order, compacted as its rows are): the talker positions
