@@ -1,4 +1,4 @@
-"""The `q3tts` command line (`main.py`): say, batch, voice, serve, bench."""
+"""The `q3tts` command line (`commands.py`): say, batch, voice, serve, bench."""
 
 from __future__ import annotations
 

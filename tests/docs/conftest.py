@@ -102,7 +102,7 @@ class Servers:
 
     def url(self, kind: str) -> str:
         from q3tts.server import ServerConfig
-        from tests.server_harness import ServerThread
+        from tests.server.harness import ServerThread
 
         if kind not in self.running:
             config = ServerConfig(model=self.MODELS[kind], device="cpu", max_running=4, warmup=False,

@@ -85,7 +85,7 @@ def test_python_blocks_run(page, hub, scratch, servers):
 @pytest.mark.parametrize("page", SHELL_PAGES, ids=_ids(SHELL_PAGES))
 def test_shell_commands_parse(page):
     """Each `q3tts` command the page shows is one q3tts's parser takes, flag for flag."""
-    from q3tts.cli import _parser
+    from q3tts.cli.commands import _parser
 
     checked = 0
     for block in shell_blocks(page):
