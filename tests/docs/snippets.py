@@ -57,7 +57,7 @@ MAX_NEW_TOKENS = 6  # what a tiny request is held to (5 frames): the tiny checkp
 
 @dataclass
 class Block:
-    page: str  # relative to docs/
+    page: str  # relative to the repository: docs/....md, or README.md
     line: int  # of the opening fence, 1-based
     lang: str
     code: str
@@ -66,7 +66,7 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"docs/{self.page}:{self.line}"
+        return f"{self.page}:{self.line}"
 
     def has(self, word: str) -> bool:
         return any(w == word or w.startswith(word + "=") for w in self.words)
@@ -97,7 +97,9 @@ class Block:
 
 
 def pages() -> list[Path]:
-    return sorted(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).as_posix() not in UNTESTED_PAGES)
+    """The docs' pages and the README (the front page: its examples run like the docs')."""
+    docs = sorted(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).as_posix() not in UNTESTED_PAGES)
+    return [REPO / "README.md", *docs]
 
 
 def blocks(path: Path) -> list[Block]:
@@ -115,7 +117,7 @@ def blocks(path: Path) -> list[Block]:
         code = "\n".join(line[len(indent):] for line in lines[i + 1:end])
         before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
         marker = MARKER.match(before)
-        found.append(Block(path.relative_to(DOCS).as_posix(), start + 1, lang, code,
+        found.append(Block(path.relative_to(REPO).as_posix(), start + 1, lang, code,
                            marker.group(1).split() if marker else [], title.group(1) if title else None))
         i = end + 1
     return found

@@ -61,3 +61,15 @@ def test_every_figure_names_its_data():
             if not re.search(r"\]\([./]*bench/results/[^)]+\.json\)", rest[:end]):
                 missing.append(f"{page.relative_to(REPO)}: {match.group(0)}")
     assert not missing, f"figures without a link to their result file: {missing}"
+
+
+def test_readme_links_resolve():
+    """The README (the repository's front page, outside the site's strict build) links only to files that exist,
+    and to pages rather than run logs: no result file, no commit hash."""
+    text = (REPO / "README.md").read_text()
+    targets = [m.group(1).split("#")[0] for m in re.finditer(r"\]\(([^)\s]+)\)", text)]
+    local = [t for t in targets if t and "://" not in t]
+    assert local, "the README links to its docs"
+    assert not [t for t in local if not (REPO / t).exists()], "README links to files that do not exist"
+    assert not [t for t in local if t.startswith("bench/results/")], "the README links to pages, not result files"
+    assert not re.search(r"\b[0-9a-f]{7,40}\b", text), "no commit hashes in the README"

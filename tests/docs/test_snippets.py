@@ -16,7 +16,7 @@ import pytest
 from q3tts import TTS
 
 from .snippets import (
-    DOCS,
+    REPO,
     SHELL_OPERATORS,
     Block,
     adapt,
@@ -34,7 +34,7 @@ SHELL_PAGES = [p for p in pages() if shell_blocks(p)]
 
 
 def _ids(paths):
-    return [p.relative_to(DOCS).as_posix() for p in paths]
+    return [p.relative_to(REPO).as_posix() for p in paths]
 
 
 def _server(block: Block, servers) -> str | None:
