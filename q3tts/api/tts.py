@@ -39,6 +39,9 @@ from .official import OfficialAPI
 from .pieces import LONG_TEXT_CHARS, PIECE_CHARS, PieceStream, join
 from .streaming import DEFAULT_SCHEDULE, AudioStream, check_chunking
 
+_KIND_NAMES = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
+_KIND_METHODS = {"base": "generate_voice_clone (a reference recording)", "voice_design": "generate_voice_design (a "
+                 "voice described in words)", "custom_voice": "generate_custom_voice (a preset speaker)"}
 
 class TTS(OfficialAPI):
     """A loaded Qwen3-TTS checkpoint (any of Base, CustomVoice, VoiceDesign; 0.6B or 1.7B) and its engine."""
@@ -327,10 +330,14 @@ class TTS(OfficialAPI):
         return self.speech_tokenizer.decoder.samples_per_frame
 
     def require(self, kind: str, method: str) -> None:
-        """Raises RequestError if this checkpoint is not of `kind` (base, custom_voice, voice_design)."""
-        if self.config.tts_model_type != kind:
-            raise RequestError(f"{method} needs a {kind} checkpoint; this one is {self.config.tts_model_type} "
-                               f"({self.config.tts_model_size})")
+        """Raises RequestError if this checkpoint is not of `kind` (base, custom_voice, voice_design), naming the
+        checkpoints `method` needs and what this one offers instead."""
+        have = self.config.tts_model_type
+        if have != kind:
+            size = {"0b6": "0.6B", "1b7": "1.7B"}.get(self.config.tts_model_size, self.config.tts_model_size)
+            raise RequestError(f"{method} needs a {_KIND_NAMES[kind]} checkpoint (e.g. Qwen/Qwen3-TTS-12Hz-"
+                               f"{'1.7B' if kind == 'voice_design' else size}-{_KIND_NAMES[kind]}); this one is "
+                               f"{size}-{_KIND_NAMES[have]}: use {_KIND_METHODS[have]}", "model")
 
 
 @contextlib.contextmanager
