@@ -43,6 +43,7 @@ _KIND_NAMES = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "V
 _KIND_METHODS = {"base": "generate_voice_clone (a reference recording)", "voice_design": "generate_voice_design (a "
                  "voice described in words)", "custom_voice": "generate_custom_voice (a preset speaker)"}
 
+
 class TTS(OfficialAPI):
     """A loaded Qwen3-TTS checkpoint (any of Base, CustomVoice, VoiceDesign; 0.6B or 1.7B) and its engine."""
 
