@@ -34,11 +34,11 @@ def main() -> None:
         for row in range(B):
             runner.grow(row, prompt.num_positions + 101)
         for _ in range(3):
-            runner._frame(B)
+            runner.frame(B)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.frames):
-                runner._frame(B)
+                runner.frame(B)
             torch.cuda.synchronize()
         runner.release_rows(list(range(B)))
         totals, counts = defaultdict(float), defaultdict(int)

@@ -275,7 +275,7 @@ def _load(args, **engine):
 def _check_model(args, devices: list[str | None] | None = None):
     """What can be checked before the model loads: --device (or each of `devices`), --dtype, and --model (its
     folder, config.json and whole safetensors files). Returns the checkpoint's ModelConfig."""
-    from ..api.tts import check_checkpoint, resolve_device, resolve_dtype
+    from ..api.loading import check_checkpoint, resolve_device, resolve_dtype
 
     for device in devices or [args.device]:
         resolve_dtype(args.dtype, resolve_device(device))
@@ -401,7 +401,7 @@ def _check_voice_flags(args, config, speaker: str | None, voice) -> None:
     from ..config import GenerationConfig
     from ..request.builder import RequestBuilder
 
-    builder = RequestBuilder(config, None, GenerationConfig(), lambda: (0, None))
+    builder = RequestBuilder(config, None, GenerationConfig())
     builder.check_mode(speaker, voice is not None or bool(args.ref_audio), args.instruct)
     builder.language(args.language)
     if speaker is not None:
@@ -538,7 +538,7 @@ def _serve_devices(args) -> list[str]:
                              "or --data-parallel")
         return []
     if args.devices is None and args.data_parallel is None:
-        from ..api.tts import resolve_device
+        from ..api.loading import resolve_device
 
         on_gpu = args.core_socket is None and resolve_device(args.device).type == "cuda"
         return [args.device or "cuda"] if on_gpu else []

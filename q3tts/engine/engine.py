@@ -37,15 +37,16 @@ from ..errors import RequestError
 from ..models.codec_decoder import CodecDecoder
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import SamplingParams
-from .config import EngineConfig
+from .config import ContextLimit, EngineConfig
 from .kv_blocks import OutOfBlocks
+from .prompt import Prompt
 from .rows import RowTable, SlotTable, remove_rows
 from .runner.codec import CodecRunner
 from .runner.graphs import side_stream
 from .runner.model_runner import ModelRunner, SwappedRow
 from .runner.readback import FrameOut, Readback
 from .scheduler import QueueFull, Scheduler
-from .sequence import Prompt, Sequence
+from .sequence import Sequence
 from .stream import END, Channel, Delivery, Dispatcher, Frames, RequestStream
 
 log = logging.getLogger("q3tts.engine")
@@ -133,16 +134,16 @@ class Engine:
 
     # ---- limits -------------------------------------------------------------------------------------------
 
-    def context_limit(self) -> tuple[int, str | None]:
-        """The talker positions one request may hold (prompt + frames), and the setting that bounds it (None: the
-        model's own limit): max_context, what the KV cache holds for one request alone, the model's limit."""
+    def context_limit(self) -> ContextLimit:
+        """The talker positions one request may hold: the least of max_context, what the KV cache holds for one
+        request alone, and the model's limit."""
         cfg = self.config
         kv_setting = "gpu_memory_utilization" if cfg.gpu_memory_utilization and not cfg.kv_cache_gb \
             else "kv_cache_gb"
         limits = [(self.runner.model.talker.config.max_position_embeddings, None),
                   (self.runner.max_context, "max_context"),
                   (self.runner.kv.capacity_positions - cfg.block_size, kv_setting)]
-        return min(limits, key=lambda limit: limit[0])
+        return ContextLimit(*min(limits, key=lambda limit: limit[0]))
 
     # ---- public -------------------------------------------------------------------------------------------
 
@@ -268,13 +269,13 @@ class Engine:
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
         largest = self.config.buckets[-1]
-        self.runner._frame(largest)
+        self.runner.frame(largest)
         if self.config.prefill_buckets:
-            self.runner._prefill(self.config.prefill_buckets[-1])
+            self.runner.prefill(self.config.prefill_buckets[-1])
         self.codec.step(largest)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
-        self.runner._reset_state()
+        self.runner.reset_state()
         self.codec.stream.reset(list(range(self.config.max_rows)))
         torch.cuda.empty_cache()
         return peak

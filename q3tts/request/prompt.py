@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ModelConfig
+from ..engine.prompt import Prompt
 from ..engine.runner.prefix_cache import PrefixCache, tensor_digest, tensor_digests
-from ..engine.sequence import Prompt
 from ..models.talker import Talker
 from ..transfer import to_device
 

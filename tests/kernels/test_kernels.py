@@ -806,7 +806,7 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind):
 def test_frame_sum_adds_in_order():
     """The frame embedding's fp32 sum (3 kernels on CUDA) equals adding the 16 embeddings one by one, bit for
     bit; magnitudes spread so that another order would round differently."""
-    from q3tts.engine.runner.model_runner import _frame_sum
+    from q3tts.engine.runner.model_runner import frame_sum
 
     g = torch.Generator(DEVICE).manual_seed(3)
     dtype = DTYPES[-1]
@@ -814,7 +814,7 @@ def test_frame_sum_adds_in_order():
     expected = embeds[0].float()
     for e in embeds[1:]:
         expected = expected + e.float()
-    assert torch.equal(_frame_sum(torch.stack(embeds)), expected)
+    assert torch.equal(frame_sum(torch.stack(embeds)), expected)
     backwards = embeds[-1].float()
     for e in embeds[-2::-1]:
         backwards = backwards + e.float()

@@ -150,7 +150,7 @@ def test_device_flags(flags, expected):
                                             (["--single-process"], []), (["--core-socket", "/tmp/e.sock"], [])])
 def test_one_gpu_is_served_by_a_front_and_an_engine_process(monkeypatch, flags, expected):
     """On a GPU, `q3tts serve` is a front over one engine process unless told otherwise (or it is that engine)."""
-    monkeypatch.setattr("q3tts.api.tts.resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr("q3tts.api.loading.resolve_device", lambda device: torch.device("cuda"))
     assert _serve_devices(_parser().parse_args(["serve", "tiny", *flags])) == expected
 
 
