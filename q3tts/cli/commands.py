@@ -232,10 +232,13 @@ def _parser() -> argparse.ArgumentParser:
     voice_parser = sub.add_parser("voice", help="manage cloned voices")
     voice_parser.set_defaults(run=_help(voice_parser))
     voice = voice_parser.add_subparsers(title="voice commands")
-    create = voice.add_parser("create", help="clone a voice from reference audio and save it")
+    create = voice.add_parser("create", help="clone a voice from reference audio (or a speaker embedding) and save "
+                              "it")
     create.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
     _model_args(create, default="Qwen/Qwen3-TTS-12Hz-0.6B-Base")
-    _reference_args(create, required=True)
+    _reference_args(create)
+    create.add_argument("--embedding", type=Path, help="a speaker embedding instead of --ref-audio: a torch.save'd "
+                        "tensor (faster-qwen3-tts's speaker.pt; any float dtype) or raw float32 values")
     create.set_defaults(run=_voice_create)
     return parser
 
@@ -477,15 +480,37 @@ def _voice_create(args) -> int:
     from ..request.voice import size_name
 
     _output_path(args.output)
-    kind = _check_model(args).tts_model_type
-    if kind != "base":
-        raise ValueError(f"voice cloning needs a Base checkpoint; {args.model} is {kind}")
+    config = _check_model(args)
+    if config.tts_model_type != "base":
+        raise ValueError(f"voice cloning needs a Base checkpoint; {args.model} is {config.tts_model_type}")
+    if (args.embedding is None) == (args.ref_audio is None):
+        raise ValueError("give --ref-audio (a recording to clone) or --embedding (a speaker embedding file), one of "
+                         "them")
+    if args.embedding is not None:
+        return _voice_from_embedding(args, config)
     _check_reference_flags(args)
     tts = _load(args)
     voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
     voice.save(args.output)
     mode = "x-vector only" if voice.x_vector_only_mode else f"in-context, {voice.ref_code.shape[0]} reference frames"
     print(f"wrote {args.output} ({mode}, {size_name(tts.config.tts_model_size)})", file=sys.stderr)
+    return 0
+
+
+def _voice_from_embedding(args, config) -> int:
+    """`voice create --embedding`: no model to load, the embedding's size checked against the checkpoint's."""
+    from ..request.voice import Voice, size_name
+
+    if args.ref_text or args.x_vector_only:
+        raise ValueError("--ref-text and --x-vector-only go with --ref-audio; a voice from --embedding is the "
+                         "speaker embedding alone")
+    voice = Voice.from_embedding(args.embedding, config.tts_model_size)
+    size, hidden = voice.ref_spk_embedding.numel(), config.talker_config.hidden_size
+    if size != hidden:
+        raise ValueError(f"--embedding {args.embedding}: {size} values; the speaker embeddings of this "
+                         f"{size_name(config.tts_model_size)} checkpoint have {hidden}")
+    voice.save(args.output)
+    print(f"wrote {args.output} (x-vector only, {size_name(config.tts_model_size)})", file=sys.stderr)
     return 0
 
 

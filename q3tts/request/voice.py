@@ -21,6 +21,7 @@ from ..config import ModelConfig
 from ..errors import RequestError, RequestTypeError, quote
 from ..models.speaker_encoder import compute_speaker_embedding
 from .audio import AudioError, load_audio, resample
+from .embedding import embedding_tensor, read_embedding
 
 FORMAT = "q3tts.voice.v1"
 HOW_TO_MAKE = ("; a voice file comes from Voice.save or `q3tts voice create` (a recording is cloned from ref_audio "
@@ -42,6 +43,20 @@ class Voice:
     icl_mode: bool
     ref_text: str | None = None
     model_size: str | None = None  # "0b6" / "1b7": the checkpoint family the embedding belongs to
+
+    @classmethod
+    def from_embedding(cls, embedding: Any, model_size: str | None = None) -> Voice:
+        """A voice in x-vector-only mode from a speaker embedding computed elsewhere: a float tensor, array or list
+        [hidden] (any float dtype, bf16 included), or the path of a file (`torch.save`d tensor or raw float32).
+        Its size must be the checkpoint's hidden size (1,024 for 0.6B, 2,048 for 1.7B), checked when it is used;
+        `model_size` ("0b6" / "1b7"), if given, is checked too. RequestError (param "embedding") if it is not a
+        finite float vector."""
+        vector = read_embedding(embedding) if isinstance(embedding, (str, Path)) else embedding_tensor(embedding)
+        if model_size is not None and model_size not in SIZE_NAMES:
+            raise RequestError(f"model_size must be one of {sorted(SIZE_NAMES)}, got {quote(model_size)}",
+                               "model_size")
+        return cls(ref_code=None, ref_spk_embedding=vector, x_vector_only_mode=True, icl_mode=False,
+                   model_size=model_size)
 
     def save(self, path: str | Path) -> None:
         """Writes the voice to `path` (a safetensors file); OSError naming `path` if it cannot be written."""

@@ -19,10 +19,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..errors import RequestError, quote
 from ..request.audio import AudioError
+from ..request.embedding import embedding_tensor
 from ..request.fetch import FetchError, FetchPolicy, fetch
 from ..request.voice import Voice
 from . import errors
@@ -216,10 +215,9 @@ class VoiceResolver:
         if len(embedding) != size:
             raise errors.bad_request(f"speaker_embedding has {len(embedding)} values; this checkpoint's speaker "
                                      f"embeddings have {size}", param="speaker_embedding")
-        voice = Voice(ref_code=None, ref_spk_embedding=torch.tensor(embedding, dtype=torch.float32),
-                      x_vector_only_mode=True, icl_mode=False, model_size=self.tts.config.tts_model_size)
         try:
-            return self.tts.builder.voice(voice)
+            return self.tts.builder.voice(Voice.from_embedding(embedding_tensor(embedding, "speaker_embedding"),
+                                                               self.tts.config.tts_model_size))
         except RequestError as e:
             raise errors.bad_request(e.message.replace("the voice's ref_spk_embedding", "speaker_embedding"),
                                      param="speaker_embedding") from e
