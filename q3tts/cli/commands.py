@@ -240,6 +240,13 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--embedding", type=Path, help="a speaker embedding instead of --ref-audio: a torch.save'd "
                         "tensor (faster-qwen3-tts's speaker.pt; any float dtype) or raw float32 values")
     create.set_defaults(run=_voice_create)
+    blend = voice.add_parser("blend", help="mix x-vector voice files into a new one (the weighted mean of their "
+                             "speaker embeddings)")
+    blend.add_argument("voices", type=Path, nargs="+", help="voice files from `q3tts voice create` (x-vector only)")
+    blend.add_argument("--weights", type=float, nargs="+", help="one weight > 0 per voice (default: equal); "
+                       "normalised to sum 1")
+    blend.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
+    blend.set_defaults(run=_voice_blend)
     return parser
 
 
@@ -511,6 +518,24 @@ def _voice_from_embedding(args, config) -> int:
                          f"{size_name(config.tts_model_size)} checkpoint have {hidden}")
     voice.save(args.output)
     print(f"wrote {args.output} (x-vector only, {size_name(config.tts_model_size)})", file=sys.stderr)
+    return 0
+
+
+def _voice_blend(args) -> int:
+    from ..request.voice import Voice
+
+    _output_path(args.output)
+    weights = args.weights or [1.0] * len(args.voices)
+    if len(weights) != len(args.voices):
+        raise ValueError(f"--weights: {len(weights)} weights for {len(args.voices)} voices; give one per voice")
+    try:
+        voice = Voice.blend(list(zip(args.voices, weights)))
+    except RequestError as e:
+        raise ValueError(e.message.replace("voices: ", "", 1).replace("the weight of", "--weights: the weight of")
+                         ) from None
+    voice.save(args.output)
+    shares = ", ".join(f"{path.name} {w / sum(weights):.3g}" for path, w in zip(args.voices, weights))
+    print(f"wrote {args.output} (x-vector only: {shares})", file=sys.stderr)
     return 0
 
 

@@ -24,6 +24,7 @@ from ..request.audio import AudioError
 from ..request.embedding import embedding_tensor
 from ..request.fetch import FetchError, FetchPolicy, fetch
 from ..request.voice import Voice
+from ..request.voice_blend import is_mix, mixed_embedding, parse_mix
 from . import errors
 from .config import ServerConfig
 from .languages import kokoro_language, model_language
@@ -173,6 +174,8 @@ class VoiceResolver:
         the default voice."""
         if (found := await self._stored(name)) is not None:
             return found
+        if is_mix(name):
+            return await self.mixed(name, "voice")
         target = self.aliases.target(name)
         if target is not None and target != name:
             if (found := await self._stored(target)) is not None:
@@ -188,6 +191,16 @@ class VoiceResolver:
                 f"--voice-alias {name}=NAME), or give the server a default voice (--default-voice)", param="voice",
                 code="voice_not_configured")
         raise errors.not_found(f"voice {quote(name)} not found", param="voice", code="voice_not_found")
+
+    async def mixed(self, text: str, param: str) -> Voice:
+        """Kokoro's mix of stored voices, "a(2)+b(1)" (each a stored voice or an alias of one): their blend
+        (voice_blend.py)."""
+        try:
+            terms = parse_mix(text, param)
+            named = [(quote(name), await self._stored_or_alias(name), weight) for name, weight in terms]
+            return self.tts.builder.voice(Voice.from_embedding(*mixed_embedding(named, param)))
+        except RequestError as e:
+            raise errors.bad_request(e.message.removeprefix(f"{param}: "), param=param) from e
 
     async def _default_voice(self) -> Voice:
         if self.default_voice is not None:

@@ -33,7 +33,7 @@ def cloned(base) -> Voice:
 
 
 def _audio(tts: TTS, voice, text: str = "Hello there.") -> np.ndarray:
-    return tts.synthesize(text, voice=voice, seed=1, **GREEDY)[0]
+    return tts.synthesize(text, voice=voice, seed=1, **GREEDY)
 
 
 # ---- speaker embeddings --------------------------------------------------------------------------------------
@@ -104,3 +104,60 @@ def test_an_embedding_of_another_size_or_checkpoint_kind_is_refused(base, tiny_r
     with pytest.raises(RequestError, match="cannot clone voices; use a Base checkpoint") as e:
         custom.request("Hi.", speaker="ryan", voice=Voice.from_embedding(torch.zeros(96)))
     assert e.value.param == "voice"
+
+
+# ---- blends --------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pair(base) -> tuple[Voice, Voice]:
+    return tuple(base.create_voice((speech_like(1.0, 24000, seed), 24000), x_vector_only=True) for seed in (1, 2))
+
+
+def test_a_blend_is_the_weighted_mean_of_the_embeddings(pair, tmp_path):
+    """(2 a + 1 b) / 3 in float64, stored as float32; weights normalised ("a(2)+b(1)" is "a(4)+b(2)"); no other
+    renormalisation; voice files count as voices."""
+    a, b = pair
+    mixed = Voice.blend({a: 2, b: 1})
+    expected = ((2 * a.ref_spk_embedding.double() + b.ref_spk_embedding.double()) / 3).float()
+    assert torch.equal(mixed.ref_spk_embedding, expected)
+    assert mixed.x_vector_only_mode and not mixed.icl_mode and mixed.model_size == "0b6"
+    assert torch.equal(Voice.blend([(a, 4.0), (b, 2.0)]).ref_spk_embedding, expected)
+    a.save(tmp_path / "a.voice")
+    assert torch.equal(Voice.blend({str(tmp_path / "a.voice"): 1, b: 0.5}).ref_spk_embedding, expected)
+    assert torch.equal(Voice.blend({a: 3}).ref_spk_embedding, a.ref_spk_embedding)
+
+
+def test_a_blend_speaks_and_keys_the_prefix_cache_on_the_mix(base, pair):
+    from q3tts.engine.runner.prefix_cache import tensor_digest
+    from q3tts.request.prompt import _voice_digest
+
+    a, b = pair
+    def key(voice: Voice) -> bytes:
+        spec = base.request("Hi.", voice=voice).spec
+        return _voice_digest(base.config, spec, tensor_digest(spec.speaker_embedding))
+
+    assert key(Voice.blend({a: 2, b: 1})) == key(Voice.blend({a: 4, b: 2})) != key(Voice.blend({a: 1, b: 2}))
+    assert key(Voice.blend({a: 1})) == key(a)
+    mixed = _audio(base, Voice.blend({a: 1, b: 1}))
+    assert len(mixed) == 4 * 1920 and not np.array_equal(mixed, _audio(base, a))
+
+
+def test_blend_refusals_say_why(base, pair, tiny_root):
+    a, b = pair
+    in_context = base.create_voice((speech_like(1.0, 24000, 4), 24000), ref_text="Good morning.")
+    large = TTS.from_pretrained(tiny_checkpoint("tiny-base-1.7b", tiny_root)).create_voice(
+        (speech_like(1.0, 24000, 1), 24000), x_vector_only=True)
+    for voices, says in (({a: 1, in_context: 1}, "voice 1 is an in-context voice: its reference recording's codes "
+                                                 "and transcript cannot be mixed"),
+                         ({a: 1, large: 1}, "different model sizes (embedding sizes [64, 96])"),
+                         ({a: 0, b: 1}, "the weight of voice 0 must be a finite number > 0, got 0"),
+                         ({a: float("nan")}, "finite number > 0"),
+                         ({a: True}, "finite number > 0"),
+                         ({}, "at least one voice"),
+                         ({"missing.voice": 1}, "voice file not found")):
+        with pytest.raises(RequestError, match=re.escape(says)) as e:
+            Voice.blend(voices)
+        assert e.value.param in ("voices", "voice")
+    with pytest.raises(RequestError, match="neither|expected a Voice") as e:
+        Voice.blend({5: 1})
+    assert e.value.param == "voices"

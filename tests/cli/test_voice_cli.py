@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import soundfile as sf
 import torch
@@ -50,3 +51,41 @@ def test_voice_create_embedding_refusals(tmp_path, capsys, model, flags, says):
     assert main(["voice", "create", "--model", model, *flags, "-o", str(tmp_path / "v.voice")]) == 1
     assert says in capsys.readouterr().err
     assert not (tmp_path / "v.voice").exists()
+
+
+def test_voice_blend_writes_the_weighted_mean(tmp_path, capsys):
+    a, b = torch.randn(64), torch.randn(64)
+    for name, embedding in (("a", a), ("b", b)):
+        torch.save(embedding, tmp_path / f"{name}.pt")
+        assert main(["voice", "create", "--model", "tiny-base", "--embedding", str(tmp_path / f"{name}.pt"),
+                     "-o", str(tmp_path / f"{name}.voice")]) == 0
+    out = tmp_path / "mix.voice"
+    assert main(["voice", "blend", str(tmp_path / "a.voice"), str(tmp_path / "b.voice"), "--weights", "3", "1",
+                 "-o", str(out)]) == 0
+    assert "a.voice 0.75, b.voice 0.25" in capsys.readouterr().err
+    mixed = Voice.load(out)
+    assert torch.equal(mixed.ref_spk_embedding, ((3 * a.double() + b.double()) / 4).float())
+    assert mixed.x_vector_only_mode and mixed.model_size == "0b6"
+    wav = tmp_path / "mix.wav"
+    assert main(["say", "Hi.", "--model", "tiny-base", "--voice", str(out), "-o", str(wav), "--max-new-tokens", "3",
+                 "--seed", "1"]) == 0
+
+
+def test_voice_blend_refusals(tmp_path, capsys):
+    torch.save(torch.randn(64), tmp_path / "a.pt")
+    assert main(["voice", "create", "--model", "tiny-base", "--embedding", str(tmp_path / "a.pt"),
+                 "-o", str(tmp_path / "a.voice")]) == 0
+    ref = tmp_path / "ref.wav"
+    sf.write(ref, np.sin(np.arange(24000) / 10).astype(np.float32) * 0.3, 24000)
+    assert main(["voice", "create", "--model", "tiny-base", "--ref-audio", str(ref), "--ref-text", "Hello.",
+                 "-o", str(tmp_path / "icl.voice")]) == 0
+    capsys.readouterr()
+    a, icl = str(tmp_path / "a.voice"), str(tmp_path / "icl.voice")
+    for flags, says in (([a, icl], "is an in-context voice: its reference recording's codes and transcript cannot "
+                                   "be mixed"),
+                        ([a, a, "--weights", "1"], "--weights: 1 weights for 2 voices"),
+                        ([a, a, "--weights", "1", "-2"], "--weights: the weight of"),
+                        ([a, str(tmp_path / "none.voice")], "voice file not found")):
+        assert main(["voice", "blend", *flags, "-o", str(tmp_path / "mix.voice")]) == 1
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "mix.voice").exists()

@@ -124,3 +124,92 @@ def test_speaker_embedding_on_the_websocket(server, embedding):
     assert audio == _audio(server, speaker_embedding=embedding.tolist())
     _, events = _websocket(server, {"speaker_embedding": [0.5] * 3})
     assert events[-1]["type"] == "error" and "speaker_embedding" in json.dumps(events[-1])
+
+
+# ---- blends: "a(2)+b(1)" and POST /v1/audio/voices/combine ---------------------------------------------------
+
+def _wav(seed: int) -> bytes:
+    import io
+
+    import soundfile as sf
+
+    out = io.BytesIO()
+    sf.write(out, speech_like(1.0, 24000, seed), 24000, format="WAV")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def stored(server) -> dict[str, dict]:
+    """Two x-vector voices and an in-context one, uploaded."""
+    voices = {}
+    for name, seed, fields in (("amy", 1, {"x_vector_only_mode": "true"}), ("bob", 2, {"x_vector_only_mode": "true"}),
+                               ("carol", 3, {"ref_text": "Good morning."})):
+        response = httpx.post(server.url + "/v1/audio/voices", files={"file": ("r.wav", _wav(seed), "audio/wav")},
+                              data={"name": name, **fields}, timeout=60)
+        assert response.status_code == 201, response.text
+        voices[name] = response.json()
+    return voices
+
+
+def _embedding_of(server, name: str) -> np.ndarray:
+    return server.app.state.service.voices.get(name)[1].ref_spk_embedding.double().numpy()
+
+
+def test_a_mix_in_voice_is_the_weighted_mean(server, stored):
+    """Kokoro's "amy(2)+bob(1)": the same audio as the mean embedding sent as speaker_embedding; weights are
+    normalised; ids and names both work."""
+    mean = ((2 * _embedding_of(server, "amy") + _embedding_of(server, "bob")) / 3).astype(np.float32)
+    mixed = _audio(server, voice="amy(2)+bob(1)")
+    assert mixed == _audio(server, speaker_embedding=mean.tolist())
+    assert mixed == _audio(server, voice=f"{stored['amy']['id']}(4) + bob(2)")
+    assert mixed != _audio(server, voice="amy(1)+bob(2)") and _audio(server, voice="amy+bob") != mixed
+
+
+@pytest.mark.parametrize("voice, status, says", [
+    ("amy+carol", 400, "'carol' is an in-context voice: its reference recording's codes and transcript cannot be "
+                       "mixed"),
+    ("amy(0)+bob", 400, "the weight of 'amy' must be a finite number > 0"),
+    ("amy(x)+bob", 400, "'x' of 'amy' is not a number"),
+    ("amy(2", 400, "a mix is names with optional weights"),
+    ("amy+nobody", 404, "'nobody' not found"),
+])
+def test_bad_mixes_are_refused_naming_voice(server, stored, voice, status, says):
+    response = _post(server, {"voice": voice})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == "voice" and says in error["message"], error
+
+
+def test_combine_stores_the_blend_as_a_voice(server, stored):
+    response = httpx.post(server.url + "/v1/audio/voices/combine", json="amy(2)+bob(1)", timeout=60)
+    assert response.status_code == 201, response.text
+    combined = response.json()
+    assert combined["voice"] == combined["name"] == "amy(2)+bob(1)" and combined["x_vector_only_mode"]
+    assert combined["id"].startswith("voice_") and "amy(2)+bob(1)" in combined["voices"]
+    assert _audio(server, voice=combined["id"]) == _audio(server, voice="amy(2)+bob(1)")
+    listed = httpx.post(server.url + "/v1/audio/voices/combine?name=pair", json=["amy", "bob"], timeout=60).json()
+    assert listed["name"] == "pair" and _audio(server, voice="pair") == _audio(server, voice="amy(1)+bob(1)")
+    assert httpx.get(server.url + "/v1/audio/voices/pair").json()["id"] == listed["id"]
+
+
+@pytest.mark.parametrize("body, query, status, param, says", [
+    ({"voices": ["amy"]}, "", 400, "voices", "a JSON string such as"),
+    ([], "", 400, "voices", "a JSON string such as"),
+    (["amy", "bob(2)"], "", 400, "voices", "a JSON string such as"),
+    ("amy+carol", "", 400, "voices", "in-context voice"),
+    ("amy+nobody", "", 404, "voice", "'nobody' not found"),
+    ("amy+bob", "?name=a/b", 400, "name", "1-64 letters"),
+    ("amy+bob", "?name=amy", 409, "name", "already exists"),
+])
+def test_combine_refusals(server, stored, body, query, status, param, says):
+    response = httpx.post(server.url + "/v1/audio/voices/combine" + query, json=body, timeout=60)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and says in error["message"], error
+
+
+def test_combine_needs_a_base_checkpoint(tmp_path):
+    custom = load_tiny("tiny", tmp_path)
+    with ServerThread(ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False), custom) as other:
+        response = httpx.post(other.url + "/v1/audio/voices/combine", json="ryan+vivian", timeout=60)
+        assert response.status_code == 400 and "needs a Base checkpoint" in response.json()["error"]["message"]
