@@ -96,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
                           "'q3tts[play]'`; without them, says so and only writes the file)")
     _model_args(say)
     _memory_args(say, None)
-    say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER})")
+    say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER}, or a "
+                     "fine-tuned checkpoint's first speaker)")
     say.add_argument("--instruct", help="style instruction (1.7B CustomVoice) or voice description (VoiceDesign)")
     say.add_argument("--language", default="auto", help="language name, or 'auto' (default)")
     say.add_argument("--voice", type=Path, help="a voice file saved by `q3tts voice create` (Base checkpoints)")
@@ -326,7 +327,7 @@ def _say(args) -> int:
     kind = config.tts_model_type
     _check_cloning_flags(args, kind)
     voice = Voice.load(args.voice) if args.voice else None
-    speaker = args.speaker if args.speaker is not None else DEFAULT_SPEAKER if kind == "custom_voice" else None
+    speaker = args.speaker if args.speaker is not None else _default_speaker(config)
     _check_voice_flags(args, config, speaker, voice)
     tts = _load(args, **engine)
     if kind == "base" and voice is None:
@@ -359,6 +360,14 @@ def _say(args) -> int:
     print(f"wrote {'standard output' if to_stdout else args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
           + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
     return 0
+
+
+def _default_speaker(config) -> str | None:
+    """`say`'s speaker without --speaker: ryan, or a fine-tuned checkpoint's first (sft_12hz.py writes its own)."""
+    speakers = config.supported_speakers
+    if config.tts_model_type != "custom_voice" or not speakers:
+        return None
+    return DEFAULT_SPEAKER if DEFAULT_SPEAKER in speakers else speakers[0]
 
 
 def _sampling(args) -> dict:
