@@ -96,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
                           "'q3tts[play]'`; without them, says so and only writes the file)")
     _model_args(say)
     _memory_args(say, None)
-    say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER})")
+    say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER}, or a "
+                     "fine-tuned checkpoint's first speaker)")
     say.add_argument("--instruct", help="style instruction (1.7B CustomVoice) or voice description (VoiceDesign)")
     say.add_argument("--language", default="auto", help="language name, or 'auto' (default)")
     say.add_argument("--voice", type=Path, help="a voice file saved by `q3tts voice create` (Base checkpoints)")
@@ -232,11 +233,21 @@ def _parser() -> argparse.ArgumentParser:
     voice_parser = sub.add_parser("voice", help="manage cloned voices")
     voice_parser.set_defaults(run=_help(voice_parser))
     voice = voice_parser.add_subparsers(title="voice commands")
-    create = voice.add_parser("create", help="clone a voice from reference audio and save it")
+    create = voice.add_parser("create", help="clone a voice from reference audio (or a speaker embedding) and save "
+                              "it")
     create.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
     _model_args(create, default="Qwen/Qwen3-TTS-12Hz-0.6B-Base")
-    _reference_args(create, required=True)
+    _reference_args(create)
+    create.add_argument("--embedding", type=Path, help="a speaker embedding instead of --ref-audio: a torch.save'd "
+                        "tensor (faster-qwen3-tts's speaker.pt; any float dtype) or raw float32 values")
     create.set_defaults(run=_voice_create)
+    blend = voice.add_parser("blend", help="mix x-vector voice files into a new one (the weighted mean of their "
+                             "speaker embeddings)")
+    blend.add_argument("voices", type=Path, nargs="+", help="voice files from `q3tts voice create` (x-vector only)")
+    blend.add_argument("--weights", type=float, nargs="+", help="one weight > 0 per voice (default: equal); "
+                       "normalised to sum 1")
+    blend.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
+    blend.set_defaults(run=_voice_blend)
     return parser
 
 
@@ -316,7 +327,7 @@ def _say(args) -> int:
     kind = config.tts_model_type
     _check_cloning_flags(args, kind)
     voice = Voice.load(args.voice) if args.voice else None
-    speaker = args.speaker if args.speaker is not None else DEFAULT_SPEAKER if kind == "custom_voice" else None
+    speaker = args.speaker if args.speaker is not None else _default_speaker(config)
     _check_voice_flags(args, config, speaker, voice)
     tts = _load(args, **engine)
     if kind == "base" and voice is None:
@@ -349,6 +360,14 @@ def _say(args) -> int:
     print(f"wrote {'standard output' if to_stdout else args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
           + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
     return 0
+
+
+def _default_speaker(config) -> str | None:
+    """`say`'s speaker without --speaker: ryan, or a fine-tuned checkpoint's first (sft_12hz.py writes its own)."""
+    speakers = config.supported_speakers
+    if config.tts_model_type != "custom_voice" or not speakers:
+        return None
+    return DEFAULT_SPEAKER if DEFAULT_SPEAKER in speakers else speakers[0]
 
 
 def _sampling(args) -> dict:
@@ -477,15 +496,55 @@ def _voice_create(args) -> int:
     from ..request.voice import size_name
 
     _output_path(args.output)
-    kind = _check_model(args).tts_model_type
-    if kind != "base":
-        raise ValueError(f"voice cloning needs a Base checkpoint; {args.model} is {kind}")
+    config = _check_model(args)
+    if config.tts_model_type != "base":
+        raise ValueError(f"voice cloning needs a Base checkpoint; {args.model} is {config.tts_model_type}")
+    if (args.embedding is None) == (args.ref_audio is None):
+        raise ValueError("give --ref-audio (a recording to clone) or --embedding (a speaker embedding file), one of "
+                         "them")
+    if args.embedding is not None:
+        return _voice_from_embedding(args, config)
     _check_reference_flags(args)
     tts = _load(args)
     voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
     voice.save(args.output)
     mode = "x-vector only" if voice.x_vector_only_mode else f"in-context, {voice.ref_code.shape[0]} reference frames"
     print(f"wrote {args.output} ({mode}, {size_name(tts.config.tts_model_size)})", file=sys.stderr)
+    return 0
+
+
+def _voice_from_embedding(args, config) -> int:
+    """`voice create --embedding`: no model to load, the embedding's size checked against the checkpoint's."""
+    from ..request.voice import Voice, size_name
+
+    if args.ref_text or args.x_vector_only:
+        raise ValueError("--ref-text and --x-vector-only go with --ref-audio; a voice from --embedding is the "
+                         "speaker embedding alone")
+    voice = Voice.from_embedding(args.embedding, config.tts_model_size)
+    size, hidden = voice.ref_spk_embedding.numel(), config.talker_config.hidden_size
+    if size != hidden:
+        raise ValueError(f"--embedding {args.embedding}: {size} values; the speaker embeddings of this "
+                         f"{size_name(config.tts_model_size)} checkpoint have {hidden}")
+    voice.save(args.output)
+    print(f"wrote {args.output} (x-vector only, {size_name(config.tts_model_size)})", file=sys.stderr)
+    return 0
+
+
+def _voice_blend(args) -> int:
+    from ..request.voice import Voice
+
+    _output_path(args.output)
+    weights = args.weights or [1.0] * len(args.voices)
+    if len(weights) != len(args.voices):
+        raise ValueError(f"--weights: {len(weights)} weights for {len(args.voices)} voices; give one per voice")
+    try:
+        voice = Voice.blend(list(zip(args.voices, weights)))
+    except RequestError as e:
+        raise ValueError(e.message.replace("voices: ", "", 1).replace("the weight of", "--weights: the weight of")
+                         ) from None
+    voice.save(args.output)
+    shares = ", ".join(f"{path.name} {w / sum(weights):.3g}" for path, w in zip(args.voices, weights))
+    print(f"wrote {args.output} (x-vector only: {shares})", file=sys.stderr)
     return 0
 
 

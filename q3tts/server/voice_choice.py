@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..errors import RequestError, quote
 from ..request.audio import AudioError
+from ..request.embedding import embedding_tensor
 from ..request.fetch import FetchError, FetchPolicy, fetch
 from ..request.voice import Voice
+from ..request.voice_blend import is_mix, mixed_embedding, parse_mix
 from . import errors
 from .config import ServerConfig
 from .languages import kokoro_language, model_language
@@ -174,6 +174,8 @@ class VoiceResolver:
         the default voice."""
         if (found := await self._stored(name)) is not None:
             return found
+        if is_mix(name):
+            return await self.mixed(name, "voice")
         target = self.aliases.target(name)
         if target is not None and target != name:
             if (found := await self._stored(target)) is not None:
@@ -189,6 +191,16 @@ class VoiceResolver:
                 f"--voice-alias {name}=NAME), or give the server a default voice (--default-voice)", param="voice",
                 code="voice_not_configured")
         raise errors.not_found(f"voice {quote(name)} not found", param="voice", code="voice_not_found")
+
+    async def mixed(self, text: str, param: str) -> Voice:
+        """Kokoro's mix of stored voices, "a(2)+b(1)" (each a stored voice or an alias of one): their blend
+        (voice_blend.py)."""
+        try:
+            terms = parse_mix(text, param)
+            named = [(quote(name), await self._stored_or_alias(name), weight) for name, weight in terms]
+            return self.tts.builder.voice(Voice.from_embedding(*mixed_embedding(named, param)))
+        except RequestError as e:
+            raise errors.bad_request(e.message.removeprefix(f"{param}: "), param=param) from e
 
     async def _default_voice(self) -> Voice:
         if self.default_voice is not None:
@@ -216,10 +228,9 @@ class VoiceResolver:
         if len(embedding) != size:
             raise errors.bad_request(f"speaker_embedding has {len(embedding)} values; this checkpoint's speaker "
                                      f"embeddings have {size}", param="speaker_embedding")
-        voice = Voice(ref_code=None, ref_spk_embedding=torch.tensor(embedding, dtype=torch.float32),
-                      x_vector_only_mode=True, icl_mode=False, model_size=self.tts.config.tts_model_size)
         try:
-            return self.tts.builder.voice(voice)
+            return self.tts.builder.voice(Voice.from_embedding(embedding_tensor(embedding, "speaker_embedding"),
+                                                               self.tts.config.tts_model_size))
         except RequestError as e:
             raise errors.bad_request(e.message.replace("the voice's ref_spk_embedding", "speaker_embedding"),
                                      param="speaker_embedding") from e
