@@ -30,6 +30,7 @@ from ..request.text_segmenter import split_text
 from ..request.text_tokenizer import TextTokenizer
 from ..request.voice import Voice, clone_voices
 from .engine_host import EngineHost
+from .live import MAX_TEXT_WAIT_S, LiveRequest, open_live
 from .loading import resolve_checkpoint, resolve_device, resolve_dtype
 from .official import OfficialAPI
 from .pieces import LONG_TEXT_CHARS, PIECE_CHARS, join
@@ -162,6 +163,18 @@ class TTS(OfficialAPI, EngineHost):
         requests = self.pieces(text, **kwargs)
         return AudioStream(lambda: self.submit_pieces(requests, asyncio_loop=True), schedule, pcm_format,
                            self.sample_rate, started, submit_now=_loop_running())
+
+    def live(self, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
+             instruct: str | None = None, language: str = "auto", seed: int | None = None,
+             max_text_wait_s: float = MAX_TEXT_WAIT_S, chunk_schedule: tuple[int, ...] | int = DEFAULT_SCHEDULE,
+             pcm_format: str = "float32", **sampling: Any) -> LiveRequest:
+        """One generation whose text arrives while it runs (q3tts.api.live): `append(text)` as it comes, `end()`
+        after the last; read the audio with `for` or `async for` (the same `AudioChunk`s as `stream`). The codes
+        are those of the whole text in streaming-text mode (`non_streaming_mode=False`). The mode, voice and
+        sampling arguments are `request`'s, checked now."""
+        schedule = check_chunking(chunk_schedule, pcm_format)
+        return open_live(self, voice, speaker, instruct, language, seed, max_text_wait_s, schedule, pcm_format,
+                         sampling)
 
 
 def _loop_running() -> bool:
