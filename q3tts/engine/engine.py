@@ -205,6 +205,7 @@ class Engine:
             if live is not None:
                 self._live[request_id] = seq
                 live.wake = self._wake
+                self._fed = True  # (its text may have come before)
             self._cv.notify()
         return RequestStream(channel, self.cancel, self._dropped.append)
 
@@ -364,7 +365,7 @@ class Engine:
             produced = None
             with self._cv:
                 while not (self._stopping or self.rows or self.scheduler.has_work() or last or self._dropped
-                           or self._fed):
+                           or self._fed or self._cancelling):
                     timeout = self._next_text_deadline()
                     if not self._cv.wait(timeout) and timeout is not None:
                         break  # a live request waited too long for its text
