@@ -33,9 +33,10 @@ def models(tmp_path_factory):
     sf.write(ref, speech_like(1.5, 24000, 7), 24000)
     custom, design, base = load("tiny", cache), load("tiny-voice-design", cache), load("tiny-base", cache)
     voice = base.create_voice(str(ref), x_vector_only=True)
+    in_context = base.create_voice(str(ref), ref_text="Good morning.")
     modes = {"custom_voice": (custom, {"speaker": "ryan", "language": "english"}),
              "voice_design": (design, {"instruct": "A calm, low voice."}),
-             "x_vector": (base, {"voice": voice})}
+             "x_vector": (base, {"voice": voice}), "in_context": (base, {"voice": in_context})}
     yield modes
     for tts in (custom, design, base):
         tts.close()
@@ -50,7 +51,7 @@ def whole(tts: TTS, text: str, max_new: int = MAX_NEW, **kwargs) -> tuple[np.nda
 def chunked(rng: random.Random, text: str) -> list[str]:
     if rng.random() < 0.3:
         return list(text)  # one character at a time
-    cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, 12)))
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(12, len(text) - 1))))
     return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
 
 
@@ -72,15 +73,18 @@ def live(tts: TTS, chunks: list[str], delays: list[float], max_new: int = MAX_NE
     return np.stack(request.stream.frames.channel.codes), audio
 
 
-@pytest.mark.parametrize("mode", ["custom_voice", "voice_design", "x_vector"])
+@pytest.mark.parametrize("mode, text", [("custom_voice", TEXT), ("voice_design", TEXT), ("x_vector", TEXT),
+                                        ("in_context", TEXT + " " + TEXT), ("in_context", "Short.")])
 @pytest.mark.parametrize("greedy", [True, False])
-def test_live_text_gives_the_whole_texts_codes(models, mode, greedy):
+def test_live_text_gives_the_whole_texts_codes(models, mode, text, greedy):
+    """(An in-context voice's prompt holds the text beside its reference frames: the long text runs past them
+    and trails, the short one fits within.)"""
     tts, kwargs = models[mode]
     kwargs = {**kwargs, "seed": 11, **(GREEDY if greedy else {})}
-    codes, audio = whole(tts, TEXT, **kwargs)
-    rng = random.Random(hash((mode, greedy)) % 1000)
+    codes, audio = whole(tts, text, **kwargs)
+    rng = random.Random(len(text) + greedy)
     for _ in range(2):
-        chunks = chunked(rng, TEXT)
+        chunks = chunked(rng, text)
         delays = [rng.choice([0.0, 0.0, 0.001, 0.01, 0.03]) for _ in chunks]
         live_codes, live_audio = live(tts, chunks, delays, **kwargs)
         np.testing.assert_array_equal(live_codes, codes)
