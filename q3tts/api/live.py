@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..engine.live import LiveFeed
+from ..engine.sequence import Prompt
 from ..engine.stream import RequestStream
 from ..errors import RequestError, RequestTypeError
 from ..request.builder import MAX_TEXT_TOKENS, Request, check_unicode
@@ -58,10 +59,6 @@ def open_live(tts: LiveHost, voice: Voice | str | Path | None, speaker: str | No
     """`TTS.live`'s request, validated now (the mode, voice, language, sampling) in streaming-text mode."""
     if isinstance(voice, (str, Path)):
         voice = Voice.load(voice)
-    if isinstance(voice, Voice) and voice.icl_mode:
-        raise RequestError("live text takes x-vector voices (a Base voice made with x_vector_only=True), preset "
-                           "speakers and voice designs; an in-context voice (its reference transcript and audio in the "
-                           "prompt) needs its whole text: use `stream`", "voice")
     if isinstance(max_text_wait_s, bool) or not isinstance(max_text_wait_s, (int, float)) or not max_text_wait_s > 0:
         raise RequestError(f"max_text_wait_s must be a positive number of seconds, got {max_text_wait_s!r}",
                            "max_text_wait_s")
@@ -148,20 +145,38 @@ class LiveRequest:
             self.feed.extend(ids)
             return
         self._held += ids
-        if self._held:
-            spec = self._request.spec
-            ids = spec.input_ids[:3] + self._held[:1] + spec.input_ids[-5:]
-            first = Request(replace(spec, input_ids=ids), self._request.params, self._request.num_positions)
-            prompt = self._tts.prepare(first)
-            prompt.trailing_ids = []  # (TTS_EOS, which ends the one-token text, comes at the end: the feed's)
-            self.feed.start(prompt, self._held[1:])
+        need = self._prompt_tokens()
+        if len(self._held) >= need:  # the prompt's text is known: its trailing text comes after it
+            prompt = self._prompt(self._held[:need])
+            self.feed.start(prompt, prompt.trailing_ids[:-1] + self._held[need:])  # (TTS_EOS: at the end)
+            prompt.trailing_ids = []
+        elif self._text.ended:  # all of it fits the prompt: the whole text's
+            prompt = self._prompt(self._held)
+            self.feed.start(prompt, prompt.trailing_ids, whole=True)
+            prompt.trailing_ids = []
+
+    def _prompt_tokens(self) -> int:
+        """The text tokens the prompt holds in streaming-text mode (spec section 4.1): the first; with an
+        in-context voice, those beside its reference frames (codec_bos and one per frame, its transcript's tokens
+        first)."""
+        spec = self._request.spec
+        if spec.ref_codes is None:
+            return 1
+        return max(1, 1 + spec.ref_codes.shape[0] - (len(spec.ref_ids) - 5))
+
+    def _prompt(self, ids: list[int]) -> Prompt:
+        spec = self._request.spec
+        text = spec.input_ids[:3] + ids + spec.input_ids[-5:]
+        return self._tts.prepare(Request(replace(spec, input_ids=text), self._request.params,
+                                         self._request.num_positions))
 
     # ---- audio ------------------------------------------------------------------------------------------
 
     def _open(self, asyncio_loop: bool) -> RequestStream:
         guard = self._request.guard
-        return self._tts.engine.submit(None, self._request.params, None, asyncio_loop=asyncio_loop,
-                                       stop_on_repeats=guard.repeated_frames if guard else None, live=self.feed)
+        return self._tts.engine.submit(None, self._request.params, self._request.spec.ref_codes,
+                                       asyncio_loop=asyncio_loop, live=self.feed,
+                                       stop_on_repeats=guard.repeated_frames if guard else None)
 
     def _audio(self, asyncio_loop: bool) -> AudioStream:
         with self._lock:

@@ -89,7 +89,8 @@ class _Payload:
     slot: int | None = None  # its slot in the engine's SlotTable, from its admission to its end
     swapped: tuple[SwappedRow, list[torch.Tensor]] | None = None  # while preempted
     live: LiveFeed | None = None  # a live request's text (engine/live.py)
-    written: int = -1  # live: trailing ids on the device so far (-1: none yet; TTS_EOS counted once written)
+    written: int = 0  # live: trailing ids on the device so far (TTS_EOS included once written)
+    text_done: bool = False  # live: all of it is on the device
     parked: ParkedRow | None = None  # live: while waiting for text off the batch
 
 
@@ -206,6 +207,7 @@ class Engine:
             if live is not None:
                 self._live[request_id] = seq
                 live.wake = self._wake
+                self._fed = True  # (its text may have come before)
             self._cv.notify()
         return RequestStream(channel, self.cancel, self._dropped.append)
 
@@ -365,7 +367,7 @@ class Engine:
             produced = None
             with self._cv:
                 while not (self._stopping or self.rows or self.scheduler.has_work() or last or self._dropped
-                           or self._fed):
+                           or self._fed or self._cancelling):
                     timeout = self._next_text_deadline()
                     if not self._cv.wait(timeout) and timeout is not None:
                         break  # a live request waited too long for its text
@@ -431,18 +433,23 @@ class Engine:
         return feed.ended or frame < len(feed.ids)
 
     def _write_text(self, row: int, seq: Sequence) -> None:
-        """The row's trailing text that arrived since the last boundary, to the device; at the end TTS_EOS, and
-        the runaway guard's limit for the whole text."""
+        """The row's trailing text that arrived since the last boundary, to the device; at the end TTS_EOS (unless
+        the prompt holds it: `LiveFeed.whole`), and the runaway guard's limit for the whole text."""
         p = seq.payload
-        feed, start = p.live, max(p.written, 0)
+        if p.text_done:
+            return
+        feed = p.live
         ended, count = feed.ended, len(feed.ids)  # (ended first: once it is set, every id is in)
-        if count + ended > self.config.max_trailing:
+        ids = feed.ids[p.written:count] + ([self.runner.model.config.tts_eos_token_id]
+                                           if ended and not feed.whole else [])
+        if p.written + len(ids) > self.config.max_trailing:
             raise RuntimeError("a live request's text outgrew max_trailing (q3tts.api.live bounds it)")
-        ids = feed.ids[start:count] + ([self.runner.model.config.tts_eos_token_id] if ended else [])
-        if ids and p.written <= count:
-            self.runner.set_trailing(row, start, ids)
-            p.written = count + 1 if ended else count
-            if ended and feed.stop_after is not None:
+        if ids:
+            self.runner.set_trailing(row, p.written, ids)
+            p.written += len(ids)
+        if ended:
+            p.text_done = True
+            if feed.stop_after is not None:
                 self.slots.stop_after[p.slot] = feed.stop_after
 
     def _park(self, seqs: list[Sequence]) -> None:

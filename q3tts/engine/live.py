@@ -38,13 +38,16 @@ class LiveFeed:
         self.prompt: Prompt | None = None
         self.ids: list[int] = []
         self.ended = False
+        self.whole = False  # the prompt holds the whole text and TTS_EOS (see `start`)
         self.stop_after: int | None = None  # the runaway guard's frame limit, known at the end of the text
         self.arrived = time.perf_counter()  # when text last arrived (or the request was made)
         self.wake: Callable[[], None] = lambda: None  # set by the engine: a feed's change wakes its loop
 
-    def start(self, prompt: Prompt, ids: list[int]) -> None:
-        """The prompt is built (its trailing_ids empty); `ids`: the trailing text known so far."""
+    def start(self, prompt: Prompt, ids: list[int], whole: bool = False) -> None:
+        """The prompt is built (its trailing_ids empty); `ids`: the trailing text known so far. `whole`: the text
+        ended within the prompt (an in-context voice's short text, TTS_EOS in its prompt): `ids` are all of it."""
         self.ids.extend(ids)
+        self.whole = whole
         self.prompt = prompt
         self._arrive()
 
