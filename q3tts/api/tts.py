@@ -69,7 +69,8 @@ class TTS(OfficialAPI):
                         trust_remote_code: bool | None = None, low_cpu_mem_usage: bool | None = None,
                         max_rows: int | None = None, max_context: int | None = None,
                         kv_cache_gb: float | None = None, gpu_memory_utilization: float | None = None,
-                        engine_config: EngineConfig | None = None, reference: bool = False) -> TTS:
+                        engine_config: EngineConfig | None = None, reference: bool = False,
+                        lora: str | Path | None = None) -> TTS:
         """Loads a local checkpoint folder, a hub id (fetched through huggingface_hub, `HF_HUB_OFFLINE`
         respected) or a built-in tiny random model (`"tiny"`, `"tiny-base"`, ...; noise only).
 
@@ -81,7 +82,9 @@ class TTS(OfficialAPI):
         and float32 on the CPU. The engine's size: `max_rows` (requests decoded together, default 64),
         `max_context` (positions per request, default the model's 32,768), and its KV cache's memory,
         `kv_cache_gb` or `gpu_memory_utilization` (the fraction of the GPU this process may hold); or an
-        `engine_config` with every setting (see `q3tts.engine.EngineConfig`)."""
+        `engine_config` with every setting (see `q3tts.engine.EngineConfig`). `lora`: a PEFT LoRA adapter of the
+        talker and/or code predictor (a folder or hub id with adapter_config.json and adapter_model.safetensors),
+        merged into the weights at load (`q3tts.models.lora`; peft is not needed)."""
         del attn_implementation, trust_remote_code, low_cpu_mem_usage
         options = {k: v for k, v in dict(max_rows=max_rows, max_context=max_context, kv_cache_gb=kv_cache_gb,
                                          gpu_memory_utilization=gpu_memory_utilization).items() if v is not None}
@@ -91,7 +94,9 @@ class TTS(OfficialAPI):
         folder = resolve_checkpoint(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
                                     local_files_only=local_files_only, token=token)
         config = ModelConfig.from_file(folder / "config.json")
-        model = Qwen3TTSModel.from_folder(folder, config, device=device, dtype=dtype)
+        adapter = None if lora is None else resolve_checkpoint(lora, cache_dir=cache_dir,
+                                                               local_files_only=local_files_only, token=token)
+        model = Qwen3TTSModel.from_folder(folder, config, device=device, dtype=dtype, lora=adapter)
         speech_tokenizer = SpeechTokenizer.from_pretrained(folder / "speech_tokenizer", device=device, dtype=dtype,
                                                            load_encoder=config.is_base)
         return cls(model, speech_tokenizer, TextTokenizer.from_folder(folder),

@@ -95,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="also play the audio as it is generated (needs an audio output and `pip install "
                           "'q3tts[play]'`; without them, says so and only writes the file)")
     _model_args(say)
+    _lora_arg(say)
     _memory_args(say, None)
     say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER}, or a "
                      "fine-tuned checkpoint's first speaker)")
@@ -167,6 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP server: OpenAI-compatible speech API, voices, WebSocket "
                            "text streaming, /health, /ready, /metrics (needs `pip install 'q3tts[server]'`)")
     serve.add_argument("model", help="checkpoint folder, hub id, or a built-in tiny model ('tiny', 'tiny-base', ...)")
+    _lora_arg(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="default: 8000")
     placement = serve.add_mutually_exclusive_group()
@@ -226,6 +228,7 @@ def _parser() -> argparse.ArgumentParser:
                        '..., "language", "seed", "id", sampling fields}')
     batch.add_argument("--out-dir", type=Path, required=True, help="folder for <id>.wav files and manifest.jsonl")
     _model_args(batch)
+    _lora_arg(batch)
     _memory_args(batch, None)
     batch.add_argument("--max-rows", type=int, default=64, help="requests decoded together (default: 64)")
     batch.set_defaults(run=_batch)
@@ -259,6 +262,11 @@ def _model_args(p: argparse.ArgumentParser, default: str = DEFAULT_MODEL) -> Non
     p.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on a GPU, float32 on the CPU)")
 
 
+def _lora_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora", help="a PEFT LoRA adapter of the talker and/or code predictor (a folder or hub id with "
+                   "adapter_config.json and adapter_model.safetensors), merged into the weights at load")
+
+
 def _memory_args(p: argparse.ArgumentParser, utilization_default: float | None) -> None:
     p.add_argument("--max-context", type=int,
                    help="talker positions per request, prompt + frames (default: the model's 32768)")
@@ -280,7 +288,8 @@ def _load(args, **engine):
     from ..api.tts import TTS
 
     print(f"loading {args.model} ...", file=sys.stderr)
-    return TTS.from_pretrained(args.model, device=args.device, dtype=args.dtype, **engine)
+    return TTS.from_pretrained(args.model, device=args.device, dtype=args.dtype, lora=getattr(args, "lora", None),
+                               **engine)
 
 
 def _check_model(args, devices: list[str | None] | None = None):
@@ -568,7 +577,7 @@ def _serve(args) -> int:
                               ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
                               send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,
                               body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
-                              **({"runaway_guard": None} if args.no_runaway_guard else {}))
+                              lora=args.lora, **({"runaway_guard": None} if args.no_runaway_guard else {}))
     except ValueError as e:  # (the settings' names in its message -> this command's flags)
         raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
     devices = _serve_devices(args)

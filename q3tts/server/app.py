@@ -106,7 +106,7 @@ def _load(config: ServerConfig) -> Any:
     from ..api.tts import TTS
 
     log.info("loading %s", config.model)
-    return TTS.from_pretrained(config.model, device=config.device, dtype=config.dtype,
+    return TTS.from_pretrained(config.model, device=config.device, dtype=config.dtype, lora=config.lora,
                                engine_config=config.engine_config())
 
 

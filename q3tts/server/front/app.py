@@ -416,7 +416,7 @@ def engine_args(config: ServerConfig, log_level: str) -> list[str]:
             "--drain-timeout", config.drain_timeout_s + ENGINE_DRAIN_MARGIN_S, "--send-timeout", config.send_timeout_s,
             "--max-body-bytes", config.max_body_bytes, "--prefix-cache-gb", config.prefix_cache_gb,
             "--log-level", log_level]
-    for flag, value in (("--dtype", config.dtype), ("--max-context", config.max_context),
+    for flag, value in (("--dtype", config.dtype), ("--lora", config.lora), ("--max-context", config.max_context),
                         ("--kv-cache-gb", config.kv_cache_gb),
                         ("--gpu-memory-utilization", config.gpu_memory_utilization),
                         ("--served-model-name", config.served_model_name),
