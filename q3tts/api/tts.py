@@ -35,6 +35,7 @@ from ..request.prompt import build_prompts
 from ..request.text_segmenter import split_text
 from ..request.text_tokenizer import TextTokenizer
 from ..request.voice import Voice, clone_voices
+from .dialogue import render_dialogue, stream_dialogue
 from .official import OfficialAPI
 from .pieces import LONG_TEXT_CHARS, PIECE_CHARS, PieceStream, join
 from .streaming import DEFAULT_SCHEDULE, AudioStream, check_chunking
@@ -256,6 +257,18 @@ class TTS(OfficialAPI):
             return self.submit(requests[0], asyncio_loop=asyncio_loop)
         return PieceStream(lambda k: self.submit(requests[k], asyncio_loop=asyncio_loop), len(requests))
 
+    def dialogue(self, turns: Any, **defaults: Any) -> np.ndarray:
+        """A script of turns (dicts or `Turn`s: text, speaker or voice, instruct, language, pause after it) as one
+        audio. The turns run at once, as rows of one batch, and are joined in script order with their pauses.
+        `defaults`: `request`'s arguments for every turn (a turn's own fields win). Every turn is checked before
+        anything runs (RequestError, param `turns[i].field`)."""
+        return render_dialogue(self, turns, defaults)
+
+    def stream_dialogue(self, turns: Any, **defaults: Any) -> Iterator[np.ndarray]:
+        """`dialogue` as float32 frames in script order while it is generated (every turn generating at once; a
+        later turn's frames wait until the turns before it are out). Closing it early cancels the rest."""
+        return stream_dialogue(self, turns, defaults)
+
     # ---- rendering ----------------------------------------------------------------------------------------
 
     def _render(self, requests: list[Request], official_cut: bool,
@@ -270,7 +283,7 @@ class TTS(OfficialAPI):
         second decode would cost as much GPU time as the first, for no gain in bfloat16."""
         if self.reference:
             return self._render_reference(requests, official_cut, on_frame)
-        streams = self._submit_all(requests)
+        streams = self.submit_all(requests)
         whole = self.engine.device.type == "cpu"
         wavs = []
         with _cancelled_on_exit(streams):
@@ -293,7 +306,7 @@ class TTS(OfficialAPI):
             return self._decode(requests, codes, official_cut)
         return wavs
 
-    def _submit_all(self, requests: list[Request]) -> list[RequestStream]:
+    def submit_all(self, requests: list[Request]) -> list[RequestStream]:
         """Submits every request (their prompts built together); when the engine's queue is full, waits for earlier
         ones before going on."""
         streams: list[RequestStream] = []
