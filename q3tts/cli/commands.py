@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("text", nargs="?", help="the text to speak ('-': read it from standard input; any length: "
                      "long texts are spoken in pieces)")
     say.add_argument("-f", "--file", type=Path, help="read the text from this file instead ('-': standard input)")
+    say.add_argument("--script", type=Path, help="a dialogue instead of one text: JSON lines of turns ({\"speaker\" "
+                     "or \"voice\", \"text\", \"instruct\", \"language\", \"pause\"}) or plain text with "
+                     "[voice:name] tags (a voice name: a voice file beside the script, .voice optional)")
     say.add_argument("-o", "--output", default="out.wav",
                      help="audio file to write, in the format its extension names: .wav, .flac, .ogg ... "
                           "('-': a WAV file on standard output; default: out.wav)")
@@ -324,6 +327,8 @@ def _say(args) -> int:
     from ..request.builder import check_text
     from ..request.voice import Voice
 
+    if args.script is not None:
+        return _say_script(args)
     text = check_text(_read_text(args))
     to_stdout = args.output == "-"  # (a WAV file on standard output, for a pipe)
     output = Path("out.wav") if to_stdout else _output_path(args.output)
@@ -368,6 +373,35 @@ def _say(args) -> int:
         raise OSError(f"-o {args.output}: could not write the audio: {e}") from e
     print(f"wrote {'standard output' if to_stdout else args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
           + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
+    return 0
+
+
+def _say_script(args) -> int:
+    """`say --script`: the turns checked before the model loads what it can, all generated at once."""
+    import numpy as np
+    import soundfile as sf
+
+    from ..request.dialogue import read_script
+
+    if args.text is not None or args.file is not None:
+        raise ValueError("--script is the whole dialogue: give no text or --file with it")
+    output = _output_path(args.output)
+    sampling, engine, config = _sampling(args), _engine_options(args, max_rows=64), _check_model(args)
+    try:
+        turns = read_script(args.script, config.tts_model_type)
+    except OSError as e:
+        raise ValueError(f"--script {args.script}: {e.strerror or e}") from None
+    for turn in turns:
+        if isinstance(turn.voice, str) and not Path(turn.voice).is_file():
+            beside = args.script.parent / turn.voice
+            turn.voice = beside if beside.is_file() else beside.with_name(beside.name + ".voice")
+    speaker = args.speaker if args.speaker is not None else _default_speaker(config)
+    tts = _load(args, **engine)
+    frames = list(tts.stream_dialogue(turns, speaker=speaker, voice=args.voice, instruct=args.instruct,
+                                      language=args.language, seed=args.seed, **sampling))
+    wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
+    sf.write(output, wav, tts.sample_rate)
+    print(f"wrote {args.output}: {len(turns)} turns, {len(wav) / tts.sample_rate:.2f} s of audio", file=sys.stderr)
     return 0
 
 
