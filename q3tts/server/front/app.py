@@ -48,7 +48,7 @@ from ..config import ServerConfig
 from ..guard import RequestGuard
 from ..metrics import CONTENT_TYPE, ServerMetrics
 from ..middleware import RequestContextMiddleware, drop_connection, request_id_of
-from ..routes import playground, speech
+from ..routes import dialogue, playground, speech
 from ..routes.websocket import send_error
 from ..schemas import SpeechRequest
 from . import upstream
@@ -247,6 +247,7 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     app.include_router(playground.router)
     app.include_router(speech.router)
+    app.include_router(dialogue.router)
 
     @app.api_route("/v1/audio/voices", methods=["GET", "POST"])
     @app.api_route("/v1/audio/voices/{voice_id}", methods=["GET", "DELETE"])
