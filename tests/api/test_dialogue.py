@@ -88,3 +88,10 @@ def test_scripts_as_json_lines_and_kokoro_tags(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"text": "Hi."}\n{oops\n')
     with pytest.raises(RequestError, match=re.escape("bad.jsonl:2: not a JSON object")):
         read_script(tmp_path / "bad.jsonl", "custom_voice")
+
+
+def test_the_turns_generate_together(tts):
+    """All turns are rows of one batch at once (the engine's largest batch), not one after another."""
+    tts.engine.metrics.max_batch = 0
+    tts.dialogue([{"speaker": "ryan", "text": f"Turn {i}."} for i in range(4)], **GREEDY)
+    assert tts.engine.metrics.max_batch == 4
