@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..engine.live import LiveFeed
-from ..engine.sequence import Prompt
+from ..engine.prompt import Prompt
 from ..engine.stream import RequestStream
 from ..errors import RequestError, RequestTypeError
 from ..request.builder import MAX_TEXT_TOKENS, Request, check_unicode
@@ -32,7 +32,6 @@ from .streaming import AudioChunk, AudioStream
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..engine.prompt import Prompt
     from ..request.text_tokenizer import TextTokenizer
 
 

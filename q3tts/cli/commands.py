@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("text", nargs="?", help="the text to speak ('-': read it from standard input; any length: "
                      "long texts are spoken in pieces)")
     say.add_argument("-f", "--file", type=Path, help="read the text from this file instead ('-': standard input)")
+    say.add_argument("--script", type=Path, help="a dialogue instead of one text: JSON lines of turns ({\"speaker\" "
+                     "or \"voice\", \"text\", \"instruct\", \"language\", \"pause\"}) or plain text with "
+                     "[voice:name] tags (a voice name: a voice file beside the script, .voice optional)")
     say.add_argument("-o", "--output", default="out.wav",
                      help="audio file to write, in the format its extension names: .wav, .flac, .ogg ... "
                           "('-': a WAV file on standard output; default: out.wav)")
@@ -95,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="also play the audio as it is generated (needs an audio output and `pip install "
                           "'q3tts[play]'`; without them, says so and only writes the file)")
     _model_args(say)
+    _lora_arg(say)
     _memory_args(say, None)
     say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER}, or a "
                      "fine-tuned checkpoint's first speaker)")
@@ -167,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP server: OpenAI-compatible speech API, voices, WebSocket "
                            "text streaming, /health, /ready, /metrics (needs `pip install 'q3tts[server]'`)")
     serve.add_argument("model", help="checkpoint folder, hub id, or a built-in tiny model ('tiny', 'tiny-base', ...)")
+    _lora_arg(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="default: 8000")
     placement = serve.add_mutually_exclusive_group()
@@ -226,6 +231,7 @@ def _parser() -> argparse.ArgumentParser:
                        '..., "language", "seed", "id", sampling fields}')
     batch.add_argument("--out-dir", type=Path, required=True, help="folder for <id>.wav files and manifest.jsonl")
     _model_args(batch)
+    _lora_arg(batch)
     _memory_args(batch, None)
     batch.add_argument("--max-rows", type=int, default=64, help="requests decoded together (default: 64)")
     batch.set_defaults(run=_batch)
@@ -259,6 +265,11 @@ def _model_args(p: argparse.ArgumentParser, default: str = DEFAULT_MODEL) -> Non
     p.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on a GPU, float32 on the CPU)")
 
 
+def _lora_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora", help="a PEFT LoRA adapter of the talker and/or code predictor (a folder or hub id with "
+                   "adapter_config.json and adapter_model.safetensors), merged into the weights at load")
+
+
 def _memory_args(p: argparse.ArgumentParser, utilization_default: float | None) -> None:
     p.add_argument("--max-context", type=int,
                    help="talker positions per request, prompt + frames (default: the model's 32768)")
@@ -280,7 +291,8 @@ def _load(args, **engine):
     from ..api.tts import TTS
 
     print(f"loading {args.model} ...", file=sys.stderr)
-    return TTS.from_pretrained(args.model, device=args.device, dtype=args.dtype, **engine)
+    return TTS.from_pretrained(args.model, device=args.device, dtype=args.dtype, lora=getattr(args, "lora", None),
+                               **engine)
 
 
 def _check_model(args, devices: list[str | None] | None = None):
@@ -315,6 +327,8 @@ def _say(args) -> int:
     from ..request.builder import check_text
     from ..request.voice import Voice
 
+    if args.script is not None:
+        return _say_script(args)
     text = check_text(_read_text(args))
     to_stdout = args.output == "-"  # (a WAV file on standard output, for a pipe)
     output = Path("out.wav") if to_stdout else _output_path(args.output)
@@ -359,6 +373,35 @@ def _say(args) -> int:
         raise OSError(f"-o {args.output}: could not write the audio: {e}") from e
     print(f"wrote {'standard output' if to_stdout else args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
           + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
+    return 0
+
+
+def _say_script(args) -> int:
+    """`say --script`: the turns checked before the model loads what it can, all generated at once."""
+    import numpy as np
+    import soundfile as sf
+
+    from ..request.dialogue import read_script
+
+    if args.text is not None or args.file is not None:
+        raise ValueError("--script is the whole dialogue: give no text or --file with it")
+    output = _output_path(args.output)
+    sampling, engine, config = _sampling(args), _engine_options(args, max_rows=64), _check_model(args)
+    try:
+        turns = read_script(args.script, config.tts_model_type)
+    except OSError as e:
+        raise ValueError(f"--script {args.script}: {e.strerror or e}") from None
+    for turn in turns:
+        if isinstance(turn.voice, str) and not Path(turn.voice).is_file():
+            beside = args.script.parent / turn.voice
+            turn.voice = beside if beside.is_file() else beside.with_name(beside.name + ".voice")
+    speaker = args.speaker if args.speaker is not None else _default_speaker(config)
+    tts = _load(args, **engine)
+    frames = list(tts.stream_dialogue(turns, speaker=speaker, voice=args.voice, instruct=args.instruct,
+                                      language=args.language, seed=args.seed, **sampling))
+    wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
+    sf.write(output, wav, tts.sample_rate)
+    print(f"wrote {args.output}: {len(turns)} turns, {len(wav) / tts.sample_rate:.2f} s of audio", file=sys.stderr)
     return 0
 
 
@@ -568,7 +611,7 @@ def _serve(args) -> int:
                               ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
                               send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,
                               body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
-                              **({"runaway_guard": None} if args.no_runaway_guard else {}))
+                              lora=args.lora, **({"runaway_guard": None} if args.no_runaway_guard else {}))
     except ValueError as e:  # (the settings' names in its message -> this command's flags)
         raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
     devices = _serve_devices(args)

@@ -1,4 +1,4 @@
-"""`q3tts voice create --embedding` (and `voice blend`) on the built-in tiny Base models."""
+"""`q3tts voice create --embedding`, `voice blend` and `say --script` (dialogues) on the built-in tiny models."""
 
 from __future__ import annotations
 
@@ -89,3 +89,33 @@ def test_voice_blend_refusals(tmp_path, capsys):
         assert main(["voice", "blend", *flags, "-o", str(tmp_path / "mix.voice")]) == 1
         assert says in capsys.readouterr().err
     assert not (tmp_path / "mix.voice").exists()
+
+
+def test_say_script_json_lines_and_voice_tags(tmp_path, capsys):
+    script = tmp_path / "talk.jsonl"
+    script.write_text('{"speaker": "ryan", "text": "Hello.", "pause": 0.5}\n{"speaker": "vivian", "text": "Hi."}\n')
+    out = tmp_path / "talk.wav"
+    assert main(["say", "--script", str(script), "--model", "tiny", "-o", str(out), "--max-new-tokens", "4",
+                 "--seed", "1"]) == 0
+    assert sf.info(out).frames == 2 * 3 * 1920 + 12000 and "2 turns" in capsys.readouterr().err
+    torch.save(torch.randn(64), tmp_path / "a.pt")
+    assert main(["voice", "create", "--model", "tiny-base", "--embedding", str(tmp_path / "a.pt"),
+                 "-o", str(tmp_path / "amy.voice")]) == 0
+    tagged = tmp_path / "talk.txt"
+    tagged.write_text("[voice:amy] Hello there. [voice:amy.voice] And again.")
+    assert main(["say", "--script", str(tagged), "--model", "tiny-base", "-o", str(out), "--max-new-tokens", "4",
+                 "--seed", "1"]) == 0
+    assert sf.info(out).frames == 2 * 3 * 1920
+
+
+def test_say_script_refusals_name_the_turn(tmp_path, capsys):
+    script = tmp_path / "talk.jsonl"
+    script.write_text('{"speaker": "ryan", "text": "Hello."}\n{"speaker": "nobody", "text": "Hi."}\n')
+    out = tmp_path / "talk.wav"
+    assert main(["say", "--script", str(script), "--model", "tiny", "-o", str(out)]) == 1
+    assert "turn 1: unknown speaker 'nobody'" in capsys.readouterr().err
+    assert main(["say", "Hi.", "--script", str(script), "--model", "tiny", "-o", str(out)]) == 1
+    assert "give no text" in capsys.readouterr().err
+    assert main(["say", "--script", str(tmp_path / "none.jsonl"), "--model", "tiny", "-o", str(out)]) == 1
+    assert "none.jsonl" in capsys.readouterr().err
+    assert not out.exists()

@@ -48,7 +48,7 @@ from ..config import ServerConfig
 from ..guard import RequestGuard
 from ..metrics import CONTENT_TYPE, ServerMetrics
 from ..middleware import RequestContextMiddleware, drop_connection, request_id_of
-from ..routes import playground, speech
+from ..routes import dialogue, playground, speech
 from ..routes.websocket import send_error
 from ..schemas import SpeechRequest
 from . import upstream
@@ -247,6 +247,7 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     app.include_router(playground.router)
     app.include_router(speech.router)
+    app.include_router(dialogue.router)
 
     @app.api_route("/v1/audio/voices", methods=["GET", "POST"])
     @app.api_route("/v1/audio/voices/{voice_id}", methods=["GET", "DELETE"])
@@ -416,7 +417,7 @@ def engine_args(config: ServerConfig, log_level: str) -> list[str]:
             "--drain-timeout", config.drain_timeout_s + ENGINE_DRAIN_MARGIN_S, "--send-timeout", config.send_timeout_s,
             "--max-body-bytes", config.max_body_bytes, "--prefix-cache-gb", config.prefix_cache_gb,
             "--log-level", log_level]
-    for flag, value in (("--dtype", config.dtype), ("--max-context", config.max_context),
+    for flag, value in (("--dtype", config.dtype), ("--lora", config.lora), ("--max-context", config.max_context),
                         ("--kv-cache-gb", config.kv_cache_gb),
                         ("--gpu-memory-utilization", config.gpu_memory_utilization),
                         ("--served-model-name", config.served_model_name),
