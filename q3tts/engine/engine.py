@@ -12,6 +12,8 @@ background thread runs the frame loop; at every frame boundary it:
      the frame).
 Each request's codes depend only on its own prompt, parameters and seed, never on what else is in the batch (its
 audio too, up to float rounding: the codec decodes the batch's rows together, ~1e-6).
+A live request (engine/live.py) gets its text at the boundaries too: a row whose next text token has not arrived
+leaves the batch (parked) until it does, holding its KV blocks.
 """
 
 from __future__ import annotations
