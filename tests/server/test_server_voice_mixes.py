@@ -165,6 +165,19 @@ def test_a_mix_in_voice_is_the_weighted_mean(server, stored):
     assert mixed != _audio(server, voice="amy(1)+bob(2)") and _audio(server, voice="amy+bob") != mixed
 
 
+def test_aliases_of_a_mix(server, tts, stored):
+    """Kokoro's per-request voice_aliases and the server's --voice-alias may name a mix; an alias inside a mix that
+    is itself a mix is refused (no mix of mixes)."""
+    mixed = _audio(server, voice="amy(2)+bob(1)")
+    assert _audio(server, voice="duo", voice_aliases={"duo": "amy(2)+bob(1)"}) == mixed
+    config = ServerConfig(model="tiny-base", device="cpu", max_running=2, max_context=512, warmup=False,
+                          voices_dir=server.config.voices_dir, voice_aliases={"duo": "amy(2)+bob(1)"})
+    with ServerThread(config, tts) as aliased:
+        assert _audio(aliased, voice="Duo") == mixed
+        response = _post(aliased, {"voice": "duo+amy"})
+        assert response.status_code == 404 and "alias of the stored voice" in response.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("voice, status, says", [
     ("amy+carol", 400, "'carol' is an in-context voice: its reference recording's codes and transcript cannot be "
                        "mixed"),
