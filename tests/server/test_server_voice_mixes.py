@@ -99,14 +99,16 @@ def test_speaker_embedding_needs_a_base_checkpoint(tmp_path):
                  "needs a Base checkpoint")
 
 
-def _websocket(server, config: dict) -> tuple[bytes, list[dict]]:
+def _websocket(server, config: dict, text: bool = True) -> tuple[bytes, list[dict]]:
+    """One session; `text=False`: the config alone (a refused one, after which the server closes)."""
     from websockets.sync.client import connect
 
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "seed": SEED, "max_new_tokens": MAX_NEW,
                             "response_format": "pcm", **config}))
-        ws.send(json.dumps({"type": "input.text", "text": "Hello there."}))
-        ws.send(json.dumps({"type": "input.done"}))
+        if text:
+            ws.send(json.dumps({"type": "input.text", "text": "Hello there."}))
+            ws.send(json.dumps({"type": "input.done"}))
         audio, events = b"", []
         while (message := ws.recv(timeout=60)) is not None:
             if isinstance(message, bytes):
@@ -122,7 +124,7 @@ def test_speaker_embedding_on_the_websocket(server, embedding):
     audio, events = _websocket(server, {"speaker_embedding": _base64(embedding)})
     assert events[-1]["type"] == "session.done" and len(audio) == 2 * frames(MAX_NEW) * FRAME
     assert audio == _audio(server, speaker_embedding=embedding.tolist())
-    _, events = _websocket(server, {"speaker_embedding": [0.5] * 3})
+    _, events = _websocket(server, {"speaker_embedding": [0.5] * 3}, text=False)
     assert events[-1]["type"] == "error" and "speaker_embedding" in json.dumps(events[-1])
 
 
