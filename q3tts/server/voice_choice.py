@@ -169,17 +169,19 @@ class VoiceResolver:
             return await self._default_voice()
         return await self._stored_or_alias(name)
 
-    async def _stored_or_alias(self, name: str) -> Voice:
+    async def _stored_or_alias(self, name: str, mixes: bool = True) -> Voice:
         """A stored voice by id or name; else the stored voice an alias names; else, for one of OpenAI's names,
-        the default voice."""
+        the default voice. `mixes`: a mix ("a(2)+b(1)"), or an alias of one, is their blend (not within a mix)."""
         if (found := await self._stored(name)) is not None:
             return found
-        if is_mix(name):
+        if is_mix(name) and mixes:
             return await self.mixed(name, "voice")
         target = self.aliases.target(name)
         if target is not None and target != name:
             if (found := await self._stored(target)) is not None:
                 return found
+            if is_mix(target) and mixes:  # (an alias of a blend: --voice-alias narrator="amy(2)+bob(1)")
+                return await self.mixed(target, "voice")
             raise errors.not_found(f"voice {quote(name)} is an alias of the stored voice {quote(target)}, which does "
                                    "not exist", param="voice", code="voice_not_found")
         if target is not None:  # one of OpenAI's names, with no stored voice of that name
@@ -197,7 +199,7 @@ class VoiceResolver:
         (voice_blend.py)."""
         try:
             terms = parse_mix(text, param)
-            named = [(quote(name), await self._stored_or_alias(name), weight) for name, weight in terms]
+            named = [(quote(name), await self._stored_or_alias(name, mixes=False), weight) for name, weight in terms]
             return self.tts.builder.voice(Voice.from_embedding(*mixed_embedding(named, param)))
         except RequestError as e:
             raise errors.bad_request(e.message.removeprefix(f"{param}: "), param=param) from e

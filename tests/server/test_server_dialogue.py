@@ -79,3 +79,18 @@ def test_bad_turns_are_refused_naming_the_turn(server, turns, status, param, say
     error = response.json()["error"]
     assert error["param"] == param and says in error["message"], error
     server.wait_idle()  # (a turn queued before the bad one is cancelled)
+
+
+def test_a_front_serves_dialogues_as_one_process_does(tmp_path_factory):
+    """Behind `q3tts serve`'s front (a GPU's default) each turn goes to an engine process as a speech request."""
+    from q3tts.tiny import tiny_checkpoint
+    from tests.server.test_front import FrontThread
+
+    folder = tiny_checkpoint("tiny", tmp_path_factory.mktemp("cache"))
+    config = ServerConfig(model=str(folder), served_model_name="tiny", device="cpu", max_running=4, max_context=512,
+                          core_socket=str(tmp_path_factory.mktemp("core") / "engine.sock"), warmup=False)
+    with ServerThread(config) as engine, FrontThread(engine) as front:
+        direct, relayed = _post(engine, turns=TURNS), _post(front, turns=TURNS)
+        assert relayed.status_code == direct.status_code == 200 and relayed.content == direct.content
+        error = _post(front, turns=[TURNS[0], {"voice": "nobody", "input": "Hi."}]).json()["error"]
+        assert error["param"] == "turns[1].voice" and error["message"].startswith("turn 1: ")

@@ -99,14 +99,16 @@ def test_speaker_embedding_needs_a_base_checkpoint(tmp_path):
                  "needs a Base checkpoint")
 
 
-def _websocket(server, config: dict) -> tuple[bytes, list[dict]]:
+def _websocket(server, config: dict, text: bool = True) -> tuple[bytes, list[dict]]:
+    """One session; `text=False`: the config alone (a refused one, after which the server closes)."""
     from websockets.sync.client import connect
 
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "seed": SEED, "max_new_tokens": MAX_NEW,
                             "response_format": "pcm", **config}))
-        ws.send(json.dumps({"type": "input.text", "text": "Hello there."}))
-        ws.send(json.dumps({"type": "input.done"}))
+        if text:
+            ws.send(json.dumps({"type": "input.text", "text": "Hello there."}))
+            ws.send(json.dumps({"type": "input.done"}))
         audio, events = b"", []
         while (message := ws.recv(timeout=60)) is not None:
             if isinstance(message, bytes):
@@ -122,7 +124,7 @@ def test_speaker_embedding_on_the_websocket(server, embedding):
     audio, events = _websocket(server, {"speaker_embedding": _base64(embedding)})
     assert events[-1]["type"] == "session.done" and len(audio) == 2 * frames(MAX_NEW) * FRAME
     assert audio == _audio(server, speaker_embedding=embedding.tolist())
-    _, events = _websocket(server, {"speaker_embedding": [0.5] * 3})
+    _, events = _websocket(server, {"speaker_embedding": [0.5] * 3}, text=False)
     assert events[-1]["type"] == "error" and "speaker_embedding" in json.dumps(events[-1])
 
 
@@ -163,6 +165,19 @@ def test_a_mix_in_voice_is_the_weighted_mean(server, stored):
     assert mixed == _audio(server, speaker_embedding=mean.tolist())
     assert mixed == _audio(server, voice=f"{stored['amy']['id']}(4) + bob(2)")
     assert mixed != _audio(server, voice="amy(1)+bob(2)") and _audio(server, voice="amy+bob") != mixed
+
+
+def test_aliases_of_a_mix(server, tts, stored):
+    """Kokoro's per-request voice_aliases and the server's --voice-alias may name a mix; an alias inside a mix that
+    is itself a mix is refused (no mix of mixes)."""
+    mixed = _audio(server, voice="amy(2)+bob(1)")
+    assert _audio(server, voice="duo", voice_aliases={"duo": "amy(2)+bob(1)"}) == mixed
+    config = ServerConfig(model="tiny-base", device="cpu", max_running=2, max_context=512, warmup=False,
+                          voices_dir=server.config.voices_dir, voice_aliases={"duo": "amy(2)+bob(1)"})
+    with ServerThread(config, tts) as aliased:
+        assert _audio(aliased, voice="Duo") == mixed
+        response = _post(aliased, {"voice": "duo+amy"})
+        assert response.status_code == 404 and "alias of the stored voice" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("voice, status, says", [
