@@ -37,7 +37,7 @@ FLAG_NAMES |= {"do_sample=False": "--greedy", "do_sample": "--greedy", "subtalke
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "run"):
         parser.print_help()
@@ -80,7 +80,8 @@ def _help(parser: argparse.ArgumentParser):
     return run
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The `q3tts` command's argument parser (every subcommand and flag; the docs' tests check commands with it)."""
     parser = argparse.ArgumentParser(prog="q3tts", description="Fast, faithful Qwen3-TTS inference.")
     sub = parser.add_subparsers(title="commands")
 

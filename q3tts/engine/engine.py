@@ -266,6 +266,16 @@ class Engine:
     def num_waiting(self) -> int:
         return self.scheduler.num_waiting
 
+    @property
+    def num_parked(self) -> int:
+        """Live rows waiting for their next text, off the batch (their KV blocks kept)."""
+        return len(self._parked)
+
+    @property
+    def num_live(self) -> int:
+        """Live requests whose text has not ended (parked or not)."""
+        return len(self._live)
+
     # ---- start-up -----------------------------------------------------------------------------------------
 
     def _size_kv_cache(self) -> None:

@@ -89,7 +89,7 @@ def test_live_text_gives_the_whole_texts_codes(models, mode, text, greedy):
         live_codes, live_audio = live(tts, chunks, delays, **kwargs)
         np.testing.assert_array_equal(live_codes, codes)
         np.testing.assert_allclose(live_audio, audio, atol=1e-5)
-    assert not tts.engine._parked and tts.engine.runner.kv.num_free == tts.engine.runner.kv.num_blocks - 1
+    assert not tts.engine.num_parked and tts.engine.runner.kv.num_free == tts.engine.runner.kv.num_blocks - 1
 
 
 def test_parked_rows_beside_ordinary_rows(models):
@@ -127,11 +127,11 @@ def test_cancel_while_waiting_frees_the_row(models):
     request.append("Hello world, this is")
     frames = iter(request)
     next(frames)  # running; it parks once its text is used up
-    wait_until(lambda: engine._parked)
+    wait_until(lambda: engine.num_parked)
     request.cancel()
     assert list(frames)[-1].is_last
     assert request.stream.frames.channel.finish_reason == "cancelled"
-    wait_until(lambda: not engine._parked and not engine._live)
+    wait_until(lambda: not engine.num_parked and not engine.num_live)
     assert engine.runner.kv.num_free == engine.runner.kv.num_blocks - 1
 
 
@@ -142,9 +142,9 @@ def test_dropped_stream_while_waiting_frees_the_row(models):
     request.append("Hello world, this is")
     frames = iter(request)
     next(frames)
-    wait_until(lambda: engine._parked)
+    wait_until(lambda: engine.num_parked)
     frames.close()  # the reader goes away (a client disconnecting)
-    wait_until(lambda: not engine._parked and not engine._live)
+    wait_until(lambda: not engine.num_parked and not engine.num_live)
     assert engine.runner.kv.num_free == engine.runner.kv.num_blocks - 1
 
 
@@ -162,7 +162,7 @@ def test_a_row_that_waits_too_long_for_text_ends(models, first_text):
         list(request)
     assert time.monotonic() - started >= 0.3
     assert request.stream.frames.channel.finish_reason == "text_timeout"
-    wait_until(lambda: not engine._parked and not engine._live)
+    wait_until(lambda: not engine.num_parked and not engine.num_live)
     assert engine.runner.kv.num_free == engine.runner.kv.num_blocks - 1
 
 

@@ -251,7 +251,7 @@ def _scale_eos_row(folder: Path, scale: float) -> None:
     save_file(tensors, path)
 
 
-def _run_ours(tts: TTS, call_spec: dict, monkeypatch) -> dict:
+def run_ours(tts: TTS, call_spec: dict, monkeypatch) -> dict:
     """Runs our drop-in method with the same arguments and records each row's spec, prompt and codes."""
     seen: dict = {"specs": [], "prompts": []}
     if tts.reference:
@@ -324,7 +324,7 @@ def test_matches_official(case_sets, name, index, path, monkeypatch):
     cs = case_sets(name)
     ref = cs.oracle[index]
     tts = cs.tts(path)
-    ours = _run_ours(tts, cs.calls[index], monkeypatch)
+    ours = run_ours(tts, cs.calls[index], monkeypatch)
     B = len(ref["codes"])
     assert len(ours["codes"]) == B and ours["sr"] == ref["sr"] == 24000
 

@@ -20,7 +20,7 @@ from websockets.sync.client import connect  # noqa: E402
 from q3tts.server import ServerConfig  # noqa: E402
 from q3tts.server.front.app import Backend, Backends, create_router_app  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
-from tests.server.harness import SEED, ServerThread, _free_port  # noqa: E402
+from tests.server.harness import SEED, ServerThread, free_port  # noqa: E402
 
 TEXT = "Hello world, this is a test."
 
@@ -30,7 +30,7 @@ class FrontThread:
 
     def __init__(self, engine: ServerThread):
         config = ServerConfig(model=engine.config.model, served_model_name="tiny", max_input_chars=200,
-                              port=_free_port())
+                              port=free_port())
         backends = Backends([Backend(0, "cpu", engine.url, engine.config.core_socket)])
         self.url = f"http://127.0.0.1:{config.port}"
         self.server = uvicorn.Server(uvicorn.Config(create_router_app(config, backends), host="127.0.0.1",

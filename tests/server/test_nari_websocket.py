@@ -107,7 +107,7 @@ def test_disconnect_frees_the_row(server):
         ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "Hello there, this waits "}))
         time.sleep(0.3)
     server.wait_idle()
-    assert not server.engine._parked and not server.engine._live
+    assert not server.engine.num_parked and not server.engine.num_live
 
 
 @pytest.mark.parametrize("events, code, close", [

@@ -1,7 +1,7 @@
 """The package's one way through (issue 44): an `ast` walk of q3tts/ that fails on an import cycle (imports inside
-functions and under TYPE_CHECKING count), on an import of a later stage than the importer's, and on a private name
-(`_x`) used outside the module that defines it. The stages are written down once, in STAGES, and drawn in
-docs/architecture.md.
+functions and under TYPE_CHECKING count), on an import of a later stage than the importer's, and on a fetching or
+serving import below the request stage (private names used outside their module: test_private_names.py). The
+stages are written down once, in STAGES, and drawn in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -136,44 +136,6 @@ def test_nothing_below_the_request_fetches_or_serves():
     offending = [f"{m} imports {base}" for m, tree in sorted(modules().items()) if stage(m) < stage("q3tts.request")
                  for base, _ in _imports(m, tree) if base.split(".")[0] in FETCHING_OR_SERVING]
     assert not offending, "\n".join(offending)
-
-
-def _private_members(tree: ast.Module) -> set[str]:
-    """The `_x` attributes a module defines: methods and class attributes, and attributes it assigns (`obj._x =`).
-    (Module-level helpers are not attributes: another module can only import them.)"""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef):
-            for member in node.body:
-                if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    names.add(member.name)
-                elif isinstance(member, (ast.Assign, ast.AnnAssign)):
-                    targets = member.targets if isinstance(member, ast.Assign) else [member.target]
-                    names |= {t.id for t in targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.attr)
-    return {n for n in names if _is_private(n)}
-
-
-def _is_private(name: str) -> bool:
-    return name.startswith("_") and not name.startswith("__")
-
-
-def test_no_private_name_is_used_outside_its_module():
-    """A private attribute used (`obj._x`) that q3tts defines elsewhere but not here, or a private name imported
-    from a q3tts module. Attributes q3tts never defines (torch._foreach_copy_, a tensor's _version, a namedtuple's
-    _replace) are the libraries' business."""
-    trees = modules()
-    defined = {m: _private_members(tree) for m, tree in trees.items()}
-    ours = set().union(*defined.values())
-    used = []
-    for m, tree in sorted(trees.items()):
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and _is_private(node.attr) and node.attr in ours - defined[m]:
-                used.append(f"{m}:{node.lineno}: {ast.unparse(node)}")
-        for base, names in _imports(m, tree):
-            used += [f"{m}: from {base} import {n}" for n in names if _is_private(n) and base.startswith("q3tts")]
-    assert not used, "\n".join(used)
 
 
 def test_importing_the_scheduler_loads_no_torch():

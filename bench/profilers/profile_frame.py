@@ -1,7 +1,7 @@
 """Per-kernel GPU time of one frame (eager, so every kernel is visible to the profiler; the graph runs the
 same kernels without the launch gaps). GPU machine only.
 
-usage: python bench/profile_frame.py [--model 0.6B-Base] [--batches 1,64]
+usage: python bench/profilers/profile_frame.py [--model 0.6B-Base] [--batches 1,64]
 """
 
 from __future__ import annotations
