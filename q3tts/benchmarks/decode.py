@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from ..engine import EngineConfig
-from ..engine.runner.model_runner import ModelRunner, frame_sum
+from ..engine.runner.frame import frame_sum
+from ..engine.runner.model_runner import ModelRunner
 from ..engine.runner.readback import Readback
 from ..kernels.sampler import sample_tokens
 from ..sampling import SamplingParams

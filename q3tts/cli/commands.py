@@ -416,12 +416,11 @@ def _default_speaker(config) -> str | None:
 
 def _sampling(args) -> dict:
     """The sampling flags given, checked (a bad number is refused before the model loads)."""
-    from ..request.builder import MIN_FRAMES
+    from ..request.builder import check_max_new_tokens
     from ..sampling import SamplingParams
 
-    if args.max_new_tokens is not None and args.max_new_tokens < MIN_FRAMES:
-        raise ValueError(f"--max-new-tokens must be at least {MIN_FRAMES} (the last step ends the audio: N gives "
-                         f"at most N-1 frames), got {args.max_new_tokens}")
+    if args.max_new_tokens is not None:
+        check_max_new_tokens(args.max_new_tokens)
     sampling = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     if args.greedy:
         sampling.update(do_sample=False, subtalker_dosample=False)
@@ -461,16 +460,15 @@ def _check_reference_flags(args) -> None:
 def _check_voice_flags(args, config, speaker: str | None, voice) -> None:
     """--speaker, --instruct, --language and --voice against the checkpoint's config, before the model loads (the
     request's own checks, on the config alone)."""
-    from ..config import GenerationConfig
-    from ..request.builder import RequestBuilder
+    from ..request.rules import CheckpointRules
 
-    builder = RequestBuilder(config, None, GenerationConfig())
-    builder.check_mode(speaker, voice is not None or bool(args.ref_audio), args.instruct)
-    builder.language(args.language)
+    rules = CheckpointRules(config)
+    rules.check_mode(speaker, voice is not None or bool(args.ref_audio), args.instruct)
+    rules.language(args.language)
     if speaker is not None:
-        builder.speaker(speaker)
+        rules.speaker(speaker)
     if voice is not None:
-        builder.voice(voice)
+        rules.voice(voice)
 
 
 def _read_text(args) -> str:

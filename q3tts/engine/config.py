@@ -31,6 +31,10 @@ class ContextLimit(NamedTuple):
     positions: int
     setting: str | None
 
+    def room(self, num_positions: int) -> int:
+        """The frames (max_new_tokens) a prompt of `num_positions` positions leaves room for: the length rule."""
+        return self.positions - num_positions
+
 
 @dataclass
 class EngineConfig:

@@ -45,9 +45,10 @@ from .live import TEXT_TIMEOUT, LiveFeed, LiveTextTimeout, ParkedRow
 from .prompt import Prompt
 from .rows import RowTable, SlotTable, remove_rows
 from .runner.codec import CodecRunner
-from .runner.graphs import side_stream
-from .runner.model_runner import ModelRunner, SwappedRow
+from .runner.memory import capture_graphs, size_kv_cache
+from .runner.model_runner import ModelRunner
 from .runner.readback import FrameOut, Readback
+from .runner.row_state import SwappedRow
 from .scheduler import QueueFull, Scheduler
 from .sequence import Sequence
 from .stream import END, Channel, Delivery, Dispatcher, Frames, RequestStream
@@ -107,7 +108,7 @@ class Engine:
             self.runner = ModelRunner(model, config, kv_blocks=2 if self.device.type == "cuda" else None)
             self.codec = CodecRunner(decoder, self.runner.state.codes, self.runner.config.buckets,
                                      cache_bytes=int(config.prefix_cache_gb * 2**30))
-            self._size_kv_cache()  # (on a GPU: sized after a profiling run)
+            size_kv_cache(self.runner, self.codec, config)  # (on a GPU: after a profiling run)
         self.scheduler = Scheduler(config.max_rows, config.max_waiting, self.runner.kv, config.max_prefill_tokens,
                                    config.prefill_seconds_per_token, config.safety_seconds,
                                    lambda seq: self.runner.prefill_tokens(seq.payload.prompt), self._min_lead)
@@ -218,8 +219,8 @@ class Engine:
         if len(prompt.trailing_ids) > self.config.max_trailing:
             raise RequestError(f"text is too long for this engine ({len(prompt.trailing_ids)} text tokens after "
                                f"the prompt; at most {self.config.max_trailing})", param="text")
-        limit, setting = self.context_limit()
-        if prompt.num_positions + params.max_new_tokens > limit:
+        limit, setting = context = self.context_limit()
+        if params.max_new_tokens > context.room(prompt.num_positions):
             raise RequestError(f"the prompt ({prompt.num_positions} positions) and max_new_tokens "
                                f"({params.max_new_tokens}) exceed the {limit} positions a request may hold here"
                                + (f" ({setting})" if setting else ""), param="max_new_tokens")
@@ -276,60 +277,6 @@ class Engine:
         """Live requests whose text has not ended (parked or not)."""
         return len(self._live)
 
-    # ---- start-up -----------------------------------------------------------------------------------------
-
-    def _size_kv_cache(self) -> None:
-        """Allocates the KV cache from the memory budget (see engine/config.py). On CUDA, what the largest batch
-        needs besides the cache is measured first by running it once (a profiling run, as vLLM does)."""
-        cfg, runner = self.config, self.runner
-        if self.device.type != "cuda":
-            return  # the runner's default cache
-        peak = self._profile_peak_bytes()
-        free, total = torch.cuda.mem_get_info(self.device)
-        fraction = cfg.gpu_memory_utilization or 0.9
-        # The graphs' pool will hold about the profiled peak; cuBLAS workspaces and fragmentation the margin.
-        available = fraction * total - (total - free) - 1.2 * peak - 256 * 2**20 - 2 * cfg.prefix_cache_gb * 2**30
-        if cfg.gpu_memory_utilization is not None and available < 16 * runner.kv_bytes_per_block:
-            raise MemoryError(f"gpu_memory_utilization {cfg.gpu_memory_utilization} leaves no room for the KV cache "
-                              f"({(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use, {peak / 2**30:.1f} "
-                              f"GiB needed to run {cfg.max_rows} rows): raise it or lower max_rows")
-        blocks = cfg.kv_blocks(runner.kv_bytes_per_block, runner.max_context, available)
-        try:
-            runner.allocate_kv_cache(blocks)
-        except torch.OutOfMemoryError as e:
-            raise MemoryError(f"the KV cache ({blocks * runner.kv_bytes_per_block / 2**30:.2f} GiB) does not fit "
-                              f"this device: lower kv_cache_gb or gpu_memory_utilization") from e
-        log.info("KV cache: %d blocks of %d positions (%.2f GiB)", blocks, cfg.block_size,
-                 blocks * runner.kv_bytes_per_block / 2**30)
-
-    def _capture_graphs(self) -> None:
-        """On a GPU, in the engine's thread: the language model's graphs on a stream of their own, the codec's on
-        the codec's stream (graphs.py)."""
-        if self.device.type != "cuda":
-            return
-        torch.cuda.set_device(self.device)  # a new thread starts on device 0
-        if self.config.use_graphs:
-            self.runner.capture_graphs(side_stream(avoid=self.codec.pcm_stream))
-            self.codec.capture_graphs()
-
-    @torch.no_grad()
-    def _profile_peak_bytes(self) -> int:
-        """GPU memory the largest frame, prefill and codec step take beyond what is allocated now."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        largest = self.config.buckets[-1]
-        self.runner.frame(largest)
-        if self.config.prefill_buckets:
-            self.runner.prefill(self.config.prefill_buckets[-1])
-        self.codec.step(largest)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - base
-        self.runner.reset_state()
-        self.codec.stream.reset(list(range(self.config.max_rows)))
-        torch.cuda.empty_cache()
-        return peak
-
     # ---- the frame loop (engine thread) ------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -339,7 +286,7 @@ class Engine:
         self.host_threads = torch.get_num_threads()
         try:
             with torch.no_grad():
-                self._capture_graphs()
+                capture_graphs(self.runner, self.codec, self.config)
         except BaseException as e:  # raised by the constructor
             self._build_error = e
         self._built.set()

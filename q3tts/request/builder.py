@@ -22,24 +22,18 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..config import GenerationConfig, ModelConfig
 from ..engine.config import ContextLimit
 from ..errors import RequestError, RequestTypeError, quote, warn_caller
 from ..sampling import SamplingParams
 from .prompt import PromptSpec, prompt_length
+from .rules import CheckpointRules, check_unicode, is_no_speaker
 from .text_tokenizer import TextTokenizer, assistant_text, instruct_text, ref_text
-from .voice import Voice, size_name
+from .voice import Voice
 
 MAX_TEXT_TOKENS = 4096  # per request; documented in the README
 SAMPLING_ARGS = frozenset(f.name for f in fields(SamplingParams))
 MIN_FRAMES = 2  # a request must have room for at least this many max_new_tokens
-
-
-_KIND_NAMES = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
-_KIND_METHODS = {"base": "generate_voice_clone (a reference recording)", "voice_design": "generate_voice_design (a "
-                 "voice described in words)", "custom_voice": "generate_custom_voice (a preset speaker)"}
 
 
 @dataclass(frozen=True)
@@ -82,24 +76,12 @@ GREEDY_UNUSED = {"do_sample": ("temperature", "top_k", "top_p"),
                  "subtalker_dosample": ("subtalker_temperature", "subtalker_top_k", "subtalker_top_p")}
 
 
-class RequestBuilder:
-    """Validates requests for one loaded checkpoint."""
+class RequestBuilder(CheckpointRules):
+    """Validates requests for one loaded checkpoint: its rules (rules.py), the text, the sampling and the length."""
 
     def __init__(self, config: ModelConfig, text_tokenizer: TextTokenizer, generation_config: GenerationConfig):
-        self.config, self.text_tokenizer, self.generation_config = config, text_tokenizer, generation_config
-
-    @property
-    def kind(self) -> str:
-        return self.config.tts_model_type
-
-    def require(self, kind: str, method: str) -> None:
-        """Raises RequestError if this checkpoint is not of `kind` (base, custom_voice, voice_design), naming the
-        checkpoints `method` needs and what this one offers instead."""
-        if self.kind != kind:
-            size = {"0b6": "0.6B", "1b7": "1.7B"}.get(self.config.tts_model_size, self.config.tts_model_size)
-            example = f"Qwen/Qwen3-TTS-12Hz-{'1.7B' if kind == 'voice_design' else size}-{_KIND_NAMES[kind]}"
-            raise RequestError(f"{method} needs a {_KIND_NAMES[kind]} checkpoint (e.g. {example}); this one is "
-                               f"{size}-{_KIND_NAMES[self.kind]}: use {_KIND_METHODS[self.kind]}", "model")
+        super().__init__(config)
+        self.text_tokenizer, self.generation_config = text_tokenizer, generation_config
 
     def build(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
               instruct: str | None = None, language: str | None = "auto", non_streaming_mode: bool | None = None,
@@ -117,97 +99,12 @@ class RequestBuilder:
         elif isinstance(non_streaming_mode, str) or non_streaming_mode not in (True, False):
             raise RequestTypeError(f"non_streaming_mode must be True, False or None, got {quote(non_streaming_mode)}",
                                    "non_streaming_mode")
-        speaker = None if _is_no_speaker(speaker) else self.speaker(speaker)
+        speaker = None if is_no_speaker(speaker) else self.speaker(speaker)
         spec = self._spec(text, self.language(language), bool(non_streaming_mode), instruct, speaker,
                           self.voice(voice) if voice is not None else None)
         arguments = {**(sampling or {}), "seed": seed}
         return Request(spec, self.sampling(arguments), prompt_length(self.config, spec), runaway_guard,
                        arguments.get("max_new_tokens") is not None)
-
-    def check_mode(self, speaker: str | None, has_voice: bool, instruct: str | None, official: bool = False
-                   ) -> str | None:
-        """Whether speaker / voice / instruction suit this checkpoint's mode; returns the instruction to use."""
-        kind = self.kind
-        if kind == "base" and not has_voice:
-            raise RequestError("this Base checkpoint clones voices: pass `voice` (see TTS.create_voice)", "voice",
-                               "missing")
-        if kind != "base" and has_voice:
-            raise RequestError(f"this {kind} checkpoint cannot clone voices; use a Base checkpoint", "voice")
-        # The official `generate_custom_voice` takes None or "" for a speaker and builds the prompt without a
-        # speaker position (the voice then comes from the instruction alone, as in VoiceDesign): the drop-in does too.
-        if kind == "custom_voice" and _is_no_speaker(speaker) and not official:
-            raise RequestError(f"this CustomVoice checkpoint needs `speaker`, one of {self.config.supported_speakers}",
-                               "speaker", "missing")
-        if kind != "custom_voice" and not _is_no_speaker(speaker):
-            raise RequestError(f"`speaker` needs a CustomVoice checkpoint (this one is {kind})", "speaker")
-        if instruct is not None and not isinstance(instruct, str):
-            raise RequestTypeError(f"instruct must be a string, got {type(instruct).__name__}", "instruct")
-        if instruct:
-            check_unicode(instruct, "instruct")
-        if kind == "voice_design" and not (instruct or "").strip() and not official:
-            raise RequestError("this VoiceDesign checkpoint needs `instruct`, a description of the voice", "instruct",
-                               "missing")
-        if instruct and kind == "base":
-            raise RequestError("Base checkpoints take no `instruct`", "instruct")
-        if instruct and not self.config.supports_instruct:  # (the official drop-in drops it before: official.py)
-            raise RequestError("this 0.6B CustomVoice checkpoint does not follow `instruct` (1.7B ones do)",
-                               "instruct")
-        return instruct or None
-
-    def language(self, language: str | None) -> str:
-        supported = self.config.supported_languages
-        language = "auto" if language is None else language
-        if not isinstance(language, str) or language.lower() not in supported:
-            raise RequestError(f"unsupported language {quote(language)}; supported: {supported}", "language")
-        return language.lower()
-
-    def speaker(self, speaker: str) -> str:
-        supported = self.config.supported_speakers
-        if not isinstance(speaker, str) or speaker.lower() not in supported:
-            raise RequestError(f"unknown speaker {quote(speaker)}; supported: {supported}", "speaker", "not_found")
-        return speaker.lower()
-
-    def voice(self, voice: Voice) -> Voice:
-        if not isinstance(voice, Voice):
-            raise RequestTypeError(f"expected a Voice / VoiceClonePromptItem, got {type(voice).__name__}", "voice")
-        hidden, size = self.config.talker_config.hidden_size, self.config.tts_model_size
-        embedding = voice.ref_spk_embedding
-        if (not isinstance(embedding, torch.Tensor) or not embedding.is_floating_point()
-                or embedding.shape not in ((embedding.numel(),), (1, embedding.numel()))):
-            raise RequestError(f"the voice's ref_spk_embedding must be a float tensor [{hidden}] (or [1, {hidden}]), "
-                               f"got {_describe(embedding)}", "voice")
-        if embedding.numel() != hidden or voice.model_size not in (None, size):
-            made_for = size_name(voice.model_size) if voice.model_size else "different"
-            raise RequestError(f"this voice was made for a {made_for} model (embedding size "
-                               f"{embedding.numel()}); this checkpoint is {size_name(size)} with "
-                               f"embedding size {hidden}: create the voice again with this model", "voice")
-        # (Values are checked on the CPU only: reading a GPU tensor here would wait for the engine's frames in flight.
-        # The voices this package makes hold their codes on the CPU.)
-        if embedding.device.type == "cpu" and not torch.isfinite(embedding).all():
-            raise RequestError("the voice's ref_spk_embedding holds NaN or infinite values", "voice")
-        if voice.icl_mode:
-            if voice.ref_code is None or not voice.ref_text or not isinstance(voice.ref_text, str):
-                raise RequestError("an in-context voice needs reference codes and reference text", "voice")
-            check_unicode(voice.ref_text, "ref_text")
-            self._check_ref_code(voice.ref_code)
-        return voice
-
-    def _check_ref_code(self, codes: Any) -> None:
-        """In-context reference codes: [frames >= 1, num_code_groups] integers, each a codec code (an id beyond the
-        codebook would fail the engine's embedding lookup, on a GPU the process's device; the codes of the voices
-        this package makes, and of those the server stores, are on the CPU)."""
-        groups = self.config.talker_config.num_code_groups
-        size = self.config.talker_config.code_predictor_config.vocab_size
-        if (not isinstance(codes, torch.Tensor) or codes.dtype == torch.bool or codes.is_floating_point()
-                or codes.is_complex() or codes.dim() != 2 or codes.shape[0] < 1 or codes.shape[1] != groups):
-            raise RequestError(f"the voice's ref_code must be an integer tensor [frames, {groups}] with at least one "
-                               f"frame, got {_describe(codes)}", "voice")
-        if codes.device.type != "cpu":
-            return
-        low, high = (int(x) for x in torch.aminmax(codes))
-        if low < 0 or high >= size:
-            raise RequestError(f"the voice's ref_code holds codes in [{low}, {high}]; codec codes are 0..{size - 1}",
-                               "voice")
 
     def params(self, arguments: dict[str, Any]) -> SamplingParams:
         """SamplingParams from the caller's sampling arguments (None or absent: the checkpoint's default)."""
@@ -229,10 +126,8 @@ class RequestBuilder:
     def sampling(self, arguments: dict[str, Any]) -> SamplingParams:
         """`params`, with a max_new_tokens of at least MIN_FRAMES (the official API fails on 1, in torch.stack)."""
         params = self.params(arguments)
-        if arguments.get("max_new_tokens") is not None and params.max_new_tokens < MIN_FRAMES:
-            raise RequestError(f"max_new_tokens must be at least {MIN_FRAMES}, got {params.max_new_tokens}: the "
-                               f"step that ends the audio is one of them, so N gives at most N - 1 frames",
-                               "max_new_tokens")
+        if arguments.get("max_new_tokens") is not None:
+            check_max_new_tokens(params.max_new_tokens)
         return params
 
     def fit(self, request: Request, context: ContextLimit) -> Request:
@@ -240,7 +135,7 @@ class RequestBuilder:
         with the checkpoint's default max_new_tokens, a copy lowered to fit; else RequestError naming what to change."""
         num_positions, (limit, setting) = request.num_positions, context
         params = request.params
-        room = limit - num_positions
+        room = context.room(num_positions)
         where = f"the {limit} positions a request may hold ({setting})" if setting else \
             f"the model's {limit} positions"
         if room < MIN_FRAMES:
@@ -291,15 +186,11 @@ def _check_known(arguments: dict[str, Any], others: tuple[str, ...] = ()) -> Non
                                + f"; accepted: {sorted(SAMPLING_ARGS)}", unknown[0])
 
 
-def _is_no_speaker(speaker: Any) -> bool:
-    """The official validator's test for "no speaker": None or "" (not any false value: 0 is an unknown speaker)."""
-    return speaker is None or (isinstance(speaker, str) and not speaker)
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {list(value.shape)}"
-    return type(value).__name__
+def check_max_new_tokens(value: int) -> None:
+    """A max_new_tokens the caller gives: at least MIN_FRAMES (the official API fails on 1, in torch.stack)."""
+    if value < MIN_FRAMES:
+        raise RequestError(f"max_new_tokens must be at least {MIN_FRAMES}, got {value}: the step that ends the "
+                           "audio is one of them, so N gives at most N - 1 frames", "max_new_tokens")
 
 
 def check_text(text: Any, name: str = "text") -> str:
@@ -308,12 +199,3 @@ def check_text(text: Any, name: str = "text") -> str:
     if not text.strip():
         raise RequestError(f"{name} is empty", name)
     return check_unicode(text, name)
-
-
-def check_unicode(text: str, name: str) -> str:
-    """`text` if it is valid Unicode: a lone surrogate (JSON's "\\ud800", say) cannot be tokenized."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise RequestError(f"{name} is not valid Unicode: {e.reason} at character {e.start}", name) from e
-    return text

@@ -2,7 +2,7 @@
 engine in the background while `/health` already answers and `/ready` says 503; `serve` runs it with uvicorn.
 
 One process serves one model on one device. With `core_socket` set, it is an engine process behind a front
-(router.py: `q3tts serve` on a GPU, or `--devices`), which sends it speech requests over that socket (core.py).
+(front/app.py: `q3tts serve` on a GPU, or `--devices`), which sends it speech requests over that socket (front/link.py).
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
             yield
             return
         metrics.engine_source = lambda: service.engine
-        app.state.service, app.state.speak = service, service.speak
+        app.state.service, app.state.speaker = service, service
         service.on_give_up = getattr(app.state, "give_up", None)  # (serve(): the process exits)
-        core = CoreServer(service.speak, config.core_socket) if config.core_socket else None
+        core = CoreServer(service, config.core_socket) if config.core_socket else None
         if core is not None:
             await core.start()
         starting = asyncio.create_task(service.start())
@@ -83,7 +83,7 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
 
     app = FastAPI(title="q3tts", summary="Qwen3-TTS speech server", lifespan=lifespan)
     app.state.config, app.state.metrics, app.state.started_at = config, metrics, int(time.time())
-    app.state.draining = False  # True from SIGTERM on (serve(); the front sets its own: router.py)
+    app.state.draining = False  # True from SIGTERM on (serve(); the front sets its own: front/app.py)
     errors.install_handlers(app, on_error=metrics.count_error)
     app.add_middleware(RequestGuard, config=config, on_error=metrics.count_error)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)  # outermost: ids and counts for every answer

@@ -34,7 +34,7 @@ class ServerConfig:
     # preset speaker, a description, or a stored voice's name or a voice file / recording (Base).
     default_voice: str | None = None
     warmup: bool = True  # run one request through the engine before /ready says yes
-    core_socket: str | None = None  # an engine process behind a front (router.py): its speech requests come here
+    core_socket: str | None = None  # an engine process behind a front (front/app.py): its speech requests come here
     front_pid: int | None = None  # that front's process: the engine process stops when it is gone
     # Limits on what a client sends, checked before any work (README: "Limits").
     max_input_chars: int = 4096

@@ -1,22 +1,22 @@
 """The speech service: the one place the HTTP and WebSocket routes meet the model and its engine.
 
-It starts the model's engine (graphs captured, one warm-up request through it; `ready` only then), resolves a
-request's voice and language in the server's terms (voice_choice.py), checks its `model` (model_ids.py), and
-submits. Validation is the request builder's (`q3tts.request`): a `RequestError` it raises is
-only translated here into the API's error shape, its parameter renamed to the HTTP field.
+Its engine's life (built and warmed up, rebuilt after a failure, closed) is `EngineKeeper`'s (engine_keeper.py).
+Here a request meets it: the service resolves the request's voice and language in the server's terms
+(voice_choice.py), checks its `model` (model_ids.py), and submits. Validation is the request builder's
+(`q3tts.request`): a `RequestError` it raises is only translated here into the API's error shape, its parameter
+renamed to the HTTP field.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -29,15 +29,18 @@ from ..request.builder import Request
 from ..request.voice import Voice
 from . import errors
 from .config import ServerConfig
-from .front.link import Speech
+from .engine_keeper import EngineKeeper
 from .model_ids import is_served, model_ids
 from .schemas import TASK_TYPES, SpeechRequest, SpeechSettings
+from .speech import Speech
 from .voice_choice import VoiceChoice, VoiceResolver
 from .voice_store import VoiceStore
 
+if TYPE_CHECKING:
+    from ..api.tts import TTS  # (the server loads it; the front, which imports this module, does not)
+
 log = logging.getLogger("q3tts.server")
 _ids = itertools.count()
-MAX_RESTARTS = 3  # engine rebuilds after failures before the server gives up
 PREPARE_THREADS = 2
 T = TypeVar("T")
 HTTP_NAMES = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # Python argument -> HTTP field
@@ -77,17 +80,13 @@ def _http_message(e: RequestError) -> str:
     return message
 
 
-class SpeechService:
-    def __init__(self, tts: Any, config: ServerConfig, voices: VoiceStore, observer: Any = None):
-        self.tts, self.config, self.voices, self.observer = tts, config, voices, observer
-        self.engine = None
-        self.owns_engine = False  # built here (closed at stop), not shared with other users of the same TTS
-        self.ready = False
-        self.draining = False  # shutting down: running streams finish, new requests are refused
-        self.failure: str | None = None
-        self.restarts = 0  # engines rebuilt after a failure
-        self.on_give_up: Any = None  # called when the engine cannot be rebuilt (serve(): the process exits)
-        self._watchdog: asyncio.Task | None = None
+class SpeechService(EngineKeeper):
+    """The routes' way to the model: a request checked (`check_*`, `resolve_voice`), prepared (`prepare`) and
+    submitted (`submit`), or all three (`speak`). Its engine's life is `EngineKeeper`'s."""
+
+    def __init__(self, tts: TTS, config: ServerConfig, voices: VoiceStore, observer: Any = None):
+        super().__init__(tts, config, observer)
+        self.voices = voices
         # Prompts are built (and stored voices read) on two threads of the service's own, not asyncio's default
         # pool (up to 32 threads): every thread that holds the interpreter delays the engine thread's next frame.
         # On a GPU they keep no OpenMP teams (each would slow the other's CPU ops).
@@ -99,85 +98,18 @@ class SpeechService:
         self.model_ids = model_ids(config.model_id, config.model, tts.config.tts_model_type,
                                    tts.config.tts_model_size)
 
-    # ---- lifecycle ----------------------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Builds the engine (captures its graphs), runs one warm-up request through it, then sets `ready`."""
-        try:
-            if not self.tts.has_engine:
-                self.tts.configure_engine(self.config.engine_config())
-                self.owns_engine = True
-            else:
-                log.warning("the model's engine is already running: the server shares it as it is")
-            self.engine = await asyncio.to_thread(self.tts.prepare_engine)
-            if self.config.warmup:
-                await self._warm_up()
-            if self.observer is not None:
-                self.engine.metrics.observers.append(self.observer)
-            # What exists now (the model, the engine, the imports) lives as long as the process: out of the
-            # garbage collector's sight, so that its full collections do not stall the engine for tens of ms.
-            gc.collect()
-            gc.freeze()
-            if self.tts.device.type == "cuda":
-                # Beside a GPU the process's CPU work is bookkeeping: this thread and the threads started later run
-                # torch's CPU ops on one thread each (each thread's OpenMP team stays alive and slows the others';
-                # docs/perf-notes.md, entry 73).
-                torch.set_num_threads(1)
-            self.ready = True
-            log.info("engine ready: %s", self.config.model_id)
-        except Exception as e:
-            log.exception("engine start-up failed")
-            self.failure = f"engine start-up failed: {e}"
-            return
-        if self.owns_engine and self._watchdog is None:
-            self._watchdog = asyncio.create_task(self._watch())
-
-    async def _watch(self) -> None:
-        """Rebuilds a failed engine (its streams have ended with an error event; meanwhile /ready and new requests
-        say 503). After MAX_RESTARTS failures, or if a rebuild fails, gives up: /health says 503 and
-        `on_give_up` (the process's exit under `q3tts serve`) lets a supervisor start it afresh."""
-        while not self.draining:
-            await asyncio.sleep(0.2)
-            if self.engine is None or self.engine.healthy:
-                continue
-            self.ready = False
-            self.restarts += 1
-            log.error("the engine failed (%d so far); rebuilding it", self.restarts)
-            try:
-                if self.restarts > MAX_RESTARTS:
-                    raise RuntimeError(f"the engine failed {self.restarts} times")
-                await asyncio.to_thread(self.tts.close)
-                self.tts.configure_engine(self.config.engine_config())
-                self.engine = await asyncio.to_thread(self.tts.prepare_engine)
-                if self.observer is not None:
-                    self.engine.metrics.observers.append(self.observer)
-                self.ready = True
-            except Exception as e:
-                log.exception("giving up on the engine")
-                self.failure = f"the engine failed and could not be rebuilt: {e}"
-                if self.on_give_up is not None:
-                    self.on_give_up()
-                return
-
     async def stop(self) -> None:
-        self.ready = False
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-        if self.owns_engine:
-            await asyncio.to_thread(self.tts.close)
+        """Closes the engine if it was built here, and the service's worker threads."""
+        await super().stop()
         self._workers.shutdown(wait=False)
         self.resolver.close()
-
-    @property
-    def healthy(self) -> bool:
-        """Alive: not given up (a failed engine that is being rebuilt counts as alive)."""
-        return self.failure is None
 
     @property
     def task_type(self) -> str:
         return TASK_TYPES[self.tts.config.tts_model_type]
 
-    async def _warm_up(self) -> None:
+    async def warm_up(self) -> None:
+        """A four-frame request in the checkpoint's first voice, through the new engine."""
         kind = self.tts.config.tts_model_type
         choice = VoiceChoice()
         if kind == "custom_voice":

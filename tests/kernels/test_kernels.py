@@ -766,7 +766,7 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind, part):
     teacher-forced logits (part "teacher_forced"), and the codes of two streams are the reference loop's ("engine")."""
     from q3tts import TTS
     from q3tts.engine import EngineConfig
-    from q3tts.engine.runner import model_runner
+    from q3tts.engine.runner import frame as frame_step
     from q3tts.engine.runner import transformer as decoder
     from q3tts.engine.runner.model_runner import ModelRunner
     from q3tts.reference import generate_codes
@@ -783,7 +783,7 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind, part):
               SamplingParams(max_new_tokens=3, seed=4)]
     reference = generate_codes(talker, prompts, params)
     runner = ModelRunner(tts.model, EngineConfig(max_rows=2, max_context=128, block_size=16, max_trailing=64))
-    runner._decode = {"decode": True, "fused": True}
+    runner.decode_modes = {"decode": True, "fused": True}
     runner.cp_input_tables = runner._project_cp_inputs()
     assert (runner.cp_input_tables is not None) == (kind == "tiny")
     runner.cp_qkv_tables = runner._cp_qkv_tables()
@@ -791,7 +791,7 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind, part):
         monkeypatch.setattr(linear, "_gemv_tiles", lambda N, K, swiglu, rows: (triton.next_power_of_2(N),
                                                                                 triton.next_power_of_2(K), 4, 1))
     calls, fused_linear = [], linear.fused_linear
-    for module in (model_runner, decoder):
+    for module in (frame_step, decoder):
         monkeypatch.setattr(module, "fused_linear", lambda *a, **k: calls.append((a, k)) or fused_linear(*a, **k))
     pairs = []
     monkeypatch.setattr(decoder, "pair_attention", lambda *a, **k: pairs.append(1) or attention.pair_attention(*a, **k))
@@ -812,7 +812,7 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind, part):
 def test_frame_sum_adds_in_order():
     """The frame embedding's fp32 sum (3 kernels on CUDA) equals adding the 16 embeddings one by one, bit for
     bit; magnitudes spread so that another order would round differently."""
-    from q3tts.engine.runner.model_runner import frame_sum
+    from q3tts.engine.runner.frame import frame_sum
 
     g = torch.Generator(DEVICE).manual_seed(3)
     dtype = DTYPES[-1]

@@ -6,6 +6,7 @@ direct request gets, and a cancelled request or a front that goes away frees its
 from __future__ import annotations
 
 import asyncio
+import pickle
 import random
 
 import numpy as np
@@ -20,16 +21,17 @@ from q3tts.server import ServerConfig  # noqa: E402
 from q3tts.server.errors import APIError  # noqa: E402
 from q3tts.server.front.link import (  # noqa: E402
     AUDIO,
-    FINISHED,
-    SPEAK,
+    MESSAGE,
     CoreClient,
     CoreServer,
     CoreUnavailable,
     Parser,
-    Speech,
     pack,
+    pack_message,
 )
+from q3tts.server.front.messages import Finished, Refused, Speak, decode, encode  # noqa: E402
 from q3tts.server.schemas import SpeechRequest  # noqa: E402
+from q3tts.server.speech import Speech  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
 from tests.server.harness import FRAME, SEED, ServerThread, frames  # noqa: E402
 
@@ -118,13 +120,14 @@ def test_a_failure_of_ours_is_an_error_not_a_hang(tmp_path):
         def cancel(self):
             pass
 
-    async def speak(body, request_id):
-        if body.input == "before":
-            raise RuntimeError("broken before")
-        return Speech(Breaking(), 3, 24000)
+    class BreakingSpeaker:
+        async def speak(self, body, request_id):
+            if body.input == "before":
+                raise RuntimeError("broken before")
+            return Speech(Breaking(), 3, 24000)
 
     async def run():
-        server = CoreServer(speak, str(tmp_path / "engine.sock"))
+        server = CoreServer(BreakingSpeaker(), str(tmp_path / "engine.sock"))
         await server.start()
         client = await CoreClient.connect(server.path)
         with pytest.raises(APIError) as e:
@@ -143,12 +146,28 @@ def test_a_failure_of_ours_is_an_error_not_a_hang(tmp_path):
 
 def test_messages_split_anywhere_are_read_whole():
     rng = random.Random(0)
-    messages = [(SPEAK, 1, b'{"body": "{}"}'), (AUDIO, 1, np.arange(3840, dtype=np.float32).tobytes()),
-                (AUDIO, 7, b""), (FINISHED, 2**32 - 1, b"eos")]
+    messages = [(MESSAGE, 1, encode(Speak("a", _body()))), (AUDIO, 1, np.arange(3840, dtype=np.float32).tobytes()),
+                (AUDIO, 7, b""), (MESSAGE, 2**32 - 1, encode(Finished("stop")))]
     data = b"".join(pack(*m) for m in messages)
+    assert pack_message(7, Finished(None)) == pack(MESSAGE, 7, encode(Finished(None)))
     parser, got, at = Parser(), [], 0
     while at < len(data):
         step = rng.randint(1, 40)
         got += parser.feed(data[at:at + step])
         at += step
     assert got == messages and not parser.buffer
+
+
+def test_the_body_crosses_as_the_front_validated_it():
+    """A typed message: the engine process gets the front's SpeechRequest itself (fields, and which the client set),
+    parsed and validated once; anything but a link message is refused."""
+    body = _body(temperature=0.5)
+    got = decode(encode(Speak("r1", body)))
+    assert isinstance(got, Speak) and got.request_id == "r1"
+    assert got.body == body and got.body.model_fields_set == body.model_fields_set
+    error = APIError(404, "no such voice", param="voice", code="voice_not_found", headers={"x": "1"})
+    back = decode(encode(Refused.of(error))).error()
+    assert (back.status, back.message, back.param, back.code, back.headers) == (404, "no such voice", "voice",
+                                                                                "voice_not_found", {"x": "1"})
+    with pytest.raises(ValueError, match="not a link message"):
+        decode(pickle.dumps({"body": "{}"}))

@@ -1,7 +1,8 @@
 """The package's one way through (issue 44): an `ast` walk of q3tts/ that fails on an import cycle (imports inside
-functions and under TYPE_CHECKING count), on an import of a later stage than the importer's, and on a fetching or
-serving import below the request stage (private names used outside their module: test_private_names.py). The
-stages are written down once, in STAGES, and drawn in docs/architecture.md.
+functions and under TYPE_CHECKING count), on an import of a later stage than the importer's, on a fetching or
+serving import below the request stage, and on a class of more than MAX_METHODS methods (private names used outside
+their module: test_private_names.py). The stages are written down once, in STAGES, and drawn in
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -143,3 +144,22 @@ def test_importing_the_scheduler_loads_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout
     assert out.strip() == "False"
+
+
+MAX_METHODS = 16  # a class of one concern (issue 44: ~15); nano-vllm's ModelRunner has 15
+TOO_MANY_METHODS = {  # known exceptions, each to be split: the list may only shrink
+    "q3tts.engine.engine.Engine": 41,
+    "q3tts.server.voice_choice.VoiceResolver": 21,
+}
+
+
+def test_classes_keep_to_one_concern():
+    """No class defines more than MAX_METHODS methods (its own, public or private), but the listed ones, each at
+    its listed size (which a split lowers, until the class leaves the list)."""
+    counts = {f"{m}.{node.name}": sum(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for f in node.body)
+              for m, tree in modules().items() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    over = {name: n for name, n in counts.items() if n > TOO_MANY_METHODS.get(name, MAX_METHODS)}
+    grew_or_shrank = {name: counts.get(name) for name, n in TOO_MANY_METHODS.items() if counts.get(name) != n}
+    assert not over, f"classes with more than {MAX_METHODS} methods (split them by concern): {over}"
+    assert not grew_or_shrank, f"listed classes whose size changed (update TOO_MANY_METHODS; under {MAX_METHODS + 1} "\
+        f"methods, take them off): {grew_or_shrank}"

@@ -4,7 +4,7 @@
 One `q3tts serve` process per device (its own engine and interpreter: no engine's host loop waits on another's lock)
 on a loopback port, and this front in the main process. The front authenticates and bounds requests (guard.py), runs
 the speech route itself (parsing, encoding and writing every client's chunks: the HTTP work) and hands each speech
-request to the least-loaded ready engine over that engine's socket (core.py), whose process does the model's work
+request to the least-loaded ready engine over that engine's socket (link.py), whose process does the model's work
 alone; WebSocket sessions and the other routes it relays over HTTP. The least-loaded engine: the fewest requests and
 sessions the front has under way there (the front carries them all). A request whose engine cannot be reached goes
 to the next one. Voices live in one folder that every engine reads and changes (each change under the folder's
@@ -52,8 +52,9 @@ from ..routes import dialogue, playground, speech
 from ..routes.nari import PROTOCOL as NARI_PROTOCOL
 from ..routes.websocket import send_error
 from ..schemas import SpeechRequest
+from ..speech import Speech
 from . import upstream
-from .link import CoreClient, CoreUnavailable, Speech
+from .link import CoreClient, CoreUnavailable
 from .upstream import Pool
 
 log = logging.getLogger("q3tts.server")
@@ -71,7 +72,7 @@ class Backend:
     index: int
     device: str
     url: str
-    core_path: str | None = None  # its speech socket (core.py)
+    core_path: str | None = None  # its speech socket (link.py)
     process: subprocess.Popen | None = None
     ready: bool = False
     was_ready: bool = False  # ever: an engine that exits before is not started again
@@ -242,7 +243,7 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
 
     app = FastAPI(title="q3tts", summary="Qwen3-TTS speech server (one engine per device)", lifespan=lifespan)
     app.state.config, app.state.metrics, app.state.draining = config, metrics, False
-    app.state.speak = backends.speak
+    app.state.speaker = backends
     errors.install_handlers(app, on_error=metrics.count_error)
     app.add_middleware(RequestGuard, config=config, on_error=metrics.count_error)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)

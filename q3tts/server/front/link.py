@@ -4,10 +4,11 @@ Unix socket per engine, every stream of that engine multiplexed over it.
 The front does the HTTP work (requests, body checks, encoding, chunked writes to every client) and the engine
 process does the model's (voices, prompts, the engine thread), so that the engine thread's per-frame Python
 never waits for the interpreter lock behind thousands of chunk writes a second. Over the socket the front sends
-a request's body as JSON (SPEAK) and may cancel it (CANCEL); the engine answers ACCEPTED (the audio will follow)
-or ERROR (the API error a direct request would get), then sends the stream's float32 PCM as the engine hands it
-out (AUDIO, unchanged) and its end (FINISHED with the finish reason, or FAILED with the engine's error). Every
-message is a 9-byte header (kind, stream number, payload length) and its payload. The socket lives in a folder
+a request's validated body (`Speak`, messages.py) and may cancel it (`Cancel`); the engine answers `Accepted` (the
+audio will follow) or `Refused` (the API error a direct request would get), then sends the stream's float32 PCM as
+the engine hands it out (AUDIO, unchanged) and its end (`Finished` with the finish reason, or `Failed` with the
+engine's error). Every message is a 9-byte header (kind: MESSAGE or AUDIO, stream number, payload length) and its
+payload. The socket lives in a folder
 only its user can enter: whoever reaches it may speak without the API key, as the front itself does.
 """
 
@@ -15,36 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import struct
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from ...engine import EngineError
 from ...engine.stream import END
 from .. import errors
 from ..schemas import SpeechRequest
+from ..speech import Speaker, Speech, SpeechStream
+from .messages import Accepted, Cancel, Failed, Finished, Message, Refused, Speak, decode, encode
 
 log = logging.getLogger("q3tts.server")
-SPEAK, CANCEL, ACCEPTED, ERROR, AUDIO, FINISHED, FAILED = range(7)
+MESSAGE, AUDIO = range(2)  # a typed message (messages.py), a stream's PCM
 HEADER = struct.Struct("<BII")  # kind, stream number, payload bytes
 CONNECT_TIMEOUT_S = 5.0
-
-
-@dataclass
-class Speech:
-    """A request the engine accepted: its audio stream (RequestStream, PieceStream or RemoteStream), its text
-    tokens and the audio's sample rate."""
-
-    stream: Any
-    input_tokens: int
-    sample_rate: int
 
 
 class CoreUnavailable(OSError):
@@ -54,6 +43,10 @@ class CoreUnavailable(OSError):
 
 def pack(kind: int, number: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(kind, number, len(payload)) + payload
+
+
+def pack_message(number: int, message: Message) -> bytes:
+    return pack(MESSAGE, number, encode(message))
 
 
 class Parser:
@@ -101,10 +94,10 @@ class _Writer:
 # ---- the engine process's side --------------------------------------------------------------------------------
 
 class CoreServer:
-    """Listens on `path` in the engine process; `speak(body, request_id) -> Speech` is the speech service's."""
+    """Listens on `path` in the engine process and speaks what arrives through `speaker` (the speech service)."""
 
-    def __init__(self, speak, path: str):
-        self.speak, self.path = speak, path
+    def __init__(self, speaker: Speaker, path: str):
+        self.speaker, self.path = speaker, path
         self.server: asyncio.AbstractServer | None = None
         self.connections: set[_EngineSide] = set()
 
@@ -128,7 +121,7 @@ class _EngineSide(asyncio.Protocol):
     def __init__(self, server: CoreServer):
         self.server, self.parser = server, Parser()
         self.tasks: dict[int, asyncio.Task] = {}  # per stream number: preparing, then streaming
-        self.streams: dict[int, Any] = {}  # submitted
+        self.streams: dict[int, SpeechStream] = {}  # submitted
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -137,14 +130,18 @@ class _EngineSide(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for kind, number, payload in self.parser.feed(data):
-            if kind == SPEAK:
-                task = asyncio.get_running_loop().create_task(self._speak(number, payload))
+            try:
+                message = decode(payload) if kind == MESSAGE else None
+            except Exception:
+                message = None
+            if isinstance(message, Speak):
+                task = asyncio.get_running_loop().create_task(self._speak(number, message))
                 self.tasks[number] = task
                 task.add_done_callback(lambda _, n=number: self.tasks.pop(n, None))
-            elif kind == CANCEL:
+            elif isinstance(message, Cancel):
                 self._cancel(number)
             else:
-                log.error("the front sent a message of unknown kind %d: closing its connection", kind)
+                log.error("the front sent what an engine does not take (kind %d): closing its connection", kind)
                 self.transport.close()
                 return
 
@@ -160,42 +157,31 @@ class _EngineSide(asyncio.Protocol):
         elif (task := self.tasks.get(number)) is not None:
             task.cancel()  # still preparing
 
-    async def _speak(self, number: int, payload: bytes) -> None:
+    async def _speak(self, number: int, request: Speak) -> None:
         try:
-            message = json.loads(payload)
-            body = SpeechRequest.model_validate(json.loads(message["body"]))  # (as the front read it: read_json)
-            speech = await self.server.speak(body, message["request_id"])
+            speech = await self.server.speaker.speak(request.body, request.request_id)
         except errors.APIError as e:
-            self.out.send(pack(ERROR, number, _error_json(e)))
-            return
-        except ValidationError as e:  # (the front validated the body already)
-            self.out.send(pack(ERROR, number, _error_json(errors.from_validation(e))))
+            self.out.send(pack_message(number, Refused.of(e)))
             return
         except Exception:  # a failure of ours: the client gets a 500 (as from one process), not a hang
             log.exception("request %d from the front failed before its audio", number)
             error = errors.APIError(500, "internal server error", type=errors.SERVER, code="internal_error")
-            self.out.send(pack(ERROR, number, _error_json(error)))
+            self.out.send(pack_message(number, Refused.of(error)))
             return
         stream = self.streams[number] = speech.stream
-        info = {"input_tokens": speech.input_tokens, "sample_rate": speech.sample_rate}
-        self.out.send(pack(ACCEPTED, number, json.dumps(info).encode()))
+        self.out.send(pack_message(number, Accepted(speech.input_tokens, speech.sample_rate)))
         try:
             async for pcm in stream.achunks():
                 self.out.send(pack(AUDIO, number, pcm.tobytes()))
-            self.out.send(pack(FINISHED, number, (stream.finish_reason or "").encode()))
+            self.out.send(pack_message(number, Finished(stream.finish_reason)))
         except EngineError as e:
-            self.out.send(pack(FAILED, number, str(e).encode()))
+            self.out.send(pack_message(number, Failed(str(e))))
         except Exception as e:
             log.exception("request %d from the front failed mid-stream", number)
-            self.out.send(pack(FAILED, number, f"internal error: {e}".encode()))
+            self.out.send(pack_message(number, Failed(f"internal error: {e}")))
         finally:
             del self.streams[number]
             stream.cancel()  # (nothing if it ended; a task cancelled with the connection frees its row)
-
-
-def _error_json(e: errors.APIError) -> bytes:
-    return json.dumps({"status": e.status, "message": e.message, "type": e.type, "param": e.param, "code": e.code,
-                       "headers": e.headers}).encode()
 
 
 # ---- the front's side -----------------------------------------------------------------------------------------
@@ -227,16 +213,13 @@ class CoreClient(asyncio.Protocol):
             raise CoreUnavailable("the engine's connection is closed")
         stream = RemoteStream(self, next(self.numbers) & 0xFFFFFFFF, request_id)
         self.streams[stream.number] = stream
-        # (json.dumps escapes a lone surrogate, which the engine then refuses as a client error, where pydantic's
-        # JSON encoder raised; the floats are finite: SpeechSettings refuses inf and NaN)
-        message = {"body": json.dumps(body.model_dump(mode="json", exclude_unset=True)), "request_id": request_id}
-        self.transport.write(pack(SPEAK, stream.number, json.dumps(message).encode()))
+        self.transport.write(pack_message(stream.number, Speak(request_id, body)))
         try:
-            info = await stream.accepted
+            accepted: Accepted = await stream.accepted
         except asyncio.CancelledError:  # the client went away while the engine prepared it
             stream.cancel()
             raise
-        return Speech(stream, info["input_tokens"], info["sample_rate"])
+        return Speech(stream, accepted.input_tokens, accepted.sample_rate)
 
     def close(self) -> None:
         self.transport.close()
@@ -248,16 +231,17 @@ class CoreClient(asyncio.Protocol):
                 continue
             if kind == AUDIO:
                 stream.queue.put_nowait(np.frombuffer(payload, dtype=np.float32))
-            elif kind == ACCEPTED:
-                stream.accepted.set_result(json.loads(payload))
-            elif kind == ERROR:
-                fields = json.loads(payload)
-                stream.end(accepted=errors.APIError(fields.pop("status"), fields.pop("message"), **fields))
-            elif kind == FINISHED:
-                stream.finish_reason = payload.decode()
+                continue
+            message = decode(payload)
+            if isinstance(message, Accepted):
+                stream.accepted.set_result(message)
+            elif isinstance(message, Refused):
+                stream.end(accepted=message.error())
+            elif isinstance(message, Finished):
+                stream.finish_reason = message.reason
                 stream.end(END)
-            elif kind == FAILED:
-                stream.end(EngineError(payload.decode()))
+            elif isinstance(message, Failed):
+                stream.end(EngineError(message.message))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -301,4 +285,4 @@ class RemoteStream:
             self.finished = True
             self.client.streams.pop(self.number, None)
             if not self.client.closed:
-                self.client.transport.write(pack(CANCEL, self.number))
+                self.client.transport.write(pack_message(self.number, Cancel()))

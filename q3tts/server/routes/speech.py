@@ -16,7 +16,6 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -27,9 +26,9 @@ from ...engine.stream import FRAME_SAMPLES
 from ..audio_encoding import MEDIA_TYPES, AudioEncoder, encode_async, flush_async, make_encoder
 from ..body import openapi_body, read_json
 from ..errors import SERVER, error_body
-from ..front.link import Speech
 from ..middleware import drop_connection, logged, request_id_of
 from ..schemas import SpeechRequest
+from ..speech import Speaker, Speech, SpeechStream
 
 log = logging.getLogger("q3tts.server")
 router = APIRouter()  # authentication: guard.py
@@ -63,10 +62,11 @@ class CancellingStreamingResponse(StreamingResponse):
 
 @router.post("/v1/audio/speech", openapi_extra=openapi_body(SpeechRequest, "/v1/audio/speech"))
 async def create_speech(request: Request) -> StreamingResponse:
-    """Validate everything, submit, then stream; no byte is sent before the request is accepted. `speak` is the
-    speech service's (one process) or the front's, which hands the request to an engine process (core.py)."""
+    """Validate everything, submit, then stream; no byte is sent before the request is accepted. The speaker is
+    the speech service (one process) or the front's, which hands the request to an engine process (front/link.py)."""
     body = read_json(SpeechRequest, request.headers.get("content-type"), await request.body())
-    speech: Speech = await request.app.state.speak(body, request_id_of(request.scope))
+    speaker: Speaker = request.app.state.speaker
+    speech: Speech = await speaker.speak(body, request_id_of(request.scope))
     stream, state = speech.stream, request.app.state
     rate = body.sample_rate or speech.sample_rate
     encoder = make_encoder(body.response_format, speech.sample_rate, body.speed, rate, body.volume_multiplier)
@@ -80,7 +80,7 @@ async def create_speech(request: Request) -> StreamingResponse:
                                        media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
 
-async def audio_bytes(stream: Any, encoder: AudioEncoder,
+async def audio_bytes(stream: SpeechStream, encoder: AudioEncoder,
                       on_failure: Callable[[str], None]) -> AsyncIterator[bytes]:
     try:
         async for pcm in stream.achunks():  # one write per hand-out, not per frame
@@ -95,7 +95,7 @@ async def audio_bytes(stream: Any, encoder: AudioEncoder,
         yield data
 
 
-async def sse_events(stream: Any, encoder: AudioEncoder, input_tokens: int,
+async def sse_events(stream: SpeechStream, encoder: AudioEncoder, input_tokens: int,
                      on_failure: Callable[[str], None]) -> AsyncIterator[bytes]:
     frames = 0
     try:

@@ -1,0 +1,87 @@
+"""The typed messages between a front and an engine process (link.py), as vLLM's `EngineCoreRequest` /
+`EngineCoreOutputs` and mini-sglang's `message/`: one dataclass per message, the body inside `Speak` the
+`SpeechRequest` the front validated (the engine process reads it as it is: parsed and validated once).
+
+On the socket a message is pickled: both ends are this package, in processes of one user, behind a socket only that
+user can reach (link.py). The audio, the one message of the hot path, is not one of these: its float32 bytes cross
+as they are (link.AUDIO).
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+
+from .. import errors
+from ..schemas import SpeechRequest
+
+
+@dataclass(frozen=True)
+class Speak:
+    """Front -> engine: a request to speak."""
+
+    request_id: str
+    body: SpeechRequest
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Front -> engine: the client went away; free the request's row."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """Engine -> front: the request is submitted; its audio follows."""
+
+    input_tokens: int
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Engine -> front: the API error a direct request would have got (the stream ends)."""
+
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, e: errors.APIError) -> Refused:
+        return cls(e.status, e.message, e.type, e.param, e.code, e.headers)
+
+    def error(self) -> errors.APIError:
+        return errors.APIError(self.status, self.message, type=self.type, param=self.param, code=self.code,
+                               headers=self.headers)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Engine -> front: the audio is complete (`reason`: the stream's finish reason)."""
+
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Engine -> front: the engine failed mid-stream (the client's stream ends with an error)."""
+
+    message: str
+
+
+Message = Speak | Cancel | Accepted | Refused | Finished | Failed
+MESSAGES = (Speak, Cancel, Accepted, Refused, Finished, Failed)
+
+
+def encode(message: Message) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(payload: bytes) -> Message:
+    """The message in `payload`; ValueError if it holds something else."""
+    message = pickle.loads(payload)
+    if not isinstance(message, MESSAGES):
+        raise ValueError(f"not a link message: {type(message).__name__}")
+    return message
