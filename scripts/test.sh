@@ -25,6 +25,9 @@ if [ ! -f .venv-oracle/.ready ]; then
   rm -f .venv-oracle/lib/python3*/site-packages/torchaudio/lib/*.so
   touch .venv-oracle/.ready
 fi
+# peft applies LoRA adapters to the official model (tests/equivalence/test_lora.py; q3tts merges them itself)
+.venv-oracle/bin/python -c 'import peft' 2>/dev/null \
+  || .venv-oracle/bin/pip install -q --disable-pip-version-check peft==0.21.2
 
 bash scripts/client_envs.sh
 

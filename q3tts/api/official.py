@@ -44,9 +44,12 @@ class OfficialAPI:
     context_limit: Callable[[], ContextLimit]
 
     def get_supported_speakers(self) -> list[str]:
+        """The checkpoint's preset speakers (CustomVoice, and fine-tunes), sorted, lower case as the config has
+        them (speaker arguments match case-blind); empty when it has none."""
         return self.config.supported_speakers
 
     def get_supported_languages(self) -> list[str]:
+        """The languages the checkpoint was trained on, in lower case ("auto" lets the model choose)."""
         return self.config.supported_languages
 
     def generate_custom_voice(self, text: str | list[str], speaker: str | list[str | None] | None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,9 @@ from ..request.builder import Request, RequestBuilder, RunawayGuard
 from ..request.text_segmenter import split_text
 from ..request.text_tokenizer import TextTokenizer
 from ..request.voice import Voice, clone_voices
+from .dialogue import render_dialogue, stream_dialogue
 from .engine_host import EngineHost
+from .live import MAX_TEXT_WAIT_S, LiveRequest, open_live
 from .loading import resolve_checkpoint, resolve_device, resolve_dtype
 from .official import OfficialAPI
 from .pieces import LONG_TEXT_CHARS, PIECE_CHARS, join
@@ -60,7 +62,8 @@ class TTS(OfficialAPI, EngineHost):
                         trust_remote_code: bool | None = None, low_cpu_mem_usage: bool | None = None,
                         max_rows: int | None = None, max_context: int | None = None,
                         kv_cache_gb: float | None = None, gpu_memory_utilization: float | None = None,
-                        engine_config: EngineConfig | None = None, reference: bool = False) -> TTS:
+                        engine_config: EngineConfig | None = None, reference: bool = False,
+                        lora: str | Path | None = None) -> TTS:
         """Loads a local checkpoint folder, a hub id (fetched through huggingface_hub, `HF_HUB_OFFLINE`
         respected) or a built-in tiny random model (`"tiny"`, `"tiny-base"`, ...; noise only).
 
@@ -72,7 +75,9 @@ class TTS(OfficialAPI, EngineHost):
         and float32 on the CPU. The engine's size: `max_rows` (requests decoded together, default 64),
         `max_context` (positions per request, default the model's 32,768), and its KV cache's memory,
         `kv_cache_gb` or `gpu_memory_utilization` (the fraction of the GPU this process may hold); or an
-        `engine_config` with every setting (see `q3tts.engine.EngineConfig`)."""
+        `engine_config` with every setting (see `q3tts.engine.EngineConfig`). `lora`: a PEFT LoRA adapter of the
+        talker and/or code predictor (a folder or hub id with adapter_config.json and adapter_model.safetensors),
+        merged into the weights at load (`q3tts.models.lora`; peft is not needed)."""
         del attn_implementation, trust_remote_code, low_cpu_mem_usage
         options = {k: v for k, v in dict(max_rows=max_rows, max_context=max_context, kv_cache_gb=kv_cache_gb,
                                          gpu_memory_utilization=gpu_memory_utilization).items() if v is not None}
@@ -82,7 +87,9 @@ class TTS(OfficialAPI, EngineHost):
         folder = resolve_checkpoint(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
                                     local_files_only=local_files_only, token=token)
         config = ModelConfig.from_file(folder / "config.json")
-        model = Qwen3TTSModel.from_folder(folder, config, device=device, dtype=dtype)
+        adapter = None if lora is None else resolve_checkpoint(lora, cache_dir=cache_dir,
+                                                               local_files_only=local_files_only, token=token)
+        model = Qwen3TTSModel.from_folder(folder, config, device=device, dtype=dtype, lora=adapter)
         speech_tokenizer = SpeechTokenizer.from_pretrained(folder / "speech_tokenizer", device=device, dtype=dtype,
                                                            load_encoder=config.is_base)
         return cls(model, speech_tokenizer, TextTokenizer.from_folder(folder),
@@ -162,6 +169,30 @@ class TTS(OfficialAPI, EngineHost):
         requests = self.pieces(text, **kwargs)
         return AudioStream(lambda: self.submit_pieces(requests, asyncio_loop=True), schedule, pcm_format,
                            self.sample_rate, started, submit_now=_loop_running())
+
+    def live(self, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
+             instruct: str | None = None, language: str = "auto", seed: int | None = None,
+             max_text_wait_s: float = MAX_TEXT_WAIT_S, chunk_schedule: tuple[int, ...] | int = DEFAULT_SCHEDULE,
+             pcm_format: str = "float32", **sampling: Any) -> LiveRequest:
+        """One generation whose text arrives while it runs (q3tts.api.live): `append(text)` as it comes, `end()`
+        after the last; read the audio with `for` or `async for` (the same `AudioChunk`s as `stream`). The codes
+        are those of the whole text in streaming-text mode (`non_streaming_mode=False`). The mode, voice and
+        sampling arguments are `request`'s, checked now."""
+        schedule = check_chunking(chunk_schedule, pcm_format)
+        return open_live(self, voice, speaker, instruct, language, seed, max_text_wait_s, schedule, pcm_format,
+                         sampling)
+
+    def dialogue(self, turns: Any, **defaults: Any) -> np.ndarray:
+        """A script of turns (dicts or `Turn`s: text, speaker or voice, instruct, language, pause after it) as one
+        audio. The turns run at once, as rows of one batch, and are joined in script order with their pauses.
+        `defaults`: `request`'s arguments for every turn (a turn's own fields win). Every turn is checked before
+        anything runs (RequestError, param `turns[i].field`)."""
+        return render_dialogue(self, turns, defaults)
+
+    def stream_dialogue(self, turns: Any, **defaults: Any) -> Iterator[np.ndarray]:
+        """`dialogue` as float32 frames in script order while it is generated (every turn generating at once; a
+        later turn's frames wait until the turns before it are out). Closing it early cancels the rest."""
+        return stream_dialogue(self, turns, defaults)
 
 
 def _loop_running() -> bool:

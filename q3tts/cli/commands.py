@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("text", nargs="?", help="the text to speak ('-': read it from standard input; any length: "
                      "long texts are spoken in pieces)")
     say.add_argument("-f", "--file", type=Path, help="read the text from this file instead ('-': standard input)")
+    say.add_argument("--script", type=Path, help="a dialogue instead of one text: JSON lines of turns ({\"speaker\" "
+                     "or \"voice\", \"text\", \"instruct\", \"language\", \"pause\"}) or plain text with "
+                     "[voice:name] tags (a voice name: a voice file beside the script, .voice optional)")
     say.add_argument("-o", "--output", default="out.wav",
                      help="audio file to write, in the format its extension names: .wav, .flac, .ogg ... "
                           "('-': a WAV file on standard output; default: out.wav)")
@@ -95,8 +98,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="also play the audio as it is generated (needs an audio output and `pip install "
                           "'q3tts[play]'`; without them, says so and only writes the file)")
     _model_args(say)
+    _lora_arg(say)
     _memory_args(say, None)
-    say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER})")
+    say.add_argument("--speaker", help=f"CustomVoice preset speaker (default for CustomVoice: {DEFAULT_SPEAKER}, or a "
+                     "fine-tuned checkpoint's first speaker)")
     say.add_argument("--instruct", help="style instruction (1.7B CustomVoice) or voice description (VoiceDesign)")
     say.add_argument("--language", default="auto", help="language name, or 'auto' (default)")
     say.add_argument("--voice", type=Path, help="a voice file saved by `q3tts voice create` (Base checkpoints)")
@@ -166,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP server: OpenAI-compatible speech API, voices, WebSocket "
                            "text streaming, /health, /ready, /metrics (needs `pip install 'q3tts[server]'`)")
     serve.add_argument("model", help="checkpoint folder, hub id, or a built-in tiny model ('tiny', 'tiny-base', ...)")
+    _lora_arg(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="default: 8000")
     placement = serve.add_mutually_exclusive_group()
@@ -225,6 +231,7 @@ def _parser() -> argparse.ArgumentParser:
                        '..., "language", "seed", "id", sampling fields}')
     batch.add_argument("--out-dir", type=Path, required=True, help="folder for <id>.wav files and manifest.jsonl")
     _model_args(batch)
+    _lora_arg(batch)
     _memory_args(batch, None)
     batch.add_argument("--max-rows", type=int, default=64, help="requests decoded together (default: 64)")
     batch.set_defaults(run=_batch)
@@ -232,11 +239,21 @@ def _parser() -> argparse.ArgumentParser:
     voice_parser = sub.add_parser("voice", help="manage cloned voices")
     voice_parser.set_defaults(run=_help(voice_parser))
     voice = voice_parser.add_subparsers(title="voice commands")
-    create = voice.add_parser("create", help="clone a voice from reference audio and save it")
+    create = voice.add_parser("create", help="clone a voice from reference audio (or a speaker embedding) and save "
+                              "it")
     create.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
     _model_args(create, default="Qwen/Qwen3-TTS-12Hz-0.6B-Base")
-    _reference_args(create, required=True)
+    _reference_args(create)
+    create.add_argument("--embedding", type=Path, help="a speaker embedding instead of --ref-audio: a torch.save'd "
+                        "tensor (faster-qwen3-tts's speaker.pt; any float dtype) or raw float32 values")
     create.set_defaults(run=_voice_create)
+    blend = voice.add_parser("blend", help="mix x-vector voice files into a new one (the weighted mean of their "
+                             "speaker embeddings)")
+    blend.add_argument("voices", type=Path, nargs="+", help="voice files from `q3tts voice create` (x-vector only)")
+    blend.add_argument("--weights", type=float, nargs="+", help="one weight > 0 per voice (default: equal); "
+                       "normalised to sum 1")
+    blend.add_argument("-o", "--output", type=Path, required=True, help="voice file to write")
+    blend.set_defaults(run=_voice_blend)
     return parser
 
 
@@ -246,6 +263,11 @@ def _model_args(p: argparse.ArgumentParser, default: str = DEFAULT_MODEL) -> Non
                         f"models that produce noise, for smoke tests) (default: {default})")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on a GPU, float32 on the CPU)")
+
+
+def _lora_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora", help="a PEFT LoRA adapter of the talker and/or code predictor (a folder or hub id with "
+                   "adapter_config.json and adapter_model.safetensors), merged into the weights at load")
 
 
 def _memory_args(p: argparse.ArgumentParser, utilization_default: float | None) -> None:
@@ -269,7 +291,8 @@ def _load(args, **engine):
     from ..api.tts import TTS
 
     print(f"loading {args.model} ...", file=sys.stderr)
-    return TTS.from_pretrained(args.model, device=args.device, dtype=args.dtype, **engine)
+    return TTS.from_pretrained(args.model, device=args.device, dtype=args.dtype, lora=getattr(args, "lora", None),
+                               **engine)
 
 
 def _check_model(args, devices: list[str | None] | None = None):
@@ -304,6 +327,8 @@ def _say(args) -> int:
     from ..request.builder import check_text
     from ..request.voice import Voice
 
+    if args.script is not None:
+        return _say_script(args)
     text = check_text(_read_text(args))
     to_stdout = args.output == "-"  # (a WAV file on standard output, for a pipe)
     output = Path("out.wav") if to_stdout else _output_path(args.output)
@@ -316,7 +341,7 @@ def _say(args) -> int:
     kind = config.tts_model_type
     _check_cloning_flags(args, kind)
     voice = Voice.load(args.voice) if args.voice else None
-    speaker = args.speaker if args.speaker is not None else DEFAULT_SPEAKER if kind == "custom_voice" else None
+    speaker = args.speaker if args.speaker is not None else _default_speaker(config)
     _check_voice_flags(args, config, speaker, voice)
     tts = _load(args, **engine)
     if kind == "base" and voice is None:
@@ -349,6 +374,43 @@ def _say(args) -> int:
     print(f"wrote {'standard output' if to_stdout else args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
           + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
     return 0
+
+
+def _say_script(args) -> int:
+    """`say --script`: the turns checked before the model loads what it can, all generated at once."""
+    import numpy as np
+    import soundfile as sf
+
+    from ..request.dialogue import read_script
+
+    if args.text is not None or args.file is not None:
+        raise ValueError("--script is the whole dialogue: give no text or --file with it")
+    output = _output_path(args.output)
+    sampling, engine, config = _sampling(args), _engine_options(args, max_rows=64), _check_model(args)
+    try:
+        turns = read_script(args.script, config.tts_model_type)
+    except OSError as e:
+        raise ValueError(f"--script {args.script}: {e.strerror or e}") from None
+    for turn in turns:
+        if isinstance(turn.voice, str) and not Path(turn.voice).is_file():
+            beside = args.script.parent / turn.voice
+            turn.voice = beside if beside.is_file() else beside.with_name(beside.name + ".voice")
+    speaker = args.speaker if args.speaker is not None else _default_speaker(config)
+    tts = _load(args, **engine)
+    frames = list(tts.stream_dialogue(turns, speaker=speaker, voice=args.voice, instruct=args.instruct,
+                                      language=args.language, seed=args.seed, **sampling))
+    wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
+    sf.write(output, wav, tts.sample_rate)
+    print(f"wrote {args.output}: {len(turns)} turns, {len(wav) / tts.sample_rate:.2f} s of audio", file=sys.stderr)
+    return 0
+
+
+def _default_speaker(config) -> str | None:
+    """`say`'s speaker without --speaker: ryan, or a fine-tuned checkpoint's first (sft_12hz.py writes its own)."""
+    speakers = config.supported_speakers
+    if config.tts_model_type != "custom_voice" or not speakers:
+        return None
+    return DEFAULT_SPEAKER if DEFAULT_SPEAKER in speakers else speakers[0]
 
 
 def _sampling(args) -> dict:
@@ -475,15 +537,55 @@ def _voice_create(args) -> int:
     from ..request.voice import size_name
 
     _output_path(args.output)
-    kind = _check_model(args).tts_model_type
-    if kind != "base":
-        raise ValueError(f"voice cloning needs a Base checkpoint; {args.model} is {kind}")
+    config = _check_model(args)
+    if config.tts_model_type != "base":
+        raise ValueError(f"voice cloning needs a Base checkpoint; {args.model} is {config.tts_model_type}")
+    if (args.embedding is None) == (args.ref_audio is None):
+        raise ValueError("give --ref-audio (a recording to clone) or --embedding (a speaker embedding file), one of "
+                         "them")
+    if args.embedding is not None:
+        return _voice_from_embedding(args, config)
     _check_reference_flags(args)
     tts = _load(args)
     voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
     voice.save(args.output)
     mode = "x-vector only" if voice.x_vector_only_mode else f"in-context, {voice.ref_code.shape[0]} reference frames"
     print(f"wrote {args.output} ({mode}, {size_name(tts.config.tts_model_size)})", file=sys.stderr)
+    return 0
+
+
+def _voice_from_embedding(args, config) -> int:
+    """`voice create --embedding`: no model to load, the embedding's size checked against the checkpoint's."""
+    from ..request.voice import Voice, size_name
+
+    if args.ref_text or args.x_vector_only:
+        raise ValueError("--ref-text and --x-vector-only go with --ref-audio; a voice from --embedding is the "
+                         "speaker embedding alone")
+    voice = Voice.from_embedding(args.embedding, config.tts_model_size)
+    size, hidden = voice.ref_spk_embedding.numel(), config.talker_config.hidden_size
+    if size != hidden:
+        raise ValueError(f"--embedding {args.embedding}: {size} values; the speaker embeddings of this "
+                         f"{size_name(config.tts_model_size)} checkpoint have {hidden}")
+    voice.save(args.output)
+    print(f"wrote {args.output} (x-vector only, {size_name(config.tts_model_size)})", file=sys.stderr)
+    return 0
+
+
+def _voice_blend(args) -> int:
+    from ..request.voice import Voice
+
+    _output_path(args.output)
+    weights = args.weights or [1.0] * len(args.voices)
+    if len(weights) != len(args.voices):
+        raise ValueError(f"--weights: {len(weights)} weights for {len(args.voices)} voices; give one per voice")
+    try:
+        voice = Voice.blend(list(zip(args.voices, weights)))
+    except RequestError as e:
+        raise ValueError(e.message.replace("voices: ", "", 1).replace("the weight of", "--weights: the weight of")
+                         ) from None
+    voice.save(args.output)
+    shares = ", ".join(f"{path.name} {w / sum(weights):.3g}" for path, w in zip(args.voices, weights))
+    print(f"wrote {args.output} (x-vector only: {shares})", file=sys.stderr)
     return 0
 
 
@@ -507,7 +609,7 @@ def _serve(args) -> int:
                               ref_audio_hosts=tuple(h for h in args.ref_audio_hosts.split(",") if h),
                               send_timeout_s=args.send_timeout, drain_timeout_s=args.drain_timeout,
                               body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
-                              **({"runaway_guard": None} if args.no_runaway_guard else {}))
+                              lora=args.lora, **({"runaway_guard": None} if args.no_runaway_guard else {}))
     except ValueError as e:  # (the settings' names in its message -> this command's flags)
         raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
     devices = _serve_devices(args)

@@ -22,6 +22,7 @@ class Sequence:
     first_audio: float | None = None  # when the first frame was delivered
     cancelled: bool = False
     order: int = 0  # admission order (preemption takes the newest first)
+    ready: bool = True  # its prompt is known (a live request's once its first text arrived: engine/live.py)
     realtime: bool = True  # its audio is played as it comes (False: read whole, e.g. `synthesize`: no lead to keep)
     payload: object = field(default=None, repr=False)  # the engine's own request data
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..checkpoint import instantiate, load_tensors, module_shapes
 from ..config import ModelConfig
+from .lora import merge_lora
 from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
 
@@ -29,6 +30,9 @@ class Qwen3TTSModel(nn.Module):
 
     @classmethod
     def from_folder(cls, folder: Path, config: ModelConfig, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> Qwen3TTSModel:
+                    dtype: torch.dtype = torch.float32, lora: Path | None = None) -> Qwen3TTSModel:
+        """`lora`: a PEFT LoRA adapter's folder, merged into the weights as they load (lora.py)."""
         tensors = load_tensors(folder / "model.safetensors", cls.checkpoint_shapes(config), dtype=dtype)
+        if lora is not None:
+            merge_lora(tensors, lora)
         return instantiate(lambda: cls(config), tensors, device).eval()

@@ -13,6 +13,10 @@ from ..config import ModelConfig
 from ..errors import RequestError, RequestTypeError, quote
 from .voice import Voice, size_name
 
+_KIND_NAMES = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
+_KIND_METHODS = {"base": "generate_voice_clone (a reference recording)", "voice_design": "generate_voice_design (a "
+                 "voice described in words)", "custom_voice": "generate_custom_voice (a preset speaker)"}
+
 
 class CheckpointRules:
     """The request rules of the checkpoint whose config is `config`; each raises RequestError naming the argument at
@@ -26,10 +30,13 @@ class CheckpointRules:
         return self.config.tts_model_type
 
     def require(self, kind: str, method: str) -> None:
-        """Raises RequestError if this checkpoint is not of `kind` (base, custom_voice, voice_design)."""
+        """Raises RequestError if this checkpoint is not of `kind` (base, custom_voice, voice_design), naming the
+        checkpoints `method` needs and what this one offers instead."""
         if self.kind != kind:
-            raise RequestError(f"{method} needs a {kind} checkpoint; this one is {self.kind} "
-                               f"({self.config.tts_model_size})")
+            size = {"0b6": "0.6B", "1b7": "1.7B"}.get(self.config.tts_model_size, self.config.tts_model_size)
+            example = f"Qwen/Qwen3-TTS-12Hz-{'1.7B' if kind == 'voice_design' else size}-{_KIND_NAMES[kind]}"
+            raise RequestError(f"{method} needs a {_KIND_NAMES[kind]} checkpoint (e.g. {example}); this one is "
+                               f"{size}-{_KIND_NAMES[self.kind]}: use {_KIND_METHODS[self.kind]}", "model")
 
     def check_mode(self, speaker: str | None, has_voice: bool, instruct: str | None, official: bool = False
                    ) -> str | None:

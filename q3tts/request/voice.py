@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from ..config import ModelConfig
 from ..errors import RequestError, RequestTypeError, quote
 from ..models.speaker_encoder import compute_speaker_embedding
 from .audio import AudioError, load_audio, resample
+from .embedding import embedding_tensor, read_embedding
+from .voice_blend import mixed_embedding
 
 FORMAT = "q3tts.voice.v1"
 HOW_TO_MAKE = ("; a voice file comes from Voice.save or `q3tts voice create` (a recording is cloned from ref_audio "
@@ -34,7 +37,7 @@ def size_name(model_size: str) -> str:
     return SIZE_NAMES.get(model_size, model_size)
 
 
-@dataclass
+@dataclass(eq=False)  # (identity: voices are dict keys of a blend; tensors have no == of one truth value)
 class Voice:
     ref_code: torch.Tensor | None  # [T, 16] int64 reference codes (ICL), None in x-vector-only mode
     ref_spk_embedding: torch.Tensor  # [hidden] speaker embedding (x-vector)
@@ -42,6 +45,37 @@ class Voice:
     icl_mode: bool
     ref_text: str | None = None
     model_size: str | None = None  # "0b6" / "1b7": the checkpoint family the embedding belongs to
+
+    @classmethod
+    def from_embedding(cls, embedding: Any, model_size: str | None = None) -> Voice:
+        """A voice in x-vector-only mode from a speaker embedding computed elsewhere: a float tensor, array or list
+        [hidden] (any float dtype, bf16 included), or the path of a file (`torch.save`d tensor or raw float32).
+        Its size must be the checkpoint's hidden size (1,024 for 0.6B, 2,048 for 1.7B), checked when it is used;
+        `model_size` ("0b6" / "1b7"), if given, is checked too. RequestError (param "embedding") if it is not a
+        finite float vector."""
+        vector = read_embedding(embedding) if isinstance(embedding, (str, Path)) else embedding_tensor(embedding)
+        if model_size is not None and model_size not in SIZE_NAMES:
+            raise RequestError(f"model_size must be one of {sorted(SIZE_NAMES)}, got {quote(model_size)}",
+                               "model_size")
+        return cls(ref_code=None, ref_spk_embedding=vector, x_vector_only_mode=True, icl_mode=False,
+                   model_size=model_size)
+
+    @classmethod
+    def blend(cls, voices: Mapping[Voice | str | Path, float] | Iterable[tuple[Voice | str | Path, float]]) -> Voice:
+        """A new x-vector voice, the weighted mean of x-vector voices' speaker embeddings ({voice: weight}; a voice
+        is a Voice or a voice file's path; weights > 0, normalised to sum 1; voice_blend.py says how the mix is
+        formed). RequestError (param "voices"): no voices, a bad weight, an in-context voice (its recording's
+        codes and transcript cannot be mixed), voices of different model sizes."""
+        named = []
+        for i, (voice, weight) in enumerate(voices.items() if isinstance(voices, Mapping) else voices):
+            if isinstance(voice, (str, Path)):
+                named.append((quote(str(voice)), cls.load(voice), weight))
+            elif isinstance(voice, Voice):
+                named.append((f"voice {i}", voice, weight))
+            else:
+                raise RequestTypeError(f"voices: expected a Voice or a voice file's path, got {type(voice).__name__}",
+                                       "voices")
+        return cls.from_embedding(*mixed_embedding(named, "voices"))
 
     def save(self, path: str | Path) -> None:
         """Writes the voice to `path` (a safetensors file); OSError naming `path` if it cannot be written."""

@@ -17,6 +17,7 @@ class ServerConfig:
     port: int = 8000
     device: str | None = None  # one device per process: cuda, cuda:1, cpu
     dtype: str | None = None  # default: bfloat16 on a GPU, float32 on the CPU
+    lora: str | None = None  # a PEFT LoRA adapter (folder or hub id), merged into the weights at load
     max_running: int = 64  # concurrent streams (rows of the engine's batch)
     max_waiting: int = 256  # queued requests before new ones get 429
     max_context: int | None = None  # talker positions per request (prompt + frames); None: the model's limit

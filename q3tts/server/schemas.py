@@ -13,13 +13,15 @@ service.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..errors import quote
+from ..errors import RequestError, quote
+from ..request.embedding import decode_base64
 from . import errors
 from .body import json_type
 from .time_stretch import MAX_SPEED, MIN_SPEED
@@ -70,6 +72,18 @@ def check_voice(value: object) -> object:
         raise PydanticCustomError("invalid_value", f'"id" must be a string, not {json_type(value["id"])}')
     if not value["id"]:
         raise PydanticCustomError("invalid_value", '"id" is empty')
+    return value
+
+
+def check_embedding(value: object) -> object:
+    """`speaker_embedding` as numbers: base64 decoded, NaN and infinities (which Python's JSON reads) refused."""
+    if isinstance(value, str):
+        try:
+            return decode_base64(value)
+        except RequestError as e:
+            raise PydanticCustomError("invalid_value", e.message.removeprefix("speaker_embedding: ")) from None
+    if isinstance(value, list) and any(isinstance(x, float) and not math.isfinite(x) for x in value):
+        raise PydanticCustomError("invalid_value", "holds NaN or infinite values")
     return value
 
 
@@ -193,7 +207,9 @@ class SpeechSettings(PeerFields):
     ref_audio: str | None = None  # Base: http(s) URL, data URL or base64 audio (instead of a stored voice)
     ref_text: str | None = None
     references: list[Reference] | None = Field(None, min_length=1, max_length=1)  # ref_audio + ref_text, as a list
-    speaker_embedding: list[float] | None = Field(None, min_length=1, max_length=8192)  # Base: x-vector only
+    # Base: x-vector only; a list of floats or base64 of little-endian float32 (vLLM-Omni)
+    speaker_embedding: Annotated[list[float] | None, BeforeValidator(check_embedding)] = Field(
+        None, min_length=1, max_length=8192)
     x_vector_only_mode: bool = False
     voice_aliases: dict[str, str | KokoroAlias] | None = Field(None, max_length=64)  # Kokoro: this request's own
     non_streaming_mode: bool | None = None

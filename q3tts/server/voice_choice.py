@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..errors import RequestError, quote
 from ..request.audio import AudioError
+from ..request.embedding import embedding_tensor
 from ..request.fetch import FetchError, FetchPolicy, fetch
 from ..request.voice import Voice
+from ..request.voice_blend import is_mix, mixed_embedding, parse_mix
 from . import errors
 from .config import ServerConfig
 from .languages import kokoro_language, model_language
@@ -169,15 +169,19 @@ class VoiceResolver:
             return await self._default_voice()
         return await self._stored_or_alias(name)
 
-    async def _stored_or_alias(self, name: str) -> Voice:
+    async def _stored_or_alias(self, name: str, mixes: bool = True) -> Voice:
         """A stored voice by id or name; else the stored voice an alias names; else, for one of OpenAI's names,
-        the default voice."""
+        the default voice. `mixes`: a mix ("a(2)+b(1)"), or an alias of one, is their blend (not within a mix)."""
         if (found := await self._stored(name)) is not None:
             return found
+        if is_mix(name) and mixes:
+            return await self.mixed(name, "voice")
         target = self.aliases.target(name)
         if target is not None and target != name:
             if (found := await self._stored(target)) is not None:
                 return found
+            if is_mix(target) and mixes:  # (an alias of a blend: --voice-alias narrator="amy(2)+bob(1)")
+                return await self.mixed(target, "voice")
             raise errors.not_found(f"voice {quote(name)} is an alias of the stored voice {quote(target)}, which does "
                                    "not exist", param="voice", code="voice_not_found")
         if target is not None:  # one of OpenAI's names, with no stored voice of that name
@@ -189,6 +193,16 @@ class VoiceResolver:
                 f"--voice-alias {name}=NAME), or give the server a default voice (--default-voice)", param="voice",
                 code="voice_not_configured")
         raise errors.not_found(f"voice {quote(name)} not found", param="voice", code="voice_not_found")
+
+    async def mixed(self, text: str, param: str) -> Voice:
+        """Kokoro's mix of stored voices, "a(2)+b(1)" (each a stored voice or an alias of one): their blend
+        (voice_blend.py)."""
+        try:
+            terms = parse_mix(text, param)
+            named = [(quote(name), await self._stored_or_alias(name, mixes=False), weight) for name, weight in terms]
+            return self.tts.builder.voice(Voice.from_embedding(*mixed_embedding(named, param)))
+        except RequestError as e:
+            raise errors.bad_request(e.message.removeprefix(f"{param}: "), param=param) from e
 
     async def _default_voice(self) -> Voice:
         if self.default_voice is not None:
@@ -216,10 +230,9 @@ class VoiceResolver:
         if len(embedding) != size:
             raise errors.bad_request(f"speaker_embedding has {len(embedding)} values; this checkpoint's speaker "
                                      f"embeddings have {size}", param="speaker_embedding")
-        voice = Voice(ref_code=None, ref_spk_embedding=torch.tensor(embedding, dtype=torch.float32),
-                      x_vector_only_mode=True, icl_mode=False, model_size=self.tts.config.tts_model_size)
         try:
-            return self.tts.builder.voice(voice)
+            return self.tts.builder.voice(Voice.from_embedding(embedding_tensor(embedding, "speaker_embedding"),
+                                                               self.tts.config.tts_model_size))
         except RequestError as e:
             raise errors.bad_request(e.message.replace("the voice's ref_spk_embedding", "speaker_embedding"),
                                      param="speaker_embedding") from e

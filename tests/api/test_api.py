@@ -248,11 +248,13 @@ def test_custom_voice_input_errors(custom, no_compute, kwargs, error, match):
 
 
 def test_mode_not_supported_by_checkpoint(custom, design, base, no_compute):
-    with pytest.raises(ValueError, match="generate_voice_design needs a voice_design checkpoint"):
+    with pytest.raises(ValueError, match=r"generate_voice_design needs a VoiceDesign checkpoint \(e.g. Qwen/Qwen3-"
+                                         r"TTS-12Hz-1.7B-VoiceDesign\); this one is 1.7B-CustomVoice: use "
+                                         r"generate_custom_voice"):
         custom.generate_voice_design("Hello.", "A calm voice.")
-    with pytest.raises(ValueError, match="generate_voice_clone needs a base checkpoint"):
+    with pytest.raises(ValueError, match="generate_voice_clone needs a Base checkpoint.*use generate_voice_design"):
         design.generate_voice_clone("Hello.", ref_audio="x.wav", ref_text="x")
-    with pytest.raises(ValueError, match="generate_custom_voice needs a custom_voice checkpoint"):
+    with pytest.raises(ValueError, match="generate_custom_voice needs a CustomVoice checkpoint.*generate_voice_clone"):
         base.generate_custom_voice("Hello.", "ryan")
     with pytest.raises(ValueError, match="cannot clone voices"):
         custom.synthesize("Hello.", speaker="ryan", voice=Voice(None, torch.zeros(96), True, False))

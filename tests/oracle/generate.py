@@ -1,6 +1,6 @@
 """Runs the official qwen-tts API on checkpoints and records what q3tts must reproduce.
 
-usage: python generate.py CHECKPOINT CALLS.json OUT.pt
+usage: python generate.py CHECKPOINT CALLS.json OUT.pt [LORA]
        python generate.py MANIFEST.json      (a list of [CHECKPOINT, CALLS.json, OUT.pt]: one process for all,
                                               which saves the ~13 s of imports and start-up per checkpoint)
 
@@ -19,9 +19,13 @@ from calls import audio_arg  # this script's folder is on sys.path
 from qwen_tts import Qwen3TTSModel
 
 
-def main(ckpt, calls_path, out_path):
+def main(ckpt, calls_path, out_path, lora=None):
     torch.manual_seed(0)
     tts = Qwen3TTSModel.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="sdpa")
+    if lora is not None:  # a PEFT LoRA adapter, applied by peft (unmerged: its own forward)
+        from peft import PeftModel
+
+        tts.model = PeftModel.from_pretrained(tts.model, lora).base_model.model
     model, talker = tts.model, tts.model.talker
     rec = {}
 
@@ -85,4 +89,4 @@ if __name__ == "__main__":
             for ckpt, calls_path, out_path in json.load(f):
                 main(ckpt, calls_path, out_path)
     else:
-        main(*sys.argv[1:4])
+        main(*sys.argv[1:5])

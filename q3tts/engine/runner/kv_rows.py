@@ -114,3 +114,32 @@ class KVRows:
         self.cache.k[:, blocks] = to_device(swapped.k, self.device)
         self.cache.v[:, blocks] = to_device(swapped.v, self.device)
         set_row(self.state.tensors(), row, swapped.state)
+
+    def park(self, row: int) -> tuple[list[torch.Tensor], list[int]]:
+        """Takes a live row off the batch (engine/live.py): returns its state (cloned, on the device) and its KV
+        blocks, which it keeps; the row becomes padding."""
+        state = [t[row].clone() for t in self.state.tensors()]
+        blocks = self.kv.detach(row)
+        self._make_padding([row])
+        return state, blocks
+
+    def unpark(self, row: int, state: list[torch.Tensor], blocks: list[int]) -> None:
+        """Puts a parked row back into the empty `row`, unchanged."""
+        self.kv.attach(row, blocks)
+        if blocks:
+            self.cache.block_table[row, :len(blocks)] = to_device(blocks, self.device, torch.int32)
+        set_row(self.state.tensors(), row, state)
+
+    def swap_out_parked(self, state: list[torch.Tensor], blocks: list[int]) -> SwappedRow:
+        """A parked row preempted: its KV blocks' contents to host memory (as `swap_out`), the blocks freed."""
+        where = to_device(blocks, self.device)
+        host = (lambda t: t.to("cpu", non_blocking=True)) if self.device.type == "cuda" else (lambda t: t)
+        swapped = SwappedRow(state=state, k=host(self.cache.k[:, where]), v=host(self.cache.v[:, where]))
+        self.kv.release_blocks(blocks)
+        return swapped
+
+    def set_trailing(self, row: int, start: int, ids: list[int]) -> None:
+        """Writes a live row's trailing text ids `start..` (arrived since) and its trailing length."""
+        s = self.state
+        s.trailing_ids[row, start:start + len(ids)] = to_device(ids, self.device, torch.int32)
+        s.trailing_len[row] = start + len(ids)

@@ -48,7 +48,8 @@ from ..config import ServerConfig
 from ..guard import RequestGuard
 from ..metrics import CONTENT_TYPE, ServerMetrics
 from ..middleware import RequestContextMiddleware, drop_connection, request_id_of
-from ..routes import playground, speech
+from ..routes import dialogue, playground, speech
+from ..routes.nari import PROTOCOL as NARI_PROTOCOL
 from ..routes.websocket import send_error
 from ..schemas import SpeechRequest
 from ..speech import Speech
@@ -248,6 +249,7 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     app.include_router(playground.router)
     app.include_router(speech.router)
+    app.include_router(dialogue.router)
 
     @app.api_route("/v1/audio/voices", methods=["GET", "POST"])
     @app.api_route("/v1/audio/voices/{voice_id}", methods=["GET", "DELETE"])
@@ -297,6 +299,28 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
             metrics.count_error(e.code)
             await send_error(websocket, e)
 
+    @app.websocket("/v1/audio/speech/ws")
+    async def nari_speech(websocket: WebSocket) -> None:
+        """nari's nari.speech.v1 (server/routes/nari.py), relayed to an engine process as the session above: the
+        live text travels with it."""
+        if not await websocket_authorized(websocket):
+            return
+        if NARI_PROTOCOL not in websocket.scope.get("subprotocols", []):
+            await websocket.accept()
+            await websocket.close(code=1002, reason=f"required subprotocol: {NARI_PROTOCOL}")
+            return
+        await websocket.accept(subprotocol=NARI_PROTOCOL)
+        try:
+            backend = backends.pick()
+            backend.sessions += 1
+            try:
+                await _relay(backend, websocket, [NARI_PROTOCOL])
+            finally:
+                backend.sessions -= 1
+        except errors.APIError as e:
+            metrics.count_error(e.code)
+            await send_error(websocket, e)
+
     return app
 
 
@@ -328,8 +352,8 @@ async def _forward(backend: Backend, request: Request, body: bytes) -> Response:
     return relayed
 
 
-async def _relay(backend: Backend, websocket: WebSocket) -> None:
-    """A WebSocket session relayed to `backend`, both ways, until either side closes."""
+async def _relay(backend: Backend, websocket: WebSocket, subprotocols: list[str] | None = None) -> None:
+    """A WebSocket session relayed to `backend`, both ways, until either side closes (offering `subprotocols`)."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import WebSocketException
 
@@ -338,7 +362,7 @@ async def _relay(backend: Backend, websocket: WebSocket) -> None:
     if "authorization" in websocket.headers:
         headers["authorization"] = websocket.headers["authorization"]
     try:
-        async with connect(url, additional_headers=headers, max_size=None) as upstream:
+        async with connect(url, additional_headers=headers, max_size=None, subprotocols=subprotocols) as upstream:
             async def client_to_engine() -> None:
                 with contextlib.suppress(WebSocketDisconnect):
                     while (message := await websocket.receive())["type"] != "websocket.disconnect":
@@ -417,7 +441,7 @@ def engine_args(config: ServerConfig, log_level: str) -> list[str]:
             "--drain-timeout", config.drain_timeout_s + ENGINE_DRAIN_MARGIN_S, "--send-timeout", config.send_timeout_s,
             "--max-body-bytes", config.max_body_bytes, "--prefix-cache-gb", config.prefix_cache_gb,
             "--log-level", log_level]
-    for flag, value in (("--dtype", config.dtype), ("--max-context", config.max_context),
+    for flag, value in (("--dtype", config.dtype), ("--lora", config.lora), ("--max-context", config.max_context),
                         ("--kv-cache-gb", config.kv_cache_gb),
                         ("--gpu-memory-utilization", config.gpu_memory_utilization),
                         ("--served-model-name", config.served_model_name),

@@ -19,7 +19,9 @@ from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from starlette.datastructures import UploadFile as StarletteUploadFile
 
 from ...errors import quote
+from ...request.voice_blend import is_mix
 from .. import errors
+from ..body import parse_json
 from ..service import SpeechService
 from ..voice_store import VoiceStoreError
 
@@ -28,6 +30,7 @@ _NAME = re.compile(r"[\w.\- ]{1,64}")
 UPLOAD_FIELDS = ("file", "ref_text", "name", "x_vector_only_mode", "audio_sample", "consent", "type",
                  "speaker_description")
 FILE_FIELDS = ("file", "audio_sample")
+MAX_MIX_CHARS = 1000
 PROMPT_FIELDS = ("prompt", "model", "script_hint")  # OpenAI's voices made from a description
 
 
@@ -114,6 +117,38 @@ async def create_voice(request: Request, file: Annotated[UploadFile | None, File
     except ValueError as e:
         raise errors.APIError(409, str(e), param="name", code="voice_exists") from e
     return {**entry.to_json(), "object": "audio.voice", "type": "audio_sample"} if openai_shape else entry.to_json()
+
+
+@router.post("/v1/audio/voices/combine", status_code=201)
+async def combine_voices(request: Request, name: str | None = None) -> dict:
+    """Kokoro-FastAPI's voice combination: the JSON body is a mix of stored voices ("a(2)+b(1)") or a list of
+    their names (equal weights). The blend (voice_blend.py) is stored as a new voice named `name` (query), else
+    the mix as sent; answered with the stored voice and Kokoro's `voice` (its name) and `voices` (every name)."""
+    service: SpeechService = request.app.state.service
+    mix = _mix(parse_json((await request.body()).decode(errors="replace"), "the request body is "))
+    if service.resolver.kind != "base":
+        raise errors.bad_request(f"voice blends mix cloned voices, which needs a Base checkpoint; this one is "
+                                 f"{service.task_type}", param="voices")
+    if name is not None and not _NAME.fullmatch(name):
+        raise errors.bad_request("name: 1-64 letters, digits, spaces, '.', '_' or '-'", param="name")
+    voice = await service.resolver.mixed(mix, "voices")
+    try:
+        entry = await asyncio.to_thread(service.voices.add, voice, name or mix)
+    except ValueError as e:
+        raise errors.APIError(409, f"{e}: pass another ?name=", param="name", code="voice_exists") from e
+    names = [v.name for v in await asyncio.to_thread(service.voices.list)]
+    return {**entry.to_json(), "type": "blend", "voice": entry.name, "voices": names}
+
+
+def _mix(body: object) -> str:
+    """Kokoro's combine body, a mix "a(2)+b(1)" or a list of names, as one mix."""
+    if isinstance(body, list) and body and all(isinstance(n, str) and n.strip() and not is_mix(n) for n in body):
+        return "+".join(n.strip() for n in body)
+    if isinstance(body, str) and body.strip() and len(body) <= MAX_MIX_CHARS:
+        return body.strip()
+    raise errors.bad_request('the request body is the voices to combine: a JSON string such as "a(2)+b(1)" (at '
+                             f'most {MAX_MIX_CHARS} characters), or a list of stored voices\' names such as ["a", '
+                             '"b"]', param="voices")
 
 
 @router.get("/v1/audio/voices/{voice_id}")

@@ -1,0 +1,140 @@
+"""`POST /v1/audio/dialogue`: a script of turns spoken as one audio stream, in every format the speech endpoint
+streams (`response_format`, `stream_format` "audio" or "sse").
+
+The body is the speech request's settings (voice, language, sampling, format: the defaults of every turn) and
+`turns`, each `{"voice" (or "speaker"), "input" (or "text"), "instructions" (or "instruct"), "language",
+"pause"}`. Each turn is a speech request of its own, checked whole before it is submitted: a turn the schema
+refuses is refused before anything runs; one the engine refuses (an unknown voice, say) cancels the turns queued
+before it, before any audio is sent. Errors name the turn: `turns[2].voice`. All turns are queued at once, so they
+generate together (as rows of one batch, or on several engines behind a front) and are sent in script order, each
+followed by its pause's silence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import Field, ValidationError, model_validator
+
+from ...request.dialogue import MAX_PAUSE_S
+from .. import errors
+from ..audio_encoding import MEDIA_TYPES, make_encoder
+from ..body import openapi_body, read_json
+from ..front.link import Speech
+from ..middleware import request_id_of
+from ..schemas import SpeechRequest, SpeechSettings, Strict
+from .speech import CancellingStreamingResponse, audio_bytes, sse_events
+
+router = APIRouter()  # authentication: guard.py
+MAX_TURNS = 64
+TURN_ALIASES = {"speaker": "voice", "text": "input", "instruct": "instructions"}
+
+
+class DialogueTurn(Strict):
+    voice: str | None = None
+    input: str
+    instructions: str | None = None
+    language: str | None = None
+    pause: float = Field(0.0, ge=0, le=MAX_PAUSE_S, allow_inf_nan=False)  # seconds of silence after the turn
+
+    @model_validator(mode="before")
+    @classmethod
+    def _other_names(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for alias, name in TURN_ALIASES.items():
+            if alias in data:
+                if name in data:
+                    raise errors.bad_request(f"{alias} is another name for {name}: send one of them", param=alias)
+                data[name] = data.pop(alias)
+        return data
+
+
+class DialogueRequest(SpeechSettings):
+    model: str | None = None
+    turns: list[DialogueTurn] = Field(min_length=1, max_length=MAX_TURNS)
+    stream_format: Literal["audio", "sse"] = "audio"
+
+
+class DialogueStream:
+    """The turns' streams read in script order, with each turn's pause (the interface the speech route reads)."""
+
+    def __init__(self, streams: list[Any], pauses: list[int], request_id: str):
+        self.streams, self.pauses, self.request_id = streams, pauses, request_id
+
+    async def achunks(self) -> AsyncIterator[np.ndarray]:
+        for stream, pause in zip(self.streams, self.pauses):
+            async for pcm in stream.achunks():
+                yield pcm
+            if pause:
+                yield np.zeros(pause, dtype=np.float32)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.streams[-1].finish_reason
+
+    def cancel(self) -> None:
+        for stream in self.streams:
+            stream.cancel()
+
+
+@router.post("/v1/audio/dialogue", openapi_extra=openapi_body(DialogueRequest, "/v1/audio/dialogue"))
+async def create_dialogue(request: Request) -> StreamingResponse:
+    body = read_json(DialogueRequest, request.headers.get("content-type"), await request.body())
+    turns = [_turn_request(body, i) for i in range(len(body.turns))]  # (every turn's fields, before any runs)
+    request_id, speak = request_id_of(request.scope), request.app.state.speak
+    speeches: list[Speech] = []
+    try:
+        for i, turn in enumerate(turns):
+            speeches.append(await _named(i, speak(turn, f"{request_id}.{i}")))
+    except BaseException:
+        for speech in speeches:
+            speech.stream.cancel()
+        raise
+    rate = speeches[0].sample_rate
+    pauses = [round(t.pause * rate) for t in body.turns]
+    stream = DialogueStream([s.stream for s in speeches], pauses, request_id)
+    state = request.app.state
+    out_rate = body.sample_rate or rate
+    encoder = make_encoder(body.response_format, rate, body.speed, out_rate, body.volume_multiplier)
+    headers = {"x-sample-rate": str(out_rate)}
+    if body.stream_format == "sse":
+        events = sse_events(stream, encoder, sum(s.input_tokens for s in speeches), state.metrics.count_error)
+        return CancellingStreamingResponse(events, stream.cancel, state.config.send_timeout_s,
+                                           media_type="text/event-stream", headers={"Cache-Control": "no-cache",
+                                                                                    **headers})
+    return CancellingStreamingResponse(audio_bytes(stream, encoder, state.metrics.count_error), stream.cancel,
+                                       state.config.send_timeout_s, media_type=MEDIA_TYPES[body.response_format],
+                                       headers=headers)
+
+
+def _turn_request(body: DialogueRequest, i: int) -> SpeechRequest:
+    """Turn `i` as a speech request: the body's settings, the turn's own fields over them."""
+    turn = body.turns[i]
+    settings = body.model_dump(exclude={"turns"}, exclude_unset=True)
+    own = {"voice": turn.voice, "instructions": turn.instructions, "language": turn.language}
+    data = {**settings, **{k: v for k, v in own.items() if v is not None}, "input": turn.input}
+    try:
+        return SpeechRequest.model_validate(data)
+    except ValidationError as e:
+        raise _renamed(i, errors.from_validation(e)) from None
+    except errors.APIError as e:
+        raise _renamed(i, e) from None
+
+
+async def _named(i: int, pending: Any) -> Any:
+    try:
+        return await pending
+    except errors.APIError as e:
+        raise _renamed(i, e) from None
+
+
+def _renamed(i: int, e: errors.APIError) -> errors.APIError:
+    """The error as turn i's: "turn 2: ...", param turns[2].<field>."""
+    e.message, e.param = f"turn {i}: {e.message}", f"turns[{i}].{e.param}" if e.param else f"turns[{i}]"
+    return e

@@ -1,0 +1,96 @@
+"""`POST /v1/audio/dialogue` on a real server (tiny CustomVoice model): turns in script order with their pauses,
+in every response format and as SSE; every refusal names the turn and field."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+import httpx  # noqa: E402
+
+from q3tts.server import ServerConfig  # noqa: E402
+from tests.server.harness import FRAME, SEED, ServerThread, decoded_samples, frames, load_tiny, pcm_samples  # noqa: E402
+
+MAX_NEW = 5
+TURNS = [{"voice": "ryan", "input": "Hello there.", "pause": 0.25},
+         {"speaker": "vivian", "text": "Hi! How are you?", "language": "english"},
+         {"voice": "ryan", "input": "Fine, thanks.", "instructions": "Cheerful.", "pause": 0.1}]
+SAMPLES = 3 * frames(MAX_NEW) * FRAME + 6000 + 2400
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tts = load_tiny("tiny", tmp_path_factory.mktemp("cache"))
+    config = ServerConfig(model="tiny", device="cpu", max_running=4, max_context=512, warmup=False)
+    with ServerThread(config, tts) as running:
+        yield running
+
+
+def _post(server, path: str = "/v1/audio/dialogue", **body) -> httpx.Response:
+    body = {"response_format": "pcm", "seed": SEED, "max_new_tokens": MAX_NEW, **body}
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def test_turns_in_order_with_their_pauses(server):
+    response = _post(server, turns=TURNS)
+    assert response.status_code == 200, response.text
+    audio = pcm_samples(response.content)
+    alone = [pcm_samples(_post(server, "/v1/audio/speech", voice=t.get("voice", t.get("speaker")),
+                               input=t.get("input", t.get("text")),
+                               **{k: t[k] for k in ("language", "instructions") if k in t}).content) for t in TURNS]
+    expected = np.concatenate([alone[0], np.zeros(6000, "<i2"), alone[1], alone[2], np.zeros(2400, "<i2")])
+    assert audio.shape == expected.shape == (SAMPLES,)
+    assert np.abs(audio.astype(int) - expected).max() <= 2  # (another batch: float rounding, a step of int16 at most)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "aac", "flac"])
+def test_every_format(server, fmt):
+    response = _post(server, turns=TURNS[:2], response_format=fmt)
+    assert response.status_code == 200, response.text
+    samples, rate = decoded_samples(response.content)
+    expected_s = (2 * frames(MAX_NEW) * FRAME + 6000) / 24000
+    assert abs(samples / rate - expected_s) < 0.1  # (codec padding; opus decodes at 48 kHz)
+
+
+def test_sse_and_a_default_voice_for_turns_that_name_none(server):
+    response = _post(server, turns=[{"input": "Hello."}, {"input": "Again.", "voice": "vivian"}], voice="ryan",
+                     stream_format="sse")
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events][-1] == "speech.audio.done" and len(events) >= 2
+
+
+@pytest.mark.parametrize("turns, status, param, says", [
+    ([TURNS[0], {"voice": "nobody", "input": "Hi."}], 404, "turns[1].voice", "turn 1: "),
+    ([TURNS[0], {"voice": "ryan", "input": ""}], 400, "turns[1].input", "turn 1: "),
+    ([TURNS[0], {"voice": "ryan", "input": "Hi.", "pause": 11}], 400, "turns.1.pause", ""),
+    ([{"voice": "ryan", "input": "Hi.", "speakr": "x"}], 400, "turns.0.speakr", ""),
+    ([{"voice": "ryan"}], 400, "turns.0.input", ""),
+    ([{"voice": "ryan", "speaker": "vivian", "input": "Hi."}], 400, "speaker", "another name for voice"),
+    ([TURNS[0], {"voice": "ryan", "input": "Hi.", "language": "klingon"}], 400, "turns[1].language", "turn 1: "),
+    ([], 400, "turns", ""),
+])
+def test_bad_turns_are_refused_naming_the_turn(server, turns, status, param, says):
+    response = _post(server, turns=turns)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and says in error["message"], error
+    server.wait_idle()  # (a turn queued before the bad one is cancelled)
+
+
+def test_a_front_serves_dialogues_as_one_process_does(tmp_path_factory):
+    """Behind `q3tts serve`'s front (a GPU's default) each turn goes to an engine process as a speech request."""
+    from q3tts.tiny import tiny_checkpoint
+    from tests.server.test_front import FrontThread
+
+    folder = tiny_checkpoint("tiny", tmp_path_factory.mktemp("cache"))
+    config = ServerConfig(model=str(folder), served_model_name="tiny", device="cpu", max_running=4, max_context=512,
+                          core_socket=str(tmp_path_factory.mktemp("core") / "engine.sock"), warmup=False)
+    with ServerThread(config) as engine, FrontThread(engine) as front:
+        direct, relayed = _post(engine, turns=TURNS), _post(front, turns=TURNS)
+        assert relayed.status_code == direct.status_code == 200 and relayed.content == direct.content
+        error = _post(front, turns=[TURNS[0], {"voice": "nobody", "input": "Hi."}]).json()["error"]
+        assert error["param"] == "turns[1].voice" and error["message"].startswith("turn 1: ")
