@@ -1,9 +1,8 @@
 """The model runner's rows and their KV blocks (`KVRows`, a part of `ModelRunner`): the talker's paged KV cache,
 a row's blocks grown as it runs (`grow`), rows freed, moved to keep the running rows 0..B-1 (`remove_rows`), and
 swapped out to host memory and back into any free row unchanged (`swap_out`, `swap_in`: how the engine preempts a
-row when the cache is full), and live rows parked off the batch while they wait for text (`park`, `unpark`). The
-blocks' bookkeeping is the host's (`q3tts.engine.kv_blocks.KVBlocks`); here its decisions meet the device's
-tensors."""
+row when the cache is full). The blocks' bookkeeping is the host's (`q3tts.engine.kv_blocks.KVBlocks`); here its
+decisions meet the device's tensors."""
 
 from __future__ import annotations
 
@@ -144,5 +143,3 @@ class KVRows:
         s = self.state
         s.trailing_ids[row, start:start + len(ids)] = to_device(ids, self.device, torch.int32)
         s.trailing_len[row] = start + len(ids)
-
-    # ---- the frame -------------------------------------------------------------------------------------------
