@@ -16,8 +16,8 @@ usage: python bench/faithfulness.py CKPT_DIR [CKPT_DIR ...] --out faithfulness.j
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -31,6 +31,14 @@ from q3tts.reference import generate_codes
 from q3tts.request.prompt import PromptSpec, build_prompt
 from q3tts.sampling import SamplingParams
 from q3tts.teacher_forcing import teacher_forced_logits
+
+
+def load_peer_harness(path: Path = Path(".peers/peer_bench.py")):
+    """The peer harness's module (it is not a package: loaded from its file)."""
+    spec = importlib.util.spec_from_file_location("peer_bench", path.resolve())
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def stats(errors: torch.Tensor) -> dict:
@@ -60,10 +68,8 @@ def spec_for(config: ModelConfig, embedding: torch.Tensor) -> PromptSpec:
 
 def official_logits(folder: Path, spec: PromptSpec, codes: torch.Tensor, embedding: torch.Tensor):
     """The official implementation in bf16 on the GPU, teacher-forced with the same history."""
-    sys.path.insert(0, str(Path(".peers").resolve()))
-    from peer_bench import patch_qwen_tts_rope_compat
-
-    patch_qwen_tts_rope_compat()
+    peer_bench = load_peer_harness()
+    peer_bench.patch_qwen_tts_rope_compat()
     from qwen_tts import Qwen3TTSModel as Official
 
     tts = Official.from_pretrained(str(folder), device_map="cuda:0", dtype=torch.bfloat16, attn_implementation="sdpa")

@@ -7,7 +7,7 @@ does not enter the comparison:
         PYTHONPATH=$tree python bench/frame_parts.py --label $tree --sizes 0.6B-Base --batches 1,64
     done; done
 
-`--tiles`: a bench/fused_linear.py --out table laid over the committed tile tables (the sweep's tiles in the
+`--tiles`: a bench/sweeps/fused_linear.py --out table laid over the committed tile tables (the sweep's tiles in the
 frame without a commit); `--fused-decode`: EngineConfig.fused_decode;
 `--set engine.runner.transformer.FUSED_MAX_ROWS=2`: a constant of a q3tts module, for the run. Random weights
 at the real configs with EOS off. GPU machine only.
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="0.6B-Base,1.7B-Base")
     parser.add_argument("--batches", default="1,2")
     parser.add_argument("--fused-decode", default=EngineConfig.fused_decode)
-    parser.add_argument("--tiles", type=Path, help="bench/fused_linear.py --out JSON laid over the tile tables")
+    parser.add_argument("--tiles", type=Path, help="bench/sweeps/fused_linear.py --out JSON laid over the tile tables")
     add_ab_options(parser)
     args = parser.parse_args()
     label = ab_label(args)

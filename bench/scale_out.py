@@ -26,11 +26,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from serve_load import http_rates  # (bench/, this script's folder: first on sys.path when it runs)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import http_rates  # noqa: E402
-
-from q3tts.benchmarks.common import write_results  # noqa: E402
+from q3tts.benchmarks.common import write_results
 
 
 @contextmanager

@@ -1,47 +1,17 @@
-"""Finding a checkpoint (local folder or hub id) and loading its safetensors with every tensor accounted for."""
+"""Loading a checkpoint folder's safetensors with every tensor accounted for (finding the folder, which may fetch
+it from the hub, is `q3tts.api.loading`'s)."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
-TINY_HINT = ("pass a local folder that holds a downloaded checkpoint (config.json, model.safetensors, "
-             "speech_tokenizer/), or check the pipeline without weights with a built-in random model: `tiny` "
-             "(CustomVoice), `tiny-base` (voice cloning) or `tiny-voice-design`, noise only and never ending on its "
-             "own, so limit max_new_tokens (e.g. `q3tts say Hi --model tiny --max-new-tokens 50`)")
-
 
 class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated, or does not match the model it should hold."""
-
-
-def resolve_model_dir(name_or_path: str | os.PathLike, revision: str | None = None,
-                      cache_dir: str | os.PathLike | None = None, local_files_only: bool = False,
-                      token: str | bool | None = None) -> Path:
-    """A local checkpoint folder, or a hub id (`Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice`) fetched into the
-    huggingface_hub cache. `HF_HUB_OFFLINE=1` or `local_files_only` consult only the cache; `token` is
-    huggingface_hub's."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return path
-    text = str(name_or_path)
-    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
-        raise CheckpointError(f"{text}: no such checkpoint folder; {TINY_HINT}")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    try:
-        return Path(snapshot_download(text, revision=revision, cache_dir=cache_dir, local_files_only=local_files_only,
-                                      token=token))
-    except LocalEntryNotFoundError as e:
-        where = "with local_files_only=True" if local_files_only else "and the hub cannot be reached"
-        raise CheckpointError(f"{text}: not in the local hub cache {where} ({e}); {TINY_HINT}") from e
-    except (HfHubHTTPError, OSError, ValueError) as e:
-        raise CheckpointError(f"{text}: could not fetch it from the hub ({e}); {TINY_HINT}") from e
 
 
 def load_tensors(path: Path, expected: dict[str, tuple[int, ...]], ignored: Iterable[str] = (),

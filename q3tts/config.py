@@ -8,9 +8,13 @@ defaults are filled in with those defaults (for the speaker encoder and the code
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from .errors import RequestError
 
 MODEL_TYPES = ("base", "custom_voice", "voice_design")
 MODEL_SIZES = ("0b6", "1b7")
@@ -250,14 +254,56 @@ class GenerationConfig:
         a later request's)."""
         if path is None or not Path(path).exists():
             return cls()
-        from .sampling import SamplingParams
-
         config = _from_dict(cls, read_json(path), str(path))
         try:
-            SamplingParams(**{f.name: getattr(config, f.name) for f in fields(cls)}, seed=0)
+            check_generation_values(config)
         except ValueError as e:
             raise ConfigError(f"{path}: {e}") from None
         return config
+
+
+FLOAT32_SMALLEST, FLOAT32_MAX = 2.0**-149, 3.4028234663852886e38  # the positive float32 range
+
+
+def check_generation_values(config: GenerationConfig) -> None:
+    """The range rule of every generation value, for a checkpoint's defaults and a request's arguments
+    (`SamplingParams`) alike: raises RequestError naming the field at fault."""
+    for prefix in ("", "subtalker_"):
+        for name in ("temperature", "top_k", "top_p"):
+            _check(config, prefix + name)
+    for name in ("repetition_penalty", "max_new_tokens", "do_sample", "subtalker_dosample"):
+        _check(config, name)
+
+
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(params: GenerationConfig, name: str) -> None:
+    """Raises RequestError naming `name` if its value is out of range."""
+    value, base = getattr(params, name), name.removeprefix("subtalker_")
+    if base in ("do_sample", "dosample"):
+        ok, rule = isinstance(value, bool) or (is_int(value) and value in (0, 1)), "must be True or False"
+    elif base == "top_k":
+        ok, rule = is_int(value) and value >= 0, "must be an integer >= 0 (0 disables it)"
+    elif base == "top_p":
+        ok, rule = _is_number(value) and 0.0 < value <= 1.0, "must be in (0, 1]"
+    elif base == "temperature" or base == "repetition_penalty":  # (divisors in float32: neither 0 nor inf there)
+        ok = _is_number(value) and FLOAT32_SMALLEST <= value <= FLOAT32_MAX
+        rule = "must be a finite number > 0" + (" that float32 holds (1.4e-45 to 3.4e38)" if not ok and
+                                                 _is_number(value) and value > 0 else "")
+    else:  # max_new_tokens
+        ok, rule = is_int(value) and value >= 1, "must be a positive integer"
+    if not ok:
+        switch = "subtalker_dosample" if name.startswith("subtalker_") else "do_sample"
+        hint = f" (use {switch}=False for greedy decoding)" if base == "temperature" else ""
+        raise RequestError(f"{name} {rule}, got {value!r}{hint}", param=name)
+
 
 
 @dataclass

@@ -57,3 +57,11 @@ def warn_caller(message: str) -> None:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, stacklevel=level)
+
+
+class AudioError(RequestError):
+    """Reference audio that cannot be used: unreadable, empty, silent, too long, non-finite, or of an unsupported
+    kind. A `RequestError` whose `param` is the reference audio's argument."""
+
+    def __init__(self, message: str, param: str | None = "ref_audio", code: str = "invalid_value"):
+        super().__init__(message, param, code)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from .engine.sequence import Prompt
+from .engine.prompt import Prompt
 from .models.talker import Talker
 from .sampling import (
     MIN_NEW_TOKENS,

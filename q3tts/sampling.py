@@ -12,20 +12,17 @@ whatever else is in the batch.
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 from dataclasses import dataclass
 
 import torch
 
-from .config import GenerationConfig
+from .config import GenerationConfig, check_generation_values, is_int
 from .errors import RequestError
 from .transfer import to_device
 
 _MASK32 = 0xFFFFFFFF
 MIN_NEW_TOKENS = 2  # EOS cannot be drawn in the first steps (the official generate's min_new_tokens)
-FLOAT32_SMALLEST, FLOAT32_MAX = 2.0**-149, 3.4028234663852886e38  # the positive float32 range
 TOP_K_ALL = 2**31 - 1  # a top-k that keeps every token: larger values (valid) are stored as this
 NUM_CONTROL_IDS = 1024  # the talker vocabulary's last ids: control tokens, never sampled except EOS
 
@@ -37,44 +34,11 @@ class SamplingParams(GenerationConfig):
     seed: int | None = None
 
     def __post_init__(self):
-        for prefix in ("", "subtalker_"):
-            for name in ("temperature", "top_k", "top_p"):
-                _check(self, prefix + name)
-        for name in ("repetition_penalty", "max_new_tokens", "do_sample", "subtalker_dosample"):
-            _check(self, name)
+        check_generation_values(self)
         if self.seed is None:
             self.seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
-        elif not _is_int(self.seed) or not 0 <= self.seed < 2**63:
+        elif not is_int(self.seed) or not 0 <= self.seed < 2**63:
             raise RequestError(f"seed must be a non-negative integer, got {self.seed!r}", param="seed")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check(params: SamplingParams, name: str) -> None:
-    """Raises RequestError naming `name` if its value is out of range."""
-    value, base = getattr(params, name), name.removeprefix("subtalker_")
-    if base in ("do_sample", "dosample"):
-        ok, rule = isinstance(value, bool) or (_is_int(value) and value in (0, 1)), "must be True or False"
-    elif base == "top_k":
-        ok, rule = _is_int(value) and value >= 0, "must be an integer >= 0 (0 disables it)"
-    elif base == "top_p":
-        ok, rule = _is_number(value) and 0.0 < value <= 1.0, "must be in (0, 1]"
-    elif base == "temperature" or base == "repetition_penalty":  # (divisors in float32: neither 0 nor inf there)
-        ok = _is_number(value) and FLOAT32_SMALLEST <= value <= FLOAT32_MAX
-        rule = "must be a finite number > 0" + (" that float32 holds (1.4e-45 to 3.4e38)" if not ok and
-                                                 _is_number(value) and value > 0 else "")
-    else:  # max_new_tokens
-        ok, rule = _is_int(value) and value >= 1, "must be a positive integer"
-    if not ok:
-        switch = "subtalker_dosample" if name.startswith("subtalker_") else "do_sample"
-        hint = f" (use {switch}=False for greedy decoding)" if base == "temperature" else ""
-        raise RequestError(f"{name} {rule}, got {value!r}{hint}", param=name)
 
 
 @dataclass

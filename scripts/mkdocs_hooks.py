@@ -16,7 +16,9 @@ PUBLISHED = ("bench/results", "deploy", "examples")
 def on_files(files: Files, config) -> Files:
     for folder in PUBLISHED:
         for path in sorted((REPO / folder).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
+            # (not Markdown: mkdocs would make a page of it outside the nav; bench/results/README.md is the
+            # repository's index of the files, for readers of the repository)
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".md":
                 files.append(File.generated(config, path.relative_to(REPO).as_posix(), abs_src_path=str(path)))
     return files
 

@@ -2,16 +2,31 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.time_guard import pytest_runtest_makereport  # noqa: F401  (the guard on one test's time: tests/SLOW.md)
+
 if not torch.cuda.is_available():
     # Triton kernels can then run in its interpreter (tests opt in per kernel); must precede importing triton.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist (scripts/test.sh runs `-n 2`) each worker's torch ops, and the processes it starts (the
+    servers, the oracle), use its share of the cores: two workers of two threads each on two cores would spend
+    their time waiting on each other. The oracle decodes at the same count as we do (OMP_NUM_THREADS below), so
+    the equivalence tests' bit-identical audio is still checked."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+_share_the_cores()
 REPO = Path(__file__).resolve().parent.parent
 ORACLE_DIR = Path(__file__).resolve().parent / "oracle"
 
@@ -31,7 +46,7 @@ class Oracle:
     def run(self, script: str, *args: str | os.PathLike, timeout: float = 900) -> str:
         cmd = [str(self.python), str(ORACLE_DIR / script), *map(str, args)]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(torch.get_num_threads()))}
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"oracle script {script} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -67,5 +82,3 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
 
-
-sys.path.insert(0, str(REPO))

@@ -33,7 +33,7 @@ $PY bench/tts_bench/nari_launch.py prewarm > "$OUT/prewarm.log" 2>&1 &
 PREWARM_PID=$!
 build_ckpt --hub-cache "$HUB_CACHE"
 [ -d "$HUB_CACHE/models--Qwen--Qwen3-TTS-12Hz-1.7B-CustomVoice" ] \
-  || $PY -c "import sys; sys.path.insert(0, 'bench/tts_bench'); from pathlib import Path; import build_ckpt; \
+  || PYTHONPATH="bench/tts_bench${PYTHONPATH:+:$PYTHONPATH}" $PY -c "from pathlib import Path; import build_ckpt; \
 print(build_ckpt.link_hub_cache(Path('$CKPT'), Path('$HUB_CACHE')))"
 log "nari-qwen3-tts-server --profile $NARI_PROFILE ${NARI_FLAGS:-}"
 $PY bench/tts_bench/nari_launch.py serve --model "$SERVED" --model-cache-dir "$HUB_CACHE" --local-files-only \

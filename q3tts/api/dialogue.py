@@ -7,7 +7,7 @@ pause; streamed, a turn's frames are handed out once the turns before it are out
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -17,10 +17,23 @@ from ..request.dialogue import Turn, check_turns, turn_error
 from .pieces import join
 
 if TYPE_CHECKING:
-    from .tts import TTS
+    from ..engine import RequestStream
+    from .render import Renderer
 
 
-def dialogue_requests(tts: TTS, turns: Any, defaults: dict[str, Any]) -> tuple[list[Turn], list[list[Request]]]:
+class DialogueHost(Protocol):
+    """What a dialogue needs of `TTS` (which it cannot import: `TTS.dialogue` calls it)."""
+
+    sample_rate: int
+    renderer: Renderer
+
+    def pieces(self, text: str, **kwargs: Any) -> list[Request]: ...
+
+    def synthesize_all(self, requests: list[Request]) -> list[np.ndarray]: ...
+
+
+def dialogue_requests(tts: DialogueHost, turns: Any,
+                      defaults: dict[str, Any]) -> tuple[list[Turn], list[list[Request]]]:
     """The checked turns and each one's requests (a long turn is spoken in pieces); RequestError naming the
     turn's index and field."""
     turns = check_turns(turns)
@@ -35,7 +48,7 @@ def dialogue_requests(tts: TTS, turns: Any, defaults: dict[str, Any]) -> tuple[l
     return turns, requests
 
 
-def render_dialogue(tts: TTS, turns: Any, defaults: dict[str, Any]) -> np.ndarray:
+def render_dialogue(tts: DialogueHost, turns: Any, defaults: dict[str, Any]) -> np.ndarray:
     turns, requests = dialogue_requests(tts, turns, defaults)
     wavs = iter(tts.synthesize_all([r for pieces in requests for r in pieces]))
     out = []
@@ -44,13 +57,14 @@ def render_dialogue(tts: TTS, turns: Any, defaults: dict[str, Any]) -> np.ndarra
     return np.concatenate(out)
 
 
-def stream_dialogue(tts: TTS, turns: Any, defaults: dict[str, Any]) -> Iterator[np.ndarray]:
+def stream_dialogue(tts: DialogueHost, turns: Any, defaults: dict[str, Any]) -> Iterator[np.ndarray]:
     turns, requests = dialogue_requests(tts, turns, defaults)  # (checked now, not at the first next())
-    streams = tts.submit_all([r for pieces in requests for r in pieces])
+    streams = tts.renderer.submit_all([r for pieces in requests for r in pieces])
     return _frames_in_order(tts, turns, [len(p) for p in requests], streams)
 
 
-def _frames_in_order(tts: TTS, turns: list[Turn], counts: list[int], streams: list) -> Iterator[np.ndarray]:
+def _frames_in_order(tts: DialogueHost, turns: list[Turn], counts: list[int],
+                     streams: list[RequestStream]) -> Iterator[np.ndarray]:
     try:
         at = 0
         for turn, count in zip(turns, counts):
@@ -64,5 +78,5 @@ def _frames_in_order(tts: TTS, turns: list[Turn], counts: list[int], streams: li
             stream.cancel()
 
 
-def _silence(tts: TTS, seconds: float) -> np.ndarray:
+def _silence(tts: DialogueHost, seconds: float) -> np.ndarray:
     return np.zeros(round(seconds * tts.sample_rate), dtype=np.float32)

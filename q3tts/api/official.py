@@ -16,35 +16,48 @@ sample of the reference's audio).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from os import PathLike
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from ..config import ModelConfig
+from ..engine.config import ContextLimit
 from ..errors import RequestError, RequestTypeError, warn_caller
-from ..request.builder import Request
+from ..models.qwen3_tts import Qwen3TTSModel
+from ..models.speech_tokenizer import SpeechTokenizer
+from ..request.builder import Request, RequestBuilder
 from ..request.voice import Voice, clone_voices
-
-if TYPE_CHECKING:
-    from .tts import TTS
+from .render import Renderer
 
 
 class OfficialAPI:
-    """The official methods; mixed into `TTS`."""
+    """The official methods; mixed into `TTS`, which provides what they use."""
 
-    def get_supported_speakers(self: TTS) -> list[str]:
+    config: ModelConfig
+    model: Qwen3TTSModel
+    speech_tokenizer: SpeechTokenizer
+    sample_rate: int
+    builder: RequestBuilder
+    renderer: Renderer
+    context_limit: Callable[[], ContextLimit]
+
+    def get_supported_speakers(self) -> list[str]:
+        """The checkpoint's preset speakers (CustomVoice, and fine-tunes), sorted, lower case as the config has
+        them (speaker arguments match case-blind); empty when it has none."""
         return self.config.supported_speakers
 
-    def get_supported_languages(self: TTS) -> list[str]:
+    def get_supported_languages(self) -> list[str]:
+        """The languages the checkpoint was trained on, in lower case ("auto" lets the model choose)."""
         return self.config.supported_languages
 
-    def generate_custom_voice(self: TTS, text: str | list[str], speaker: str | list[str | None] | None,
+    def generate_custom_voice(self, text: str | list[str], speaker: str | list[str | None] | None,
                               language: str | list[str] | None = None, instruct: str | list[str] | None = None,
                               non_streaming_mode: bool = True, **kwargs: Any) -> tuple[list[np.ndarray], int]:
         """Preset speaker (CustomVoice checkpoints), with an optional instruction on 1.7B. A speaker of None or ""
         leaves the speaker out of the prompt, as the official method does."""
-        self.require("custom_voice", "generate_custom_voice")
+        self.builder.require("custom_voice", "generate_custom_voice")
         if not self.config.supports_instruct and instruct is not None:  # (as the official: before any check)
             if not (isinstance(instruct, (str, list)) and not instruct):  # (an empty one says nothing)
                 warn_caller("this 0.6B CustomVoice checkpoint ignores `instruct` (the official API drops it too)")
@@ -53,37 +66,37 @@ class OfficialAPI:
         items = zip(texts, _broadcast(speaker, len(texts), "speaker"), _languages(language, len(texts)),
                     _broadcast(instruct, len(texts), "instruct"), _broadcast(kwargs.pop("seed", None), len(texts),
                                                                              "seed"))
-        sampling = _sampling(self, kwargs)
+        sampling = _sampling(self.config, kwargs)
         requests = [self.builder.build(t, speaker=spk, language=lang, instruct=ins, seed=seed, official=True,
                                         non_streaming_mode=_feeding(non_streaming_mode), sampling=sampling)
                     for t, spk, lang, ins, seed in items]
-        return self._render(requests, official_cut=True), self.sample_rate
+        return self._render(requests)
 
-    def generate_voice_design(self: TTS, text: str | list[str], instruct: str | list[str],
+    def generate_voice_design(self, text: str | list[str], instruct: str | list[str],
                               language: str | list[str] | None = None, non_streaming_mode: bool = True,
                               **kwargs: Any) -> tuple[list[np.ndarray], int]:
         """A voice described in words (VoiceDesign checkpoints)."""
-        self.require("voice_design", "generate_voice_design")
+        self.builder.require("voice_design", "generate_voice_design")
         texts = _as_list(text, "text")
         items = zip(texts, _broadcast(instruct, len(texts), "instruct"), _languages(language, len(texts)),
                     _broadcast(kwargs.pop("seed", None), len(texts), "seed"))
-        sampling = _sampling(self, kwargs)
+        sampling = _sampling(self.config, kwargs)
         requests = [self.builder.build(t, instruct=ins, language=lang, seed=seed, official=True,
                                         non_streaming_mode=_feeding(non_streaming_mode), sampling=sampling)
                     for t, ins, lang, seed in items]
-        return self._render(requests, official_cut=True), self.sample_rate
+        return self._render(requests)
 
-    def generate_voice_clone(self: TTS, text: str | list[str], language: str | list[str] | None = None,
+    def generate_voice_clone(self, text: str | list[str], language: str | list[str] | None = None,
                              ref_audio: Any = None, ref_text: str | list[str | None] | None = None,
                              x_vector_only_mode: bool | list[bool] = False,
                              voice_clone_prompt: Voice | list[Voice] | dict | None = None,
                              non_streaming_mode: bool = False, **kwargs: Any) -> tuple[list[np.ndarray], int]:
         """Voice cloning (Base checkpoints) from reference audio or from prepared voices."""
-        self.require("base", "generate_voice_clone")
+        self.builder.require("base", "generate_voice_clone")
         texts = _as_list(text, "text")
         languages = _languages(language, len(texts))
         seeds = _broadcast(kwargs.pop("seed", None), len(texts), "seed")
-        kwargs = _sampling(self, kwargs)
+        kwargs = _sampling(self.config, kwargs)
         self.builder.params(kwargs)  # bad sampling arguments are refused before the voices are made
         if voice_clone_prompt is None:
             if ref_audio is None:
@@ -96,12 +109,18 @@ class OfficialAPI:
             self.builder.build(t, voice=v, language=lang, seed=seed, non_streaming_mode=_feeding(non_streaming_mode),
                                 sampling=kwargs, official=True)
             for t, lang, v, seed in zip(texts, languages, voices, seeds)]
-        return self._render(requests, official_cut=True), self.sample_rate
+        return self._render(requests)
 
-    def create_voice_clone_prompt(self: TTS, ref_audio: Any, ref_text: str | list[str | None] | None = None,
+    def _render(self, requests: list[Request]) -> tuple[list[np.ndarray], int]:
+        """The requests fitted to the engine's context, their audio cut as the official cuts it, and the rate."""
+        limit = self.context_limit()
+        fitted = [self.builder.fit(request, limit) for request in requests]
+        return self.renderer.render(fitted, official_cut=True), self.sample_rate
+
+    def create_voice_clone_prompt(self, ref_audio: Any, ref_text: str | list[str | None] | None = None,
                                   x_vector_only_mode: bool | list[bool] = False) -> list[Voice]:
         """Reference audio (path, URL, bytes, base64, or (array, sample_rate)) -> voices, as the official API."""
-        self.require("base", "create_voice_clone_prompt")
+        self.builder.require("base", "create_voice_clone_prompt")
         audios = ref_audio if isinstance(ref_audio, list) else [ref_audio]
         return clone_voices(self.speech_tokenizer, self.model.speaker_encoder, self.config, audios,
                             _broadcast(ref_text, len(audios), "ref_text", "reference audios", stretch=False),
@@ -141,12 +160,12 @@ def _languages(language: Any, n: int) -> list:
     return _broadcast(language, n, "language")
 
 
-def _sampling(tts: TTS, kwargs: dict) -> dict:
+def _sampling(config: ModelConfig, kwargs: dict) -> dict:
     """The generation arguments without `eos_token_id`, which the official generate() takes: the codec's own end
     token (or None) is what the engine stops at; any other is refused."""
     kwargs = dict(kwargs)
     eos = kwargs.pop("eos_token_id", None)
-    own = tts.config.talker_config.codec_eos_token_id
+    own = config.talker_config.codec_eos_token_id
     if eos is not None and eos != own:
         raise RequestError(f"eos_token_id {eos!r} is not supported: generation stops at the codec's end token "
                            f"({own})", "eos_token_id")

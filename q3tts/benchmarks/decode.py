@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..engine import EngineConfig
-from ..engine.runner.model_runner import ModelRunner, _frame_sum
+from ..engine.runner.model_runner import ModelRunner, frame_sum
 from ..engine.runner.readback import Readback
 from ..kernels.sampler import sample_tokens
 from ..sampling import SamplingParams
@@ -88,10 +88,10 @@ def breakdown(runner: ModelRunner, prompt, batch: int, replays: int = 50) -> dic
     for row in rows:
         runner.grow(row, prompt.num_positions + 257)
     B = runner.bucket(batch)
-    embeds, counters = runner._frame_inputs(B)
-    c0 = runner._sample_codebook0(B, counters, embeds[0])
-    codes = runner._predict_residual_codes(B, c0, counters, embeds)
-    frame = _frame_sum(embeds)
+    embeds, counters = runner.frame_inputs(B)
+    c0 = runner.sample_codebook0(B, counters, embeds[0])
+    codes = runner.predict_residual_codes(B, c0, counters, embeds)
+    frame = frame_sum(embeds)
     vocab = runner.model.talker.config.vocab_size
     logits_c0 = torch.randn(B, vocab, device=runner.device)
     logits_cp = torch.randn(B, runner.model.talker.code_predictor.config.vocab_size, device=runner.device)
@@ -104,10 +104,10 @@ def breakdown(runner: ModelRunner, prompt, batch: int, replays: int = 50) -> dic
                       gather=[(runner.model.talker.model.codec_embedding.weight, scratch[0])])
         for g in range(15):
             sample_tokens(logits_cp, s.cp_sampler.prefix(B), s.seeds[:B], counters, offset=g + 1,
-                          gather=runner._cp_gather(g, scratch)[0])
+                          gather=runner.cp_gather(g, scratch)[0])
 
-    parts = {"frame": lambda: runner._frame(B), "talker": lambda: runner._talker_step(B, c0, codes, frame),
-             "code_predictor": lambda: runner._predict_residual_codes(B, c0, counters, embeds),
+    parts = {"frame": lambda: runner.frame(B), "talker": lambda: runner.talker_step(B, c0, codes, frame),
+             "code_predictor": lambda: runner.predict_residual_codes(B, c0, counters, embeds),
              "sampling": sampling_only}
     times = {name: graph_ms(fn, replays) for name, fn in parts.items()}
     runner.release_rows(rows)

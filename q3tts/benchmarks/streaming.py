@@ -75,8 +75,8 @@ def _streaming_row(engine, model, name: str, batch: int, reps: int) -> dict:
     phases = [{} for _ in range(reps)]
     for ph in phases:
         first_audio_ms(engine, model, batch, ph)
-    lm_ms = graph_ms(lambda: engine.runner._frame(engine.runner.bucket(batch)), 30)
-    codec_ms = graph_ms(lambda: engine.codec._decode(engine.runner.bucket(batch)), 30)
+    lm_ms = graph_ms(lambda: engine.runner.frame(engine.runner.bucket(batch)), 30)
+    codec_ms = graph_ms(lambda: engine.codec.decode(engine.runner.bucket(batch)), 30)
     sequential = loop_ms(engine, model, batch, False)
     overlapped = loop_ms(engine, model, batch, True)
     return {"engine": "q3tts", "benchmark": "streaming", "model": name, "batch": batch,

@@ -37,7 +37,7 @@ FLAG_NAMES |= {"do_sample=False": "--greedy", "do_sample": "--greedy", "subtalke
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "run"):
         parser.print_help()
@@ -80,7 +80,8 @@ def _help(parser: argparse.ArgumentParser):
     return run
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The `q3tts` command's argument parser (every subcommand and flag; the docs' tests check commands with it)."""
     parser = argparse.ArgumentParser(prog="q3tts", description="Fast, faithful Qwen3-TTS inference.")
     sub = parser.add_subparsers(title="commands")
 
@@ -298,7 +299,7 @@ def _load(args, **engine):
 def _check_model(args, devices: list[str | None] | None = None):
     """What can be checked before the model loads: --device (or each of `devices`), --dtype, and --model (its
     folder, config.json and whole safetensors files). Returns the checkpoint's ModelConfig."""
-    from ..api.tts import check_checkpoint, resolve_device, resolve_dtype
+    from ..api.loading import check_checkpoint, resolve_device, resolve_dtype
 
     for device in devices or [args.device]:
         resolve_dtype(args.dtype, resolve_device(device))
@@ -463,7 +464,7 @@ def _check_voice_flags(args, config, speaker: str | None, voice) -> None:
     from ..config import GenerationConfig
     from ..request.builder import RequestBuilder
 
-    builder = RequestBuilder(config, None, GenerationConfig(), lambda: (0, None))
+    builder = RequestBuilder(config, None, GenerationConfig())
     builder.check_mode(speaker, voice is not None or bool(args.ref_audio), args.instruct)
     builder.language(args.language)
     if speaker is not None:
@@ -640,7 +641,7 @@ def _serve_devices(args) -> list[str]:
                              "or --data-parallel")
         return []
     if args.devices is None and args.data_parallel is None:
-        from ..api.tts import resolve_device
+        from ..api.loading import resolve_device
 
         on_gpu = args.core_socket is None and resolve_device(args.device).type == "cuda"
         return [args.device or "cuda"] if on_gpu else []

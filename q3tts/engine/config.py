@@ -14,6 +14,7 @@ rows x max_context. On the CPU the same settings apply to host memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # Every 32 rows above 64: a batch runs the next bucket up, and at 100-256 rows a frame's cost grows with its rows.
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -21,6 +22,14 @@ DEFAULT_KV_CACHE_GB = 2.0  # 1.7B or 0.6B at bf16: ~18,700 positions (~64 reques
 # Small models' default cache stops at max(this many positions per row, one full context): megabytes, not 2 GB.
 DEFAULT_POSITIONS_PER_ROW = 1024
 FUSED_DECODE = ("off", "attention", "all")
+
+
+class ContextLimit(NamedTuple):
+    """The talker positions one request may hold (prompt + frames), and the setting that bounds them (None: the
+    model's own limit). The engine states it (`Engine.context_limit`); the request builder's length rule reads it."""
+
+    positions: int
+    setting: str | None
 
 
 @dataclass

@@ -12,6 +12,8 @@ background thread runs the frame loop; at every frame boundary it:
      the frame).
 Each request's codes depend only on its own prompt, parameters and seed, never on what else is in the batch (its
 audio too, up to float rounding: the codec decodes the batch's rows together, ~1e-6).
+A live request (engine/live.py) gets its text at the boundaries too: a row whose next text token has not arrived
+leaves the batch (parked) until it does, holding its KV blocks.
 """
 
 from __future__ import annotations
@@ -37,15 +39,17 @@ from ..errors import RequestError
 from ..models.codec_decoder import CodecDecoder
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import SamplingParams
-from .config import EngineConfig
+from .config import ContextLimit, EngineConfig
 from .kv_blocks import OutOfBlocks
+from .live import TEXT_TIMEOUT, LiveFeed, LiveTextTimeout, ParkedRow
+from .prompt import Prompt
 from .rows import RowTable, SlotTable, remove_rows
 from .runner.codec import CodecRunner
 from .runner.graphs import side_stream
 from .runner.model_runner import ModelRunner, SwappedRow
 from .runner.readback import FrameOut, Readback
 from .scheduler import QueueFull, Scheduler
-from .sequence import Prompt, Sequence
+from .sequence import Sequence
 from .stream import END, Channel, Delivery, Dispatcher, Frames, RequestStream
 
 log = logging.getLogger("q3tts.engine")
@@ -77,7 +81,7 @@ class EngineMetrics:
 
 @dataclass
 class _Payload:
-    prompt: Prompt
+    prompt: Prompt | None  # (a live request's: None until its first text arrived)
     params: SamplingParams
     ref_codes: torch.Tensor | None
     channel: Channel
@@ -86,6 +90,10 @@ class _Payload:
     stop_on_repeats: int | None = None  # ... and how many identical frames in a row end the request
     slot: int | None = None  # its slot in the engine's SlotTable, from its admission to its end
     swapped: tuple[SwappedRow, list[torch.Tensor]] | None = None  # while preempted
+    live: LiveFeed | None = None  # a live request's text (engine/live.py)
+    written: int = 0  # live: trailing ids on the device so far (TTS_EOS included once written)
+    text_done: bool = False  # live: all of it is on the device
+    parked: ParkedRow | None = None  # live: while waiting for text off the batch
 
 
 class Engine:
@@ -120,6 +128,9 @@ class Engine:
         self._frame_seconds = 0.0  # the time between two launches with no prefill between: how long a frame takes
         self._joined = False  # requests joined (prefilled or swapped in) since the last launch
         self._stopping = False
+        self._live: dict[str, Sequence] = {}  # live requests not ended, by id
+        self._parked: list[Sequence] = []  # live rows waiting for text, off the batch
+        self._fed = False  # a live request's text changed since the last boundary
         self._saved_switch_interval: float | None = None
         # The thread captures the CUDA graphs, then runs the frame loop (graphs.py says why there).
         self._built, self._build_error = threading.Event(), None
@@ -133,16 +144,16 @@ class Engine:
 
     # ---- limits -------------------------------------------------------------------------------------------
 
-    def context_limit(self) -> tuple[int, str | None]:
-        """The talker positions one request may hold (prompt + frames), and the setting that bounds it (None: the
-        model's own limit): max_context, what the KV cache holds for one request alone, the model's limit."""
+    def context_limit(self) -> ContextLimit:
+        """The talker positions one request may hold: the least of max_context, what the KV cache holds for one
+        request alone, and the model's limit."""
         cfg = self.config
         kv_setting = "gpu_memory_utilization" if cfg.gpu_memory_utilization and not cfg.kv_cache_gb \
             else "kv_cache_gb"
         limits = [(self.runner.model.talker.config.max_position_embeddings, None),
                   (self.runner.max_context, "max_context"),
                   (self.runner.kv.capacity_positions - cfg.block_size, kv_setting)]
-        return min(limits, key=lambda limit: limit[0])
+        return ContextLimit(*min(limits, key=lambda limit: limit[0]))
 
     # ---- public -------------------------------------------------------------------------------------------
 
@@ -170,16 +181,40 @@ class Engine:
 
     def submit(self, prompt: Prompt, params: SamplingParams, ref_codes: torch.Tensor | None = None,
                request_id: str | None = None, asyncio_loop: bool = False, stop_after: int | None = None,
-               stop_on_repeats: int | None = None, realtime: bool = True) -> RequestStream:
+               stop_on_repeats: int | None = None, realtime: bool = True, live: LiveFeed | None = None
+               ) -> RequestStream:
         """Queues a request and returns its stream. With `asyncio_loop=True` (call from a running event loop)
         the stream is read with `async for`, otherwise with `for` from any thread. `realtime=False`: its audio is
         read whole, not played as it comes (the scheduler keeps no lead for it). `stop_after` frames, or
         `stop_on_repeats` identical frames in a row, end it early (finish reason "runaway" / "repetition"). Raises
         QueueFull when the queue is at its limit, RequestError when the request cannot fit this engine,
-        EngineError when the engine has failed or was stopped."""
+        EngineError when the engine has failed or was stopped. `live`: the request's text arrives while it runs
+        (engine/live.py; `prompt` is None: the feed brings it); `stop_after` is then the feed's, at its end."""
         if not self.healthy:
             raise EngineError("the engine has failed (its error ended the requests it was running): TTS.close() lets "
                               "it go, and the next request builds a new one")
+        if live is None:
+            self.check_prompt(prompt, params)
+        request_id = request_id or f"req-{next(_ids)}"
+        channel = Channel(request_id, asyncio.get_running_loop() if asyncio_loop else None)
+        payload = _Payload(None, params, ref_codes, channel, 0, stop_after, stop_on_repeats, live=live)
+        seq = Sequence(request_id, 0, time.perf_counter(), payload=payload, realtime=realtime, ready=False)
+        if live is None:
+            self._ready(seq, prompt)
+        self.start()
+        with self._cv:
+            if self._stopping:
+                raise EngineError("the engine was stopped")
+            self.scheduler.add(seq)
+            if live is not None:
+                self._live[request_id] = seq
+                live.wake = self._wake
+                self._fed = True  # (its text may have come before)
+            self._cv.notify()
+        return RequestStream(channel, self.cancel, self._dropped.append)
+
+    def check_prompt(self, prompt: Prompt, params: SamplingParams) -> None:
+        """Raises RequestError if the prompt's text or its positions cannot fit this engine."""
         if len(prompt.trailing_ids) > self.config.max_trailing:
             raise RequestError(f"text is too long for this engine ({len(prompt.trailing_ids)} text tokens after "
                                f"the prompt; at most {self.config.max_trailing})", param="text")
@@ -188,18 +223,19 @@ class Engine:
             raise RequestError(f"the prompt ({prompt.num_positions} positions) and max_new_tokens "
                                f"({params.max_new_tokens}) exceed the {limit} positions a request may hold here"
                                + (f" ({setting})" if setting else ""), param="max_new_tokens")
-        request_id = request_id or f"req-{next(_ids)}"
-        channel = Channel(request_id, asyncio.get_running_loop() if asyncio_loop else None)
-        payload = _Payload(prompt, params, ref_codes, channel, prompt.num_positions + params.max_new_tokens,
-                           stop_after, stop_on_repeats)
-        seq = Sequence(request_id, prompt.num_positions, time.perf_counter(), payload=payload, realtime=realtime)
-        self.start()
+
+    @staticmethod
+    def _ready(seq: Sequence, prompt: Prompt) -> None:
+        """The request's prompt is known: it may be admitted."""
+        p = seq.payload
+        p.prompt, p.max_positions = prompt, prompt.num_positions + p.params.max_new_tokens
+        seq.num_positions, seq.ready = prompt.num_positions, True
+
+    def _wake(self) -> None:
+        """A live request's text changed (called from the caller's thread)."""
         with self._cv:
-            if self._stopping:
-                raise EngineError("the engine was stopped")
-            self.scheduler.add(seq)
+            self._fed = True
             self._cv.notify()
-        return RequestStream(channel, self.cancel, self._dropped.append)
 
     def cancel(self, request_id: str) -> None:
         """Ends a request: a waiting one now, a running one at the next frame boundary. On the engine's own thread
@@ -209,13 +245,18 @@ class Engine:
             self._dropped.append(request_id)
             return
         with self._cv:
-            seq = self.scheduler.cancel(request_id)
-            if seq is not None and seq not in self.rows:  # waiting or swapped: done now
-                self.metrics.requests_cancelled += 1
-                self._end(seq, "cancelled")
-            elif seq is not None:  # running: it leaves at the next boundary
-                self._cancelling.append(seq)
+            self._cancel(request_id)
             self._cv.notify()
+
+    def _cancel(self, request_id: str) -> None:
+        """`cancel`'s work, with the lock: a waiting or swapped request ends now, a running one (in a row, or
+        parked) leaves at the next boundary."""
+        seq = self.scheduler.cancel(request_id)
+        if seq is not None and seq not in self.rows and seq.payload.parked is None:
+            self.metrics.requests_cancelled += 1
+            self._end(seq, "cancelled")
+        elif seq is not None:
+            self._cancelling.append(seq)
 
     @property
     def num_running(self) -> int:
@@ -224,6 +265,16 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return self.scheduler.num_waiting
+
+    @property
+    def num_parked(self) -> int:
+        """Live rows waiting for their next text, off the batch (their KV blocks kept)."""
+        return len(self._parked)
+
+    @property
+    def num_live(self) -> int:
+        """Live requests whose text has not ended (parked or not)."""
+        return len(self._live)
 
     # ---- start-up -----------------------------------------------------------------------------------------
 
@@ -268,13 +319,13 @@ class Engine:
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
         largest = self.config.buckets[-1]
-        self.runner._frame(largest)
+        self.runner.frame(largest)
         if self.config.prefill_buckets:
-            self.runner._prefill(self.config.prefill_buckets[-1])
+            self.runner.prefill(self.config.prefill_buckets[-1])
         self.codec.step(largest)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
-        self.runner._reset_state()
+        self.runner.reset_state()
         self.codec.stream.reset(list(range(self.config.max_rows)))
         torch.cuda.empty_cache()
         return peak
@@ -306,7 +357,7 @@ class Engine:
     def _fail_all(self, error: EngineError) -> None:
         """Ends every running, waiting and preempted request's stream with `error`."""
         with self._cv:
-            seqs = [*self.rows, *self.scheduler.waiting, *self.scheduler.swapped]
+            seqs = [*self.rows, *self._parked, *self.scheduler.waiting, *self.scheduler.swapped]
             self.scheduler.waiting.clear()
             self.scheduler.swapped.clear()
             for seq in seqs:
@@ -327,10 +378,15 @@ class Engine:
             ends: list[tuple[Channel, object]] = []
             produced = None
             with self._cv:
-                while not (self._stopping or self.rows or self.scheduler.num_waiting or last or self._dropped):
-                    self._cv.wait()
+                while not (self._stopping or self.rows or self.scheduler.has_work() or last or self._dropped
+                           or self._fed or self._cancelling):
+                    timeout = self._next_text_deadline()
+                    if not self._cv.wait(timeout) and timeout is not None:
+                        break  # a live request waited too long for its text
                 if self._stopping:
                     return
+                if self._live:
+                    self._serve_live(ends)
                 if self.rows:
                     self._grow()
             row_slots = self._launch(readback) if self.rows else None
@@ -357,6 +413,96 @@ class Engine:
                 # (a stream ended at once from another thread gets its end after this)
                 self._dispatcher.put(frames, ends)
             last = (readback.pop(wait_pcm=False), row_slots) if row_slots is not None else None
+
+    # ---- live text (engine/live.py) -----------------------------------------------------------------------
+
+    def _serve_live(self, ends: list) -> None:
+        """Before a frame's launch: live requests whose prompt was built become admissible; those that waited too
+        long for text end; parked rows whose next text arrived come back; running rows get the text that arrived,
+        and those whose next text has not arrived are parked. Call with the lock."""
+        self._fed, now = False, time.perf_counter()
+        for seq in list(self._live.values()):
+            p = seq.payload
+            if not seq.ready and p.live.prompt is not None:
+                self._ready(seq, p.live.prompt)
+            if (not seq.ready or p.parked is not None) and p.live.expired(now):
+                self._time_out(seq, ends)
+        for seq in [seq for seq in self._parked if self._has_text(seq, seq.payload.parked.frame)]:
+            self._unpark(seq)
+        waiting = []
+        for row, seq in enumerate(self.rows):
+            if seq.payload.live is not None:
+                self._write_text(row, seq)
+                if not self._has_text(seq, int(self.table.positions[row]) - seq.payload.prompt.num_positions):
+                    waiting.append(seq)
+        if waiting:
+            self._park(waiting)
+
+    @staticmethod
+    def _has_text(seq: Sequence, frame: int) -> bool:
+        """Whether the live request's text for `frame` arrived (frame n adds trailing text id n, TTS_PAD after)."""
+        feed = seq.payload.live
+        return feed.ended or frame < len(feed.ids)
+
+    def _write_text(self, row: int, seq: Sequence) -> None:
+        """The row's trailing text that arrived since the last boundary, to the device; at the end TTS_EOS (unless
+        the prompt holds it: `LiveFeed.whole`), and the runaway guard's limit for the whole text."""
+        p = seq.payload
+        if p.text_done:
+            return
+        feed = p.live
+        ended, count = feed.ended, len(feed.ids)  # (ended first: once it is set, every id is in)
+        ids = feed.ids[p.written:count] + ([self.runner.model.config.tts_eos_token_id]
+                                           if ended and not feed.whole else [])
+        if p.written + len(ids) > self.config.max_trailing:
+            raise RuntimeError("a live request's text outgrew max_trailing (q3tts.api.live bounds it)")
+        if ids:
+            self.runner.set_trailing(row, p.written, ids)
+            p.written += len(ids)
+        if ended:
+            p.text_done = True
+            if feed.stop_after is not None:
+                self.slots.stop_after[p.slot] = feed.stop_after
+
+    def _park(self, seqs: list[Sequence]) -> None:
+        """Takes these live rows off the batch until their text arrives (their held frames go out now)."""
+        for seq in seqs:
+            row, p = self.rows.index(seq), seq.payload
+            seq.num_positions = int(self.table.positions[row])
+            state, blocks = self.runner.park(row)
+            p.parked = ParkedRow(state, blocks, self.codec.swap_out(row), seq.num_positions - p.prompt.num_positions)
+            self._flush.append(p.slot)
+            self._compact([seq], released=False)
+            self._parked.append(seq)
+
+    def _unpark(self, seq: Sequence) -> None:
+        """A parked row back into the next free row, as it was; its new text written."""
+        row, p, kv = len(self.rows), seq.payload, self.runner.kv
+        parked, p.parked = p.parked, None
+        self._parked.remove(seq)
+        self.runner.unpark(row, parked.state, parked.blocks)
+        self.codec.swap_in(row, parked.codec)
+        self.rows.append(seq)
+        self.table.set(row, seq.num_positions, p.max_positions, len(kv.rows[row]) * kv.block_size, p.slot)
+
+    def _time_out(self, seq: Sequence, ends: list) -> None:
+        """A live request that waited longer than its limit for text ends, its stream with LiveTextTimeout."""
+        p = seq.payload
+        error = LiveTextTimeout(f"no text arrived for {p.live.max_wait_s:g} s (the live request's max_text_wait_s)")
+        self.metrics.finish_reasons[TEXT_TIMEOUT] += 1
+        if p.parked is None:  # (waiting for its first text: not admitted)
+            self.scheduler.cancel(seq.request_id)
+            self._end(seq, TEXT_TIMEOUT, error)
+            return
+        self._leave([(seq, TEXT_TIMEOUT)], ends)
+        ends.insert(len(ends) - 1, (p.channel, error))
+
+    def _next_text_deadline(self) -> float | None:
+        """Seconds until the first live request waiting for text (not admitted yet, or parked) waits too long."""
+        now = time.perf_counter()
+        waits = [seq.payload.live.arrived + seq.payload.live.max_wait_s - now for seq in self._live.values()
+                 if not seq.ready or seq.payload.parked is not None]
+        return max(min(waits), 0.0) + 1e-3 if waits else None
 
     def _launch(self, readback: Readback) -> np.ndarray:
         """Launches the next frame of rows 0..B-1 and its decode; returns the rows' slots in that frame."""
@@ -439,6 +585,12 @@ class Engine:
                     self._swap_out(self.scheduler.preempt())
 
     def _swap_out(self, seq: Sequence) -> None:
+        if seq.payload.parked is not None:  # (its text had not arrived: its blocks go to host memory too)
+            parked, seq.payload.parked = seq.payload.parked, None
+            self._parked.remove(seq)
+            seq.payload.swapped = (self.runner.swap_out_parked(parked.state, parked.blocks), parked.codec)
+            self.metrics.preemptions += 1
+            return
         row = self.rows.index(seq)
         seq.num_positions = int(self.table.positions[row])  # (the scheduler weighs its return by it)
         seq.payload.swapped = (self.runner.swap_out(row), self.codec.swap_out(row))
@@ -515,19 +667,14 @@ class Engine:
     def _drop_abandoned(self) -> None:
         """Ends the requests whose streams were dropped unread or whose event loop closed. Call with the lock."""
         while self._dropped:
-            request_id = self._dropped.popleft()
-            seq = self.scheduler.cancel(request_id)
-            if seq is not None and seq not in self.rows:
-                self.metrics.requests_cancelled += 1
-                self._end(seq, "cancelled")
-            elif seq is not None:
-                self._cancelling.append(seq)
+            self._cancel(self._dropped.popleft())
 
     def _leave_cancelled(self, ends: list) -> None:
         """The running requests cancelled since the last boundary leave, in their rows' order (a preempted one
         when it is back in a row). Call with the lock."""
         waiting = [seq for seq in dict.fromkeys(self._cancelling) if not seq.payload.channel.finished]
-        running = sorted((seq for seq in waiting if seq.payload.swapped is None), key=self.rows.index)
+        running = sorted((seq for seq in waiting if seq.payload.swapped is None and seq.payload.parked is None),
+                         key=self.rows.index) + [seq for seq in waiting if seq.payload.parked is not None]
         self._cancelling = [seq for seq in waiting if seq.payload.swapped is not None]
         if running:
             self.metrics.requests_cancelled += len(running)
@@ -536,10 +683,14 @@ class Engine:
     def _leave(self, leaving: list[tuple[Sequence, str]], ends: list) -> None:
         """Frees the rows of these (sequence, finish reason), in order, and ends their streams through `ends`. A
         request preempted at this boundary has no row: it leaves the swapped ones. Call with the lock."""
-        self._compact([seq for seq, _ in leaving if seq.payload.swapped is None])
+        self._compact([seq for seq, _ in leaving if seq.payload.swapped is None and seq.payload.parked is None])
         for seq, reason in leaving:
             if seq.payload.swapped is not None:
                 self.scheduler.swapped.remove(seq)
+            if seq.payload.parked is not None:
+                self._parked.remove(seq)
+                self.runner.kv.release_blocks(seq.payload.parked.blocks)
+                seq.payload.parked = None
             self.scheduler.finish(seq.request_id)
             self._end(seq, reason, outbox=ends)
 
@@ -562,6 +713,7 @@ class Engine:
             return
         channel.finished, channel.finish_reason = True, reason
         p.swapped = None
+        self._live.pop(seq.request_id, None)
         frames = None
         if p.slot is not None:
             seq.frames = int(self.slots.frames[p.slot])  # (what the slot counted, on the sequence from now on)

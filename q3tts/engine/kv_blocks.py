@@ -54,6 +54,20 @@ class KVBlocks:
         self.free.extend(reversed(blocks))
         return blocks
 
+    def detach(self, row: int) -> list[int]:
+        """Takes the row's blocks off it, still held (a parked live row keeps them: engine/live.py)."""
+        blocks, self.rows[row] = self.rows[row], []
+        return blocks
+
+    def attach(self, row: int, blocks: list[int]) -> None:
+        """Gives the empty `row` blocks taken off a row by `detach`."""
+        assert not self.rows[row], f"row {row} still holds blocks"
+        self.rows[row] = blocks
+
+    def release_blocks(self, blocks: list[int]) -> None:
+        """Frees blocks taken off a row by `detach`."""
+        self.free.extend(reversed(blocks))
+
     def move(self, src: int, dst: int) -> None:
         """The sequence in row `src` now lives in the empty row `dst`."""
         assert not self.rows[dst], f"row {dst} still holds blocks"

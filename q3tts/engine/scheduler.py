@@ -105,8 +105,9 @@ class Scheduler:
         if stall_budget <= 0 and frame_seconds < FRAME_SECONDS:
             return []  # a running stream is about to fall behind: let it catch up first
         admitted, tokens = [], 0
-        while self.waiting and len(admitted) < free_rows:
-            seq = self.waiting[0]
+        for seq in [seq for seq in self.waiting if seq.ready] if free_rows > 0 else ():  # (live ones wait for text)
+            if len(admitted) >= free_rows:
+                break
             blocks = self.kv.blocks_for(seq.num_positions + 1)
             if blocks + self._reserve(len(admitted)) > free_blocks:
                 break
@@ -115,7 +116,7 @@ class Scheduler:
                            or new_tokens * self.prefill_seconds_per_token > stall_budget)
             if admitted and over_budget:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             admitted.append(self._run(seq))
             tokens, free_blocks = new_tokens, free_blocks - blocks
         return admitted
@@ -132,6 +133,10 @@ class Scheduler:
             seq.order = next(self._order)
         self.running[seq.request_id] = seq
         return seq
+
+    def has_work(self) -> bool:
+        """Whether a request could be admitted or brought back (a live request waits for its first text before)."""
+        return bool(self.swapped) or any(seq.ready for seq in self.waiting)
 
     @property
     def num_waiting(self) -> int:

@@ -107,7 +107,8 @@ def causal_conv(x: torch.Tensor, state: torch.Tensor | None, weight: torch.Tenso
 
 
 # Tile shapes (BM, BN, BK, num_warps, num_stages) of the real codec's convolutions by (k, C_in, C_out): the
-# fastest of `bench/codec_kernels.py`'s candidates at 64 streams, one frame per stream (H100); used from 256 rows.
+# fastest of `bench/sweeps/codec_kernels.py`'s candidates at 64 streams, one frame per stream (H100); used from 256
+# rows.
 CONV_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
     (7, 1024, 1536): (64, 64, 64, 4, 3),
     (7, 768, 768): (64, 64, 64, 4, 3), (1, 768, 768): (64, 64, 64, 4, 3),
@@ -246,7 +247,7 @@ def residual_unit(x: torch.Tensor, state: torch.Tensor, w1: torch.Tensor, b1: to
 
 
 # Tiles (BM, BK, BN of the pointwise product, num_warps, num_stages) by channel count: the fastest of
-# `bench/codec_kernels.py --units`' candidates at 64 streams (H100), used from 16 k rows (16 streams).
+# `bench/sweeps/codec_kernels.py --units`' candidates at 64 streams (H100), used from 16 k rows (16 streams).
 UNIT_CONFIGS: dict[int, tuple[int, int, int, int, int]] = {96: (128, 32, 64, 4, 3), 192: (128, 64, 64, 8, 3)}
 UNIT_MAX_CHANNELS = 256  # above, two kernels are faster (a program's tile must span every channel: at 384,
 # 167 us fused vs 72 us for the two kernels at 64 streams)

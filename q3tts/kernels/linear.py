@@ -17,10 +17,10 @@ if triton is not None:
 # Rows per program of the tensor-core kernel: more rows take more programs per column block.
 FUSED_BLOCK_M = 64
 # (BLOCK_M, N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, K ranges), the fastest of
-# bench/fused_linear.py's candidates per shape of the 0.6B and 1.7B layers and heads on an H100 (docs/perf-notes.md,
-# entries 38 and 69); other shapes take the heuristic in _fused_linear_tiles. K ranges: the K columns split among
-# that many programs per column block (their sums added by the last to finish): the products of few columns and
-# long rows (o, down) would otherwise leave most SMs without weights to read.
+# bench/sweeps/fused_linear.py's candidates per shape of the 0.6B and 1.7B layers and heads on an H100
+# (docs/perf-notes.md, entries 38 and 69); other shapes take the heuristic in _fused_linear_tiles. K ranges: the K
+# columns split among that many programs per column block (their sums added by the last to finish): the products of few
+# columns and long rows (o, down) would otherwise leave most SMs without weights to read.
 FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int, int]] = {
     (16, 1024, 2048, False): (32, 256, 4, 3, 4),
     (16, 1024, 3072, False): (16, 128, 4, 3, 4),
@@ -35,11 +35,11 @@ FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int, i
 }
 
 # A row or two (one stream's decode step, its code predictor's first pass) take a matrix-vector kernel instead:
-# no tensor cores, so a program can own as few as one output column and even the code predictor's N = 1024
-# products spread over every SM. (N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of
-# bench/fused_linear.py's candidates with the weights read from memory, at one row (GEMV_TILES, docs/perf-notes.md
-# entry 49) and at two (GEMV_TWO_ROW_TILES, entry 54; shapes not there take the one-row tiles); other shapes take
-# _gemv_tiles' heuristic.
+# no tensor cores, so a program can own as few as one output column and even the code predictor's N = 1024 products
+# spread over every SM. (N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages), the fastest of
+# bench/sweeps/fused_linear.py's candidates with the weights read from memory, at one row (GEMV_TILES,
+# docs/perf-notes.md entry 49) and at two (GEMV_TWO_ROW_TILES, entry 54; shapes not there take the one-row tiles); other
+# shapes take _gemv_tiles' heuristic.
 GEMV_MAX_ROWS = 2
 GEMV_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (1024, 2048, False): (1, 1024, 8, 3),

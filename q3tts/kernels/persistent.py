@@ -104,9 +104,9 @@ class LayerTail:
 
 def arguments(attended, res_in, res, w, next_w, next_norm, eps, sync, programs, times=None, pdl=False, head=None):
     """The kernel's arguments and constants, and the tensor it returns (its buffers allocated here). times:
-    [programs, 6, 2] int64 for each program's clock at each phase's start and end (bench/layer_tail.py); pdl: the
-    launch is a programmatic dependent one (PDL); head: the last product's weight instead of the next layer's qkv
-    (its output in fp32)."""
+    [programs, 6, 2] int64 for each program's clock at each phase's start and end (bench/profilers/layer_tail.py);
+    pdl: the launch is a programmatic dependent one (PDL); head: the last product's weight instead of the next layer's
+    qkv (its output in fp32)."""
     if head is not None and next_w is not None:
         raise ValueError("the launch's last product is the next layer's qkv or the head, not both")
     M, H = res_in.shape
@@ -174,7 +174,7 @@ if gluon is not None:
 
     @gluon.jit
     def _stamp(times_ptr, pid, phase, end, TIMING: gl.constexpr):
-        """TIMING: this SM's clock at a phase's start (end 0) or end (1), for bench/layer_tail.py."""
+        """TIMING: this SM's clock at a phase's start (end 0) or end (1), for bench/profilers/layer_tail.py."""
         if TIMING:
             clock = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False,
                                               pack=1)

@@ -277,6 +277,10 @@ class VectorQuantization(nn.Module):
         super().__init__()
         self._codebook = EuclideanCodebook(codebook_size, dim)
 
+    def vectors(self) -> torch.Tensor:
+        """[codebook_size, dim]: the codebook's vectors."""
+        return self._codebook.vectors()
+
 
 class ResidualCodebooks(nn.Module):
     """`vq`: the codebooks of one residual quantizer."""
@@ -289,7 +293,7 @@ class ResidualCodebooks(nn.Module):
         """codes: [B, K, T] -> sum of the K looked-up vectors, [B, dim, T] (summed in codebook order)."""
         out = None
         for k, layer in enumerate(self.layers):
-            vec = F.embedding(codes[:, k], layer._codebook.vectors()).transpose(1, 2)
+            vec = F.embedding(codes[:, k], layer.vectors()).transpose(1, 2)
             out = vec if out is None else out + vec
         return out
 

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from q3tts.config import SpeakerEncoderConfig
-from q3tts.request.audio import MEL_HOP, MEL_PAD, AudioError, mel_spectrogram
+from ..config import SpeakerEncoderConfig
+from ..errors import AudioError
+from .mel import MEL_HOP, MEL_PAD, mel_spectrogram
 
 
 def _same_conv(in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1) -> nn.Conv1d:

@@ -1,8 +1,9 @@
 """One request, validated once: what to say, in which voice, how to sample.
 
 `RequestBuilder.build` (behind `TTS.request` and every entry point) checks everything a caller can get wrong
-against the loaded checkpoint and the engine's limits, before any compute: the mode (speaker, voice,
-instruction), the language, the text, the voice, the sampling arguments and the length budget. Errors are
+against the loaded checkpoint, before any compute: the mode (speaker, voice, instruction), the language, the text,
+the voice and the sampling arguments; `RequestBuilder.fit` then applies the length budget, given the engine's
+context limit as a value (`q3tts.engine.config.ContextLimit`). Errors are
 `RequestError`s naming the argument at fault; the command line and the HTTP server translate them into their own
 terms and never check again.
 
@@ -17,14 +18,14 @@ from __future__ import annotations
 
 import difflib
 import numbers
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..config import GenerationConfig, ModelConfig
+from ..engine.config import ContextLimit
 from ..errors import RequestError, RequestTypeError, quote, warn_caller
 from ..sampling import SamplingParams
 from .prompt import PromptSpec, prompt_length
@@ -34,6 +35,11 @@ from .voice import Voice, size_name
 MAX_TEXT_TOKENS = 4096  # per request; documented in the README
 SAMPLING_ARGS = frozenset(f.name for f in fields(SamplingParams))
 MIN_FRAMES = 2  # a request must have room for at least this many max_new_tokens
+
+
+_KIND_NAMES = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
+_KIND_METHODS = {"base": "generate_voice_clone (a reference recording)", "voice_design": "generate_voice_design (a "
+                 "voice described in words)", "custom_voice": "generate_custom_voice (a preset speaker)"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Request:
     params: SamplingParams
     num_positions: int  # the prompt's length in talker positions
     guard: RunawayGuard | None = None
+    explicit_max_new_tokens: bool = False  # given by the caller (else the checkpoint's default: lowered to fit)
 
     @property
     def text_tokens(self) -> int:
@@ -76,24 +83,31 @@ GREEDY_UNUSED = {"do_sample": ("temperature", "top_k", "top_p"),
 
 
 class RequestBuilder:
-    """Validates requests for one loaded checkpoint. `context_limit()` returns the positions one request may
-    hold and the name of the setting that bounds it (None: the model's own limit)."""
+    """Validates requests for one loaded checkpoint."""
 
-    def __init__(self, config: ModelConfig, text_tokenizer: TextTokenizer, generation_config: GenerationConfig,
-                 context_limit: Callable[[], tuple[int, str | None]]):
-        self.config, self.text_tokenizer = config, text_tokenizer
-        self.generation_config, self.context_limit = generation_config, context_limit
+    def __init__(self, config: ModelConfig, text_tokenizer: TextTokenizer, generation_config: GenerationConfig):
+        self.config, self.text_tokenizer, self.generation_config = config, text_tokenizer, generation_config
 
     @property
     def kind(self) -> str:
         return self.config.tts_model_type
 
+    def require(self, kind: str, method: str) -> None:
+        """Raises RequestError if this checkpoint is not of `kind` (base, custom_voice, voice_design), naming the
+        checkpoints `method` needs and what this one offers instead."""
+        if self.kind != kind:
+            size = {"0b6": "0.6B", "1b7": "1.7B"}.get(self.config.tts_model_size, self.config.tts_model_size)
+            example = f"Qwen/Qwen3-TTS-12Hz-{'1.7B' if kind == 'voice_design' else size}-{_KIND_NAMES[kind]}"
+            raise RequestError(f"{method} needs a {_KIND_NAMES[kind]} checkpoint (e.g. {example}); this one is "
+                               f"{size}-{_KIND_NAMES[self.kind]}: use {_KIND_METHODS[self.kind]}", "model")
+
     def build(self, text: str, *, speaker: str | None = None, voice: Voice | str | Path | None = None,
               instruct: str | None = None, language: str | None = "auto", non_streaming_mode: bool | None = None,
               seed: int | None = None, sampling: dict[str, Any] | None = None, official: bool = False,
               runaway_guard: RunawayGuard | None = None) -> Request:
-        """One request in whatever mode the checkpoint offers. `official`: the official API's leniencies (an
-        empty voice-design instruction; a CustomVoice request without a speaker)."""
+        """One request in whatever mode the checkpoint offers, its length not yet fitted to the engine's context
+        (`fit`). `official`: the official API's leniencies (an empty voice-design instruction; a CustomVoice request
+        without a speaker)."""
         _check_known(sampling or {}, ("speaker", "voice", "instruct", "language", "non_streaming_mode", "seed"))
         if isinstance(voice, (str, Path)):
             voice = Voice.load(voice)
@@ -106,8 +120,9 @@ class RequestBuilder:
         speaker = None if _is_no_speaker(speaker) else self.speaker(speaker)
         spec = self._spec(text, self.language(language), bool(non_streaming_mode), instruct, speaker,
                           self.voice(voice) if voice is not None else None)
-        length = prompt_length(self.config, spec)
-        return Request(spec, self.sampling({**(sampling or {}), "seed": seed}, length), length, runaway_guard)
+        arguments = {**(sampling or {}), "seed": seed}
+        return Request(spec, self.sampling(arguments), prompt_length(self.config, spec), runaway_guard,
+                       arguments.get("max_new_tokens") is not None)
 
     def check_mode(self, speaker: str | None, has_voice: bool, instruct: str | None, official: bool = False
                    ) -> str | None:
@@ -211,15 +226,20 @@ class RequestBuilder:
                         "greedy decoding")
         return SamplingParams(**{**defaults, **{k: v for k, v in given.items() if k not in unused}})
 
-    def sampling(self, arguments: dict[str, Any], num_positions: int) -> SamplingParams:
-        """`params`, with the length rule applied for a prompt of `num_positions` positions, and a max_new_tokens
-        of at least MIN_FRAMES (the official API fails on 1, in torch.stack)."""
+    def sampling(self, arguments: dict[str, Any]) -> SamplingParams:
+        """`params`, with a max_new_tokens of at least MIN_FRAMES (the official API fails on 1, in torch.stack)."""
         params = self.params(arguments)
         if arguments.get("max_new_tokens") is not None and params.max_new_tokens < MIN_FRAMES:
             raise RequestError(f"max_new_tokens must be at least {MIN_FRAMES}, got {params.max_new_tokens}: the "
                                f"step that ends the audio is one of them, so N gives at most N - 1 frames",
                                "max_new_tokens")
-        limit, setting = self.context_limit()
+        return params
+
+    def fit(self, request: Request, context: ContextLimit) -> Request:
+        """The length rule: `request` if its prompt and max_new_tokens fit the positions one request may hold;
+        with the checkpoint's default max_new_tokens, a copy lowered to fit; else RequestError naming what to change."""
+        num_positions, (limit, setting) = request.num_positions, context
+        params = request.params
         room = limit - num_positions
         where = f"the {limit} positions a request may hold ({setting})" if setting else \
             f"the model's {limit} positions"
@@ -227,12 +247,12 @@ class RequestBuilder:
             raise RequestError(f"the prompt takes {num_positions} of {where}: shorten the text (or the voice's "
                                f"reference)" + (f", or raise {setting}" if setting else ""), "text")
         if params.max_new_tokens > room:
-            if arguments.get("max_new_tokens") is not None:
+            if request.explicit_max_new_tokens:
                 raise RequestError(f"max_new_tokens {params.max_new_tokens} does not fit: the prompt takes "
                                    f"{num_positions} of {where}; lower max_new_tokens to at most {room}"
                                    + (f", or raise {setting}" if setting else ""), "max_new_tokens")
-            params.max_new_tokens = room
-        return params
+            return replace(request, params=replace(params, max_new_tokens=room))
+        return request
 
     def _spec(self, text: str, language: str, non_streaming_mode: bool, instruct: str | None,
               speaker: str | None, voice: Voice | None) -> PromptSpec:

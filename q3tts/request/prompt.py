@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ModelConfig
+from ..engine.prompt import Prompt
 from ..engine.runner.prefix_cache import PrefixCache, tensor_digest, tensor_digests
-from ..engine.sequence import Prompt
 from ..models.talker import Talker
 from ..transfer import to_device
 
@@ -143,7 +143,7 @@ def _voice_heads(talker: Talker, config: ModelConfig, specs: list[PromptSpec],
     small launches, three copies and a synchronization per voice. Lookups, additions and copies give the same bits
     in any batch."""
     embedded = iter(tensor_digests([spec.speaker_embedding for spec in specs if spec.speaker_embedding is not None]))
-    keys = [_voice_digest(config, spec, None if spec.speaker_embedding is None else next(embedded)) for spec in specs]
+    keys = [voice_digest(config, spec, None if spec.speaker_embedding is None else next(embedded)) for spec in specs]
     with _HEADS_LOCK:
         cache = _HEADS.setdefault(talker, _HeadCache())
         heads = {key: cache.get(key, weights) for key in dict.fromkeys(keys)}
@@ -254,7 +254,7 @@ def _control_ids(config: ModelConfig, spec: PromptSpec) -> list[int]:
             else [tc.codec_think_id, tc.codec_think_bos_id, lid, tc.codec_think_eos_id])
 
 
-def _voice_digest(config: ModelConfig, spec: PromptSpec, embedding: bytes | None) -> bytes:
+def voice_digest(config: ModelConfig, spec: PromptSpec, embedding: bytes | None) -> bytes:
     """A digest of everything the positions before the text depend on (`embedding`: the speaker embedding's
     `tensor_digest`, if the spec has one)."""
     digest = hashlib.blake2b(repr((spec.instruct_ids, spec.input_ids[:3], _control_ids(config, spec),

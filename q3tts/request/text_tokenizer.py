@@ -69,6 +69,10 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def added_contents(self) -> list[str]:
+        """The added tokens' strings (split out of any text before the pre-tokenizer)."""
+        return [token.content for token in self._tok.get_added_tokens_decoder().values()]
+
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
 

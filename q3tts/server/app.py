@@ -25,7 +25,7 @@ from .front.link import CoreServer
 from .guard import RequestGuard
 from .metrics import ServerMetrics
 from .middleware import HideCancelledTracebacks, KeepTransport, RequestContextMiddleware
-from .routes import dialogue, playground, speech, status, voices, websocket
+from .routes import dialogue, nari, playground, speech, status, voices, websocket
 from .service import SpeechService
 from .voice_store import VoiceStore
 
@@ -87,7 +87,7 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
     errors.install_handlers(app, on_error=metrics.count_error)
     app.add_middleware(RequestGuard, config=config, on_error=metrics.count_error)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)  # outermost: ids and counts for every answer
-    for module in (speech, dialogue, voices, websocket, status, playground):
+    for module in (speech, dialogue, voices, websocket, nari, status, playground):
         app.include_router(module.router)
     return app
 

@@ -37,7 +37,7 @@ def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise errors.from_validation(e) from None
+        raise errors.from_validation(e, model) from None
 
 
 def parse_json(text: str, what: str = "") -> Any:

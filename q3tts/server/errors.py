@@ -3,12 +3,14 @@ refusal (ours, FastAPI's validation, Starlette's 404/405) answer in it."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from ..errors import quote
@@ -71,12 +73,14 @@ def json_error(reason: str, where: object) -> str:
     return f"{reason} {'' if reason.endswith(' at') else 'at '}character {where}"
 
 
-def from_validation(exc: Exception) -> APIError:
-    """The first pydantic/FastAPI validation error as a 400 naming the offending field."""
+def from_validation(exc: Exception, model: type[BaseModel] | None = None) -> APIError:
+    """The first pydantic/FastAPI validation error as a 400 naming the offending field; an unknown top-level field
+    of `model` is answered with the closest of its fields ("did you mean")."""
     errors = exc.errors() if hasattr(exc, "errors") else []
     if not errors:
         return bad_request(str(exc))
-    first = errors[0]
+    # An unknown field first: a misspelt one also makes the field it meant missing.
+    first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
     if first.get("type") == "json_invalid":  # (its loc is the body and a character offset, not a field)
         where = (first.get("loc") or ("?",))[-1]
         reason = (first.get("ctx") or {}).get("error", "JSON decode error")
@@ -86,6 +90,13 @@ def from_validation(exc: Exception) -> APIError:
     param = ".".join(loc) or None
     code = {"missing": "missing", "unsupported": "unsupported"}.get(first.get("type"), "invalid_value")
     message = first.get("msg", "invalid value")
+    if first.get("type") == "extra_forbidden" and len(loc) == 1 and model is not None:
+        known = sorted({name for key, info in model.model_fields.items() for name in (key, info.alias) if name})
+        sent = str(first["loc"][-1])
+        close = difflib.get_close_matches(sent, known, n=1, cutoff=0.6) if len(sent) <= 100 else []
+        message = ("unknown field" + f"; did you mean {close[0]!r}?" if close else
+                   f"unknown field; the fields are {', '.join(known)}" if len(known) <= 12 else
+                   "unknown field (docs/http-api.md lists the fields each API sends)")
     return bad_request(f"{param}: {message}" if param else message, param=param, code=code)
 
 

@@ -23,7 +23,7 @@ import torch
 from ..api.pieces import PieceStream
 from ..engine import EngineError, QueueFull, RequestStream
 from ..engine.engine import one_cpu_thread_on_gpu
-from ..engine.sequence import Prompt
+from ..engine.prompt import Prompt
 from ..errors import RequestError, quote
 from ..request.builder import Request
 from ..request.voice import Voice

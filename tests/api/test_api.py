@@ -13,6 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import q3tts
+import q3tts.api.engine_host
+import q3tts.api.loading
+import q3tts.api.render
 import q3tts.api.tts
 from q3tts import TTS, Qwen3TTSModel, Voice, VoiceClonePromptItem
 from q3tts.checkpoint import CheckpointError
@@ -69,7 +72,7 @@ def no_compute(monkeypatch):
         raise AssertionError("generation started for an invalid request")
 
     monkeypatch.setattr(q3tts.api.tts.TTS, "submit", refuse)
-    monkeypatch.setattr(q3tts.api.tts, "generate_codes", refuse)
+    monkeypatch.setattr(q3tts.api.render, "generate_codes", refuse)
 
 
 # ---- loading ------------------------------------------------------------------------------------------------
@@ -190,7 +193,7 @@ def test_from_pretrained_takes_the_official_signature(tiny_root, tmp_path, monke
 def test_devices_other_than_cpu_and_cuda_are_refused(device):
     """(mps and meta were accepted, then failed with a traceback while loading.)"""
     with pytest.raises(ValueError, match=f"device '{device}' is not supported: use cpu, cuda or cuda:N"):
-        q3tts.api.tts.resolve_device(device)
+        q3tts.api.loading.resolve_device(device)
 
 # ---- every mode, basic shape of the output ---------------------------------------------------------------
 
@@ -245,11 +248,13 @@ def test_custom_voice_input_errors(custom, no_compute, kwargs, error, match):
 
 
 def test_mode_not_supported_by_checkpoint(custom, design, base, no_compute):
-    with pytest.raises(ValueError, match="generate_voice_design needs a voice_design checkpoint"):
+    with pytest.raises(ValueError, match=r"generate_voice_design needs a VoiceDesign checkpoint \(e.g. Qwen/Qwen3-"
+                                         r"TTS-12Hz-1.7B-VoiceDesign\); this one is 1.7B-CustomVoice: use "
+                                         r"generate_custom_voice"):
         custom.generate_voice_design("Hello.", "A calm voice.")
-    with pytest.raises(ValueError, match="generate_voice_clone needs a base checkpoint"):
+    with pytest.raises(ValueError, match="generate_voice_clone needs a Base checkpoint.*use generate_voice_design"):
         design.generate_voice_clone("Hello.", ref_audio="x.wav", ref_text="x")
-    with pytest.raises(ValueError, match="generate_custom_voice needs a custom_voice checkpoint"):
+    with pytest.raises(ValueError, match="generate_custom_voice needs a CustomVoice checkpoint.*generate_voice_clone"):
         base.generate_custom_voice("Hello.", "ryan")
     with pytest.raises(ValueError, match="cannot clone voices"):
         custom.synthesize("Hello.", speaker="ryan", voice=Voice(None, torch.zeros(96), True, False))
@@ -257,8 +262,8 @@ def test_mode_not_supported_by_checkpoint(custom, design, base, no_compute):
 
 def test_instruct_on_small_custom_voice_warns_and_is_dropped(custom_small, monkeypatch):
     specs = []
-    original = q3tts.api.tts.build_prompts
-    monkeypatch.setattr(q3tts.api.tts, "build_prompts", lambda t, c, s: specs.extend(s) or original(t, c, s))
+    original = q3tts.api.engine_host.build_prompts
+    monkeypatch.setattr(q3tts.api.engine_host, "build_prompts", lambda t, c, s: specs.extend(s) or original(t, c, s))
     with pytest.warns(UserWarning, match="ignores `instruct`"):
         custom_small.generate_custom_voice("Hello.", "ryan", instruct="Speak slowly.", **FAST)
     assert specs[0].instruct_ids is None
@@ -268,7 +273,7 @@ def test_instruct_on_small_custom_voice_warns_and_is_dropped(custom_small, monke
 def built(monkeypatch) -> list:
     """The requests the drop-in methods build (nothing runs: each call returns no audio)."""
     requests = []
-    monkeypatch.setattr(q3tts.api.tts.TTS, "_render", lambda self, rs, **kw: requests.extend(rs) or [])
+    monkeypatch.setattr(q3tts.api.render.Renderer, "render", lambda self, rs, **kw: requests.extend(rs) or [])
     return requests
 
 

@@ -16,7 +16,7 @@ import pytest
 import soundfile as sf
 
 from q3tts import TTS, RequestError
-from q3tts.api.tts import _official_extra
+from q3tts.api.render import official_extra
 from q3tts.tiny import tiny_checkpoint
 from tests.equivalence.test_equivalence import speech_like
 
@@ -157,7 +157,7 @@ def check_voice_clone(ours: TTS, ref: TTS, ref_wav, sampled: bool) -> None:
     (which here keeps one sample of the reference's audio: the case is chosen so, else the test is idle); ours
     (synthesize, stream) starts exactly at the first generated frame."""
     voice = ours.create_voice(str(ref_wav), "Good morning.")
-    frames = next(t for t in range(8, 40) if _official_extra(voice.ref_code.shape[0], t, 1920))
+    frames = next(t for t in range(8, 40) if official_extra(voice.ref_code.shape[0], t, 1920))
     kw = {"max_new_tokens": frames + 1, "seed": 3} | ({} if sampled else GREEDY)
     dropin = ours.generate_voice_clone("Hello there.", ref_audio=str(ref_wav), ref_text="Good morning.", **kw)[0]
     same(dropin, ref.generate_voice_clone("Hello there.", ref_audio=str(ref_wav), ref_text="Good morning.", **kw)[0])

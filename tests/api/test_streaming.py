@@ -99,7 +99,7 @@ def test_an_astream_closed_before_its_first_iteration_submits_nothing(custom, mo
     def refuse(*args, **kwargs):
         raise AssertionError("a closed stream submitted its request")
 
-    monkeypatch.setattr(custom, "_submit_pieces", refuse)
+    monkeypatch.setattr(custom, "submit_pieces", refuse)
 
     async def read():
         return [c async for c in stream]

@@ -129,12 +129,12 @@ def test_a_blend_is_the_weighted_mean_of_the_embeddings(pair, tmp_path):
 
 def test_a_blend_speaks_and_keys_the_prefix_cache_on_the_mix(base, pair):
     from q3tts.engine.runner.prefix_cache import tensor_digest
-    from q3tts.request.prompt import _voice_digest
+    from q3tts.request.prompt import voice_digest
 
     a, b = pair
     def key(voice: Voice) -> bytes:
         spec = base.request("Hi.", voice=voice).spec
-        return _voice_digest(base.config, spec, tensor_digest(spec.speaker_embedding))
+        return voice_digest(base.config, spec, tensor_digest(spec.speaker_embedding))
 
     assert key(Voice.blend({a: 2, b: 1})) == key(Voice.blend({a: 4, b: 2})) != key(Voice.blend({a: 1, b: 2}))
     assert key(Voice.blend({a: 1})) == key(a)

@@ -1,20 +1,16 @@
 """The profiling tools run on the CPU with a tiny model (numbers on the CPU mean nothing): `bench/serve_load.py
---profile-loop`'s timers around the engine loop, and `bench/profile_burst.py`'s burst step by step."""
+--profile-loop`'s timers around the engine loop, and `bench/profilers/profile_burst.py`'s burst step by step."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-import sys
-from pathlib import Path
 
+from bench import serve_load
+from bench.profilers import profile_burst
 from q3tts import TTS, EngineConfig
 from q3tts.benchmarks.streaming import streaming_engine
 from q3tts.tiny import tiny_checkpoint
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import profile_burst  # noqa: E402
-import serve_load  # noqa: E402
 
 
 def test_loop_profile(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ from q3tts.tiny import tiny_checkpoint  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow(reason="two servers started, loaded and stopped (tests/SLOW.md)")
 def test_scale_out_measures_one_engine_then_two(tmp_path):
     model = shutil.copytree(tiny_checkpoint("tiny-base", tmp_path / "cache"), tmp_path / "no-eos")
     tensors = load_file(model / "model.safetensors")

@@ -52,10 +52,12 @@ def client_python(name: str) -> Path:
     return python
 
 
-def run_client(python: Path, *args: str | os.PathLike, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs a script or module with a client environment's Python; fails the test with its output if it fails."""
+def run_client(python: Path, *args: str | os.PathLike, timeout: float = 120,
+               pythonpath: str | os.PathLike = "") -> subprocess.CompletedProcess:
+    """Runs a script or module with a client environment's Python (`pythonpath`: the only folder added to its
+    sys.path); fails the test with its output if it fails."""
     proc = subprocess.run([str(python), *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": "", "PYTHONWARNINGS": "ignore"})
+                          env={**os.environ, "PYTHONPATH": str(pythonpath), "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0, f"{args[0]} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
 

@@ -29,7 +29,8 @@ def results(custom_voice_server, tmp_path_factory):
     """Every case in one LiveKit process (it takes seconds to import): [(error, wav path)]."""
     out = tmp_path_factory.mktemp("livekit")
     proc = run_client(PYTHON, REPO / "tests/clients/drivers/livekit_cases.py",
-                      custom_voice_server.url + "/v1", TEXT, json.dumps(list(CASES.values())), out)
+                      custom_voice_server.url + "/v1", TEXT, json.dumps(list(CASES.values())), out,
+                      pythonpath=REPO / "examples")
     errors = [json.loads(line)["error"] for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(errors) == len(CASES), proc.stdout
     return [(error, out / f"{i}.wav") for i, error in enumerate(errors)]

@@ -20,11 +20,13 @@ PROMPTS = [{"id": "greeting", "text": "Hello from the benchmark."}, {"id": "seco
 PYTHON = client_python("tts-bench")
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_tts_bench_run_succeeds_on_every_request(custom_voice_server, tmp_path, target):
+@pytest.mark.parametrize("target, transport", [*((t, "http") for t in TARGETS), ("nari", "websocket")])
+def test_tts_bench_run_succeeds_on_every_request(custom_voice_server, tmp_path, target, transport):
+    """(`--transport websocket`: nari's nari.speech.v1 at /v1/audio/speech/ws, a word every 10 ms into one live
+    request.)"""
     dataset, out = tmp_path / "prompts.jsonl", tmp_path / "result"
     dataset.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    run_client(PYTHON, "-m", "tts_bench", "run", "--target", target,
+    run_client(PYTHON, "-m", "tts_bench", "run", "--target", target, "--transport", transport,
                "--base-url", custom_voice_server.url, "--dataset", dataset,
                "--rps", "1", "--warmup", "0", "--duration", "2s", "--arrival", "constant", "--timeout", "60s",
                "--output", out)

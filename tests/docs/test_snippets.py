@@ -85,7 +85,7 @@ def test_python_blocks_run(page, hub, scratch, servers):
 @pytest.mark.parametrize("page", SHELL_PAGES, ids=_ids(SHELL_PAGES))
 def test_shell_commands_parse(page):
     """Each `q3tts` command the page shows is one q3tts's parser takes, flag for flag."""
-    from q3tts.cli.commands import _parser
+    from q3tts.cli.commands import build_parser
 
     checked = 0
     for block in shell_blocks(page):
@@ -95,7 +95,7 @@ def test_shell_commands_parse(page):
             stderr = io.StringIO()
             with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
                 try:
-                    _parser().parse_args(argv)
+                    build_parser().parse_args(argv)
                 except SystemExit as e:
                     assert e.code == 0, f"{block.where}: `q3tts {' '.join(argv)}` does not parse: {stderr.getvalue()}"
             checked += 1

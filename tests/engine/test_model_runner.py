@@ -25,7 +25,8 @@ def _spec(tts: TTS, text: str, non_streaming: bool, speaker: str):
     return tts.request(text, speaker=speaker, language="english", non_streaming_mode=non_streaming).spec
 
 
-def _requests(tts: TTS):
+def tiny_requests(tts: TTS):
+    """Three prompts of different lengths, speakers and text modes, and their sampling (tests/kernels, tests/gpu)."""
     texts = ["Hello world, this is a test.", "Thank you.", "Good morning, seven bright stars shine above."]
     specs = [_spec(tts, t, ns, spk) for t, ns, spk in zip(texts, [False, True, False], ["ryan", "eric", "serena"])]
     prompts = [build_prompt(tts.model.talker, tts.config, s) for s in specs]
@@ -36,7 +37,7 @@ def _requests(tts: TTS):
     return prompts, params
 
 
-def _run_engine(runner: ModelRunner, prompts, params) -> list[torch.Tensor]:
+def run_engine(runner: ModelRunner, prompts, params) -> list[torch.Tensor]:
     """The engine's loop in its simplest form: every row grows its KV blocks before each frame."""
     rows = list(range(len(prompts)))
     runner.add_rows(rows, prompts, params)
@@ -63,23 +64,23 @@ def _run_engine(runner: ModelRunner, prompts, params) -> list[torch.Tensor]:
 def test_engine_matches_reference_loop(tts, prefill_buckets):
     """Prompts padded to a prefill bucket (padding into the scratch row) or, beyond the largest bucket, run
     unpadded: the codes are the reference loop's either way."""
-    prompts, params = _requests(tts)
+    prompts, params = tiny_requests(tts)
     assert sum(p.embeds.shape[0] for p in prompts) > 8
     reference = generate_codes(tts.model.talker, prompts, params)
     runner = ModelRunner(tts.model, EngineConfig(max_rows=4, max_context=256, block_size=16, max_trailing=64,
                                                  prefill_buckets=prefill_buckets))
-    ours = _run_engine(runner, prompts, params)
+    ours = run_engine(runner, prompts, params)
     for r, (a, b) in enumerate(zip(ours, reference)):
         assert a.shape == b.shape and torch.equal(a, b), f"row {r}"
     # Rows are reusable: a second run on the same runner (blocks released and reserved again) agrees too.
-    again = _run_engine(runner, prompts[::-1], params[::-1])
+    again = run_engine(runner, prompts[::-1], params[::-1])
     for a, b in zip(again, reference[::-1]):
         assert torch.equal(a, b)
 
 
 def test_engine_hidden_states_match_teacher_forcing(tts):
     """The engine's talker hidden state after each frame gives the same logits as the reference model."""
-    prompts, params = _requests(tts)
+    prompts, params = tiny_requests(tts)
     greedy = [SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=6, seed=0)]
     runner = ModelRunner(tts.model, EngineConfig(max_rows=2, max_context=128, block_size=16, max_trailing=64))
     runner.add_rows([0], prompts[:1], greedy)
@@ -95,7 +96,7 @@ def test_engine_hidden_states_match_teacher_forcing(tts):
 
 
 def test_engine_teacher_forcing_matches_reference(tts):
-    prompts, params = _requests(tts)
+    prompts, params = tiny_requests(tts)
     codes = generate_codes(tts.model.talker, prompts[:1], params[:1])[0]
     runner = ModelRunner(tts.model, EngineConfig(max_rows=4, max_context=128, block_size=16, max_trailing=64))
     talker, cp = runner.teacher_forced_logits(prompts[0], codes)
@@ -162,11 +163,11 @@ def test_prompt_length_is_known_before_building(name, tmp_path_factory):
 def test_a_top_k_beyond_any_integer_type_keeps_every_token(tts):
     """A top-k of any size is valid (larger than the vocabulary: no cut, as in the official sampler); one beyond
     64 bits once failed the whole engine's batch (`torch.tensor` overflow) and with it every running stream."""
-    prompts, params = _requests(tts)
+    prompts, params = tiny_requests(tts)
     unbounded = [SamplingParams(**{**vars(p), "top_k": 10**20, "subtalker_top_k": 10**30}) for p in params]
     disabled = [SamplingParams(**{**vars(p), "top_k": 0, "subtalker_top_k": 0}) for p in params]
     assert unbounded[2].top_k == 10**20  # kept as given
     runner = ModelRunner(tts.model, EngineConfig(max_rows=4, max_context=256, block_size=16, max_trailing=64))
-    ours = _run_engine(runner, prompts, unbounded)
+    ours = run_engine(runner, prompts, unbounded)
     for a, b in zip(ours, generate_codes(tts.model.talker, prompts, disabled)):
         assert torch.equal(a, b)

@@ -269,7 +269,7 @@ def test_new_voices_heads_computed_together(cache, ref_wav, dtype):
                  for kw in kinds for language in ("english", "auto") for text in TEXTS]
         prompt_module._HEADS.clear()
         together = build_prompts(tts.model.talker, tts.config, specs)
-        voices = {prompt_module._voice_digest(tts.config, spec, None if spec.speaker_embedding is None
+        voices = {prompt_module.voice_digest(tts.config, spec, None if spec.speaker_embedding is None
                                               else tensor_digest(spec.speaker_embedding))
                   for spec in specs}  # (modes may share a head)
         assert len({id(p.parts[0]) for p in together}) == len(voices)

@@ -18,7 +18,8 @@ import torch
 
 import q3tts.request.audio
 from q3tts.errors import RequestError
-from q3tts.request.audio import AudioError, load_audio, mel_filterbank, mel_spectrogram, resample, to_mono_24k
+from q3tts.models.mel import mel_filterbank, mel_spectrogram
+from q3tts.request.audio import AudioError, load_audio, resample, to_mono_24k
 
 RESAMPLE_CASES = [  # (sample rate, shape with time last, dtype)
     (16000, (20817,), np.float32),

@@ -23,7 +23,7 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file, save_file
 
-import q3tts.api.tts
+import q3tts.api.render
 from q3tts import TTS
 from q3tts.teacher_forcing import teacher_forced_logits
 from q3tts.tiny import write_tiny_checkpoint
@@ -251,11 +251,11 @@ def _scale_eos_row(folder: Path, scale: float) -> None:
     save_file(tensors, path)
 
 
-def _run_ours(tts: TTS, call_spec: dict, monkeypatch) -> dict:
+def run_ours(tts: TTS, call_spec: dict, monkeypatch) -> dict:
     """Runs our drop-in method with the same arguments and records each row's spec, prompt and codes."""
     seen: dict = {"specs": [], "prompts": []}
     if tts.reference:
-        original_generate, original_build = q3tts.api.tts.generate_codes, q3tts.api.tts.build_prompts
+        original_generate, original_build = q3tts.api.render.generate_codes, q3tts.api.render.build_prompts
 
         def generate(talker, prompts, params, on_frame=None):
             seen["codes"] = original_generate(talker, prompts, params, on_frame)
@@ -266,8 +266,8 @@ def _run_ours(tts: TTS, call_spec: dict, monkeypatch) -> dict:
             seen["prompts"] += original_build(talker, config, specs)
             return seen["prompts"][-len(specs):]
 
-        monkeypatch.setattr(q3tts.api.tts, "generate_codes", generate)
-        monkeypatch.setattr(q3tts.api.tts, "build_prompts", build)
+        monkeypatch.setattr(q3tts.api.render, "generate_codes", generate)
+        monkeypatch.setattr(q3tts.api.render, "build_prompts", build)
     else:
         streams, original_prepare, original_submit = [], TTS.prepare_many, TTS.submit
 
@@ -324,7 +324,7 @@ def test_matches_official(case_sets, name, index, path, monkeypatch):
     cs = case_sets(name)
     ref = cs.oracle[index]
     tts = cs.tts(path)
-    ours = _run_ours(tts, cs.calls[index], monkeypatch)
+    ours = run_ours(tts, cs.calls[index], monkeypatch)
     B = len(ref["codes"])
     assert len(ours["codes"]) == B and ours["sr"] == ref["sr"] == 24000
 

@@ -20,7 +20,7 @@ from q3tts import TTS
 from q3tts.cli import main
 from q3tts.server import ServerConfig
 from q3tts.tiny import write_tiny_checkpoint
-from tests.equivalence.test_equivalence import GREEDY, _run_ours, speech_like
+from tests.equivalence.test_equivalence import GREEDY, run_ours, speech_like
 from tests.server.harness import FRAME, ServerThread
 
 SPEAKER = "narrator_x"
@@ -62,7 +62,7 @@ def test_the_new_speaker_gives_the_official_codes(sft, tts, oracle, tmp_path, mo
     (tmp_path / "calls.json").write_text(json.dumps(calls))
     oracle.run("generate.py", sft, tmp_path / "calls.json", tmp_path / "out.pt")
     official = torch.load(tmp_path / "out.pt", weights_only=False)[0]
-    ours = _run_ours(tts, calls[0], monkeypatch)
+    ours = run_ours(tts, calls[0], monkeypatch)
     assert len(ours["codes"]) == len(official["codes"]) == 2
     for mine, theirs in zip(ours["codes"], official["codes"]):
         assert mine.shape == theirs.shape and torch.equal(mine, theirs.cpu())

@@ -17,7 +17,7 @@ from q3tts import TTS
 from q3tts.checkpoint import CheckpointError
 from q3tts.cli import main
 from q3tts.tiny import write_tiny_checkpoint
-from tests.equivalence.test_equivalence import GREEDY, _run_ours
+from tests.equivalence.test_equivalence import GREEDY, run_ours
 
 TARGETS = ["q_proj", "v_proj", "down_proj", "codec_head"]
 
@@ -58,8 +58,8 @@ def test_merged_codes_equal_peft_on_the_official_model(checkpoint, oracle, tmp_p
     (tmp_path / "calls.json").write_text(json.dumps(calls))
     oracle.run("generate.py", checkpoint, tmp_path / "calls.json", tmp_path / "out.pt", adapter)
     official = torch.load(tmp_path / "out.pt", weights_only=False)[0]
-    merged = _run_ours(TTS.from_pretrained(checkpoint, lora=adapter), calls[0], monkeypatch)
-    plain = _run_ours(TTS.from_pretrained(checkpoint), calls[0], monkeypatch)
+    merged = run_ours(TTS.from_pretrained(checkpoint, lora=adapter), calls[0], monkeypatch)
+    plain = run_ours(TTS.from_pretrained(checkpoint), calls[0], monkeypatch)
     for mine, theirs, before in zip(merged["codes"], official["codes"], plain["codes"]):
         assert torch.equal(mine, theirs.cpu())
         assert not torch.equal(mine[: len(before)], before[: len(mine)])  # (the adapter changes the output)

@@ -14,7 +14,7 @@ from q3tts.request.prompt import build_prompt
 from q3tts.sampling import SamplingParams
 from q3tts.teacher_forcing import teacher_forced_logits
 from tests.api import test_entry_points as entry
-from tests.engine.test_model_runner import _requests, _run_engine
+from tests.engine.test_model_runner import run_engine, tiny_requests
 
 pytestmark = pytest.mark.gpu
 
@@ -55,13 +55,13 @@ def test_graphs_match_reference_loop(tiny_cuda, fused):
     """fp32 on the GPU: the captured frame graphs give the reference loop's codes (greedy and seeded), with the
     decode steps' attention as two kernels or as one (EngineConfig.fused_decode; "all" keeps fp32 products on
     cuBLAS)."""
-    prompts, params = _requests(tiny_cuda)
+    prompts, params = tiny_requests(tiny_cuda)
     reference = generate_codes(tiny_cuda.model.talker, prompts, params)
     runner = ModelRunner(tiny_cuda.model, EngineConfig(max_rows=8, max_context=256, block_size=16, max_trailing=64,
                                                        buckets=(1, 2, 4, 8), fused_decode=fused))
     runner.capture_graphs()
     assert set(runner.graphs) == {1, 2, 4, 8}
-    ours = _run_engine(runner, prompts, params)
+    ours = run_engine(runner, prompts, params)
     for a, b in zip(ours, reference):
         assert torch.equal(a, b.cpu())
 
@@ -98,7 +98,7 @@ def test_bf16_graph_path_runs_and_stays_close(fused):
     runner = ModelRunner(model, EngineConfig(max_rows=4, max_context=256, buckets=(1, 2, 4), max_trailing=64,
                                              fused_decode=fused))
     runner.capture_graphs()
-    frames = _run_engine(runner, [prompt] * 3, [SamplingParams(max_new_tokens=21, seed=i) for i in range(3)])
+    frames = run_engine(runner, [prompt] * 3, [SamplingParams(max_new_tokens=21, seed=i) for i in range(3)])
     assert [f.shape for f in frames] == [(20, 16)] * 3
     assert not torch.equal(frames[0], frames[1])  # different seeds
     ours = runner.teacher_forced_logits(prompt, frames[0])
@@ -260,8 +260,7 @@ def test_bf16_at_least_as_faithful_as_official(tmp_path):
     harness = repo / ".peers/peer_bench.py"
     if not harness.exists():
         pytest.skip("the peer harness (.peers/peer_bench.py) is not here")
-    sys.path.insert(0, str(repo / "bench"))
-    from faithfulness import measure
+    from bench.faithfulness import measure
 
     ckpt = tmp_path / "0.6B-Base"
     subprocess.run([sys.executable, str(harness), "build", "--config", "0.6B-Base", "--out", str(ckpt)], check=True)

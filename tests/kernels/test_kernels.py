@@ -341,43 +341,43 @@ def _params() -> list[SamplingParams]:
     return [SamplingParams(**r, seed=100 + i) for i, r in enumerate(rows * 2)]  # (each setting, two seeds)
 
 
+@pytest.mark.parametrize("trial", range(4))  # (a test each: the interpreter takes a while over each trial)
 @pytest.mark.parametrize("with_processors", [False, True])
-def test_sampling_kernel_matches_twin(monkeypatch, with_processors):
-    """The kernel draws the twin's tokens: greedy, temperature, top-k (with and without ties at the boundary),
-    top-p, and the talker's processors; its noise counters offset, and the drawn ids' rows gathered from three
+def test_sampling_kernel_matches_twin(monkeypatch, with_processors, trial):
+    """The kernel draws the twin's tokens: greedy, temperature, top-k (with and without ties at the boundary: trial
+    3), top-p, and the talker's processors; its noise counters offset, and the drawn ids' rows gathered from three
     tables in the same launch."""
     V = 3072 if with_processors else 2048
     params = _params()
     B = len(params)
     p = SamplerTensors.build(params, False, DEVICE)
     seeds = torch.tensor([x.seed for x in params], device=DEVICE)
-    for trial in range(4):
-        logits = torch.randn(B, V, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(trial)) * 3
-        if trial == 3:  # ties across the top-k boundary (its passes cannot stop early there)
-            logits = logits.round()
-        counters = torch.full((B,), trial * 16, device=DEVICE)
-        offset = 3 * trial  # (the twin's counters are counters + offset)
-        tables = [torch.randn(V, 24, device=DEVICE).to(DTYPES[-1]), torch.randn(V, 40, device=DEVICE),
-                  torch.randn(V, 96, device=DEVICE).to(DTYPES[-1])]
-        gathered = [torch.zeros(B, t.shape[1], dtype=t.dtype, device=DEVICE) for t in tables]
-        procs = twin_procs = None
-        if with_processors:
-            seen = torch.rand(B, V, device=DEVICE) < 0.01
-            suppress = torch.zeros(V, dtype=torch.bool, device=DEVICE)
-            suppress[V - 1024:] = True
-            suppress[2150] = False
-            steps = torch.arange(B, device=DEVICE) % 4
-            penalty = torch.full((B,), 1.05, device=DEVICE)
-            procs = TalkerProcessors(seen.clone(), penalty, steps, suppress, 2150, 2)
-            twin_procs = TalkerProcessors(seen.clone(), penalty, steps, suppress, 2150, 2)
-        ids = sample_tokens(logits, p, seeds, counters, procs, offset=offset, gather=list(zip(tables, gathered)))
-        ref = _twin(monkeypatch, sample_tokens, logits, p, seeds, counters + offset, twin_procs)
-        rows = p.top_p >= 1 if trial == 3 else slice(None)  # (with ties, top-p keeps them together: sampler.py)
-        assert torch.equal(ids[rows], ref[rows]), (trial, (ids != ref).nonzero().flatten().tolist())
-        for table, rows_out in zip(tables, gathered):
-            assert torch.equal(rows_out, table[ids])
-        if with_processors:
-            assert torch.equal(procs.seen[rows], twin_procs.seen[rows])
+    logits = torch.randn(B, V, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(trial)) * 3
+    if trial == 3:  # ties across the top-k boundary (its passes cannot stop early there)
+        logits = logits.round()
+    counters = torch.full((B,), trial * 16, device=DEVICE)
+    offset = 3 * trial  # (the twin's counters are counters + offset)
+    tables = [torch.randn(V, 24, device=DEVICE).to(DTYPES[-1]), torch.randn(V, 40, device=DEVICE),
+              torch.randn(V, 96, device=DEVICE).to(DTYPES[-1])]
+    gathered = [torch.zeros(B, t.shape[1], dtype=t.dtype, device=DEVICE) for t in tables]
+    procs = twin_procs = None
+    if with_processors:
+        seen = torch.rand(B, V, device=DEVICE) < 0.01
+        suppress = torch.zeros(V, dtype=torch.bool, device=DEVICE)
+        suppress[V - 1024:] = True
+        suppress[2150] = False
+        steps = torch.arange(B, device=DEVICE) % 4
+        penalty = torch.full((B,), 1.05, device=DEVICE)
+        procs = TalkerProcessors(seen.clone(), penalty, steps, suppress, 2150, 2)
+        twin_procs = TalkerProcessors(seen.clone(), penalty, steps, suppress, 2150, 2)
+    ids = sample_tokens(logits, p, seeds, counters, procs, offset=offset, gather=list(zip(tables, gathered)))
+    ref = _twin(monkeypatch, sample_tokens, logits, p, seeds, counters + offset, twin_procs)
+    rows = p.top_p >= 1 if trial == 3 else slice(None)  # (with ties, top-p keeps them together: sampler.py)
+    assert torch.equal(ids[rows], ref[rows]), (trial, (ids != ref).nonzero().flatten().tolist())
+    for table, rows_out in zip(tables, gathered):
+        assert torch.equal(rows_out, table[ids])
+    if with_processors:
+        assert torch.equal(procs.seen[rows], twin_procs.seen[rows])
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # (the interpreter: the overflow tested,
@@ -434,35 +434,35 @@ if backend.triton is not None:
         tl.store(out_ptr + b * V + cols, (kept > 0).to(tl.int8), mask=valid)
 
 
-def test_top_p_keeps_what_transformers_keeps_at_the_edges():
+@pytest.mark.parametrize("V", [2048, 3072])
+def test_top_p_keeps_what_transformers_keeps_at_the_edges(V):
     """The sampling kernel's top-p search keeps what transformers' TopPLogitsWarper keeps (the probabilities above
     the low tail whose mass is <= 1 - top_p, at least one): after top-k 50 and without it, a top-p so small that
     the whole tail's mass rounds to the limit (only the largest kept), one so close to 1 that only the smallest of
     thousands go, a tail whose mass equals the limit exactly (ties inside it), a single nonzero probability."""
     if backend.triton is None:
         pytest.skip("no Triton")
-    g = torch.Generator().manual_seed(0)
-    for V in (2048, 3072):
-        x = torch.randn(7, V, generator=g) * 3
-        x[0] = torch.where(x[0] >= x[0].topk(50).values[-1], x[0], float("-inf"))
-        x[1] /= 3
-        probs = x.softmax(-1)
-        probs[5] = 0
-        probs[5, :4] = torch.tensor([0.5, 0.25, 0.125, 0.125])  # (mass 0.25 at or below 0.125)
-        probs[6] = 0
-        probs[6, V // 2] = 1.0
-        limits = 1 - torch.tensor([0.9, 0.5, 1e-9, 0.999999, 0.6, 0.75, 0.5])  # (fp32, as the kernel's 1 - top_p)
-        out = torch.zeros(len(probs), V, dtype=torch.int8, device=DEVICE)
-        _kept_by_top_p[(len(probs),)](probs.to(DEVICE), V, limits.to(DEVICE), out,
-                                      BLOCK_V=backend.triton.next_power_of_2(V))
-        out = out.cpu()
-        ascending, order = probs.sort(-1)
-        removed = ascending.cumsum(-1) <= limits[:, None]
-        removed[:, -1] = False
-        expected = ~removed.scatter(1, order, removed)
-        assert torch.equal(out.bool(), expected), (V, (out.bool() != expected).any(-1).nonzero().tolist())
-        assert out[2].sum() == 1 and out[2, probs[2].argmax()] == 1
-        assert out[5].tolist()[:4] == [1, 1, 0, 0] and 0 < (~out[3].bool()).sum() < V - 50
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(7, V, generator=g) * 3
+    x[0] = torch.where(x[0] >= x[0].topk(50).values[-1], x[0], float("-inf"))
+    x[1] /= 3
+    probs = x.softmax(-1)
+    probs[5] = 0
+    probs[5, :4] = torch.tensor([0.5, 0.25, 0.125, 0.125])  # (mass 0.25 at or below 0.125)
+    probs[6] = 0
+    probs[6, V // 2] = 1.0
+    limits = 1 - torch.tensor([0.9, 0.5, 1e-9, 0.999999, 0.6, 0.75, 0.5])  # (fp32, as the kernel's 1 - top_p)
+    out = torch.zeros(len(probs), V, dtype=torch.int8, device=DEVICE)
+    _kept_by_top_p[(len(probs),)](probs.to(DEVICE), V, limits.to(DEVICE), out,
+                                  BLOCK_V=backend.triton.next_power_of_2(V))
+    out = out.cpu()
+    ascending, order = probs.sort(-1)
+    removed = ascending.cumsum(-1) <= limits[:, None]
+    removed[:, -1] = False
+    expected = ~removed.scatter(1, order, removed)
+    assert torch.equal(out.bool(), expected), (V, (out.bool() != expected).any(-1).nonzero().tolist())
+    assert out[2].sum() == 1 and out[2, probs[2].argmax()] == 1
+    assert out[5].tolist()[:4] == [1, 1, 0, 0] and 0 < (~out[3].bool()).sum() < V - 50
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # (the interpreter, at +-3e38)
@@ -638,15 +638,16 @@ def test_noise_stays_strictly_inside_the_unit_interval():
     assert float(top) < 1.0
 
 
-def test_removed_tokens_never_drawn(monkeypatch):
+@pytest.mark.parametrize("trial", [(0, 1), (2, 3)])  # (the noise counters of a test: two trials each)
+def test_removed_tokens_never_drawn(monkeypatch, trial):
     """Even with noise at its extremes, a token whose probability is 0 (suppressed, outside top-k) is never
     drawn."""
     B, V = 16, 3072
     params = SamplerTensors.build([SamplingParams(temperature=1.0, top_k=5, seed=s) for s in range(B)], False,
                                   DEVICE)
-    logits = torch.randn(B, V, device=DEVICE)
-    for trial in range(4):
-        counters = torch.full((B,), trial, device=DEVICE)
+    logits = torch.randn(B, V, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0))
+    for counter in trial:
+        counters = torch.full((B,), counter, device=DEVICE)
         ids = sample_tokens(logits, params, torch.arange(B, device=DEVICE), counters)
         top5 = logits.topk(5, dim=-1).indices
         assert bool((top5 == ids[:, None]).any(-1).all())
@@ -753,14 +754,16 @@ def test_which_calls_take_the_fused_products():
     assert not default.fuses(1, False)
 
 
+@pytest.mark.slow(reason="whole frames in the Triton interpreter (tests/SLOW.md)")
+@pytest.mark.parametrize("part", ["teacher_forced", "engine"])  # (a test each: the interpreter takes a while)
 @pytest.mark.parametrize("kind", ["tiny", "tiny-custom-voice-0.6b"])
-def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind):
+def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind, part):
     """The frame on the fused products (one or two streams; fp32 here, where the runner keeps them off, so that
     the interpreter can run them and the reference is exact): the code predictor's first pass and steps and the
     heads with the final norm inside their products, ("tiny": a code predictor narrower than the talker) its
     inputs looked up projected, its steps' first qkv products looked up, and its first pass's attention in pairs
     (pair_attention), give the reference model's
-    teacher-forced logits, and the codes of two streams are the reference loop's."""
+    teacher-forced logits (part "teacher_forced"), and the codes of two streams are the reference loop's ("engine")."""
     from q3tts import TTS
     from q3tts.engine import EngineConfig
     from q3tts.engine.runner import model_runner
@@ -770,7 +773,7 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind):
     from q3tts.request.prompt import build_prompt
     from q3tts.teacher_forcing import teacher_forced_logits
     from q3tts.tiny import tiny_checkpoint
-    from tests.engine.test_model_runner import _run_engine
+    from tests.engine.test_model_runner import run_engine
 
     tts = TTS.from_pretrained(tiny_checkpoint(kind, tmp_path), device=DEVICE, dtype=torch.float32)
     talker = tts.model.talker
@@ -792,6 +795,11 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind):
         monkeypatch.setattr(module, "fused_linear", lambda *a, **k: calls.append((a, k)) or fused_linear(*a, **k))
     pairs = []
     monkeypatch.setattr(decoder, "pair_attention", lambda *a, **k: pairs.append(1) or attention.pair_attention(*a, **k))
+    if part == "engine":
+        for a, b in zip(run_engine(runner, prompts, params), reference):
+            assert torch.equal(a, b)
+        assert calls and pairs  # (the engine's frames ran on the fused products)
+        return
     ours = runner.teacher_forced_logits(prompts[0], reference[0])
     for a, b in zip(ours, teacher_forced_logits(talker, prompts[0], reference[0])):
         assert a.shape == b.shape and float((a - b).abs().max() / b.abs().max()) < 1e-5
@@ -799,14 +807,12 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind):
     # the code predictor's first qkv product runs in each frame's first pass only: its steps look theirs up
     assert sum(a[1] is runner.cp.layers[0].qkv for a, _ in calls) == len(reference[0])
     assert len(pairs) == len(reference[0]) * len(runner.cp.layers)  # (the first passes' attention)
-    for a, b in zip(_run_engine(runner, prompts, params), reference):
-        assert torch.equal(a, b)
 
 
 def test_frame_sum_adds_in_order():
     """The frame embedding's fp32 sum (3 kernels on CUDA) equals adding the 16 embeddings one by one, bit for
     bit; magnitudes spread so that another order would round differently."""
-    from q3tts.engine.runner.model_runner import _frame_sum
+    from q3tts.engine.runner.model_runner import frame_sum
 
     g = torch.Generator(DEVICE).manual_seed(3)
     dtype = DTYPES[-1]
@@ -814,21 +820,24 @@ def test_frame_sum_adds_in_order():
     expected = embeds[0].float()
     for e in embeds[1:]:
         expected = expected + e.float()
-    assert torch.equal(_frame_sum(torch.stack(embeds)), expected)
+    assert torch.equal(frame_sum(torch.stack(embeds)), expected)
     backwards = embeds[-1].float()
     for e in embeds[-2::-1]:
         backwards = backwards + e.float()
     assert not torch.equal(backwards, expected)  # the order shows in the bits
 
 
-def _layer_weights(device: str, hidden: int = 1024, inter: int = 3072):
+def _layer_weights(device: str, hidden: int = 1024, inter: int = 3072, empty: bool = False):
     """A decoder layer's fused weights (16 + 2 x 8 heads of 128), bf16: hidden 1,024 and a 3,072-wide MLP are the
-    code predictors' (and the 0.6B talker's) shapes, 2,048 and 6,144 the 1.7B talker's."""
+    code predictors' (and the 0.6B talker's) shapes, 2,048 and 6,144 the 1.7B talker's; random, or with `empty`
+    uninitialized (for what needs the shapes alone)."""
     from q3tts.layers.attention import FusedLayerWeights
 
     g = torch.Generator("cpu").manual_seed(7)
     rand = lambda *shape: (torch.randn(*shape, generator=g) * shape[-1] ** -0.5).to(device, torch.bfloat16)
     norm = lambda n: (1 + 0.1 * torch.randn(n, generator=g)).to(device, torch.bfloat16)
+    if empty:
+        rand = norm = lambda *shape: torch.empty(*shape, dtype=torch.bfloat16, device=device)
     return FusedLayerWeights(qkv=rand(4096, hidden), o=rand(hidden, 2048), gate_up=rand(2 * inter, hidden),
                              down=rand(hidden, inter), input_norm=norm(hidden), post_norm=norm(hidden),
                              q_norm=norm(128), k_norm=norm(128))
@@ -862,6 +871,7 @@ def _random_decoder(layers: int, hidden: int, inter: int):
     return decoder
 
 
+@pytest.mark.slow(reason="16 compilations of the Gluon kernel (tests/SLOW.md)")
 def test_the_persistent_layer_tail_compiles_for_hopper():
     """The Gluon kernel (Hopper only, no interpreter) compiles for sm_90 at the code predictor's and the 1.7B talker's
     shapes, at 64 and 128 rows, with the next layer's qkv product, the head's (fp32 logits) or neither, with and
@@ -889,21 +899,28 @@ def _barriers_held(tail) -> bool:
     return error == 0 and count > 0 and count % tail.programs == 0
 
 
-def compile_tail():
+def compile_tail() -> None:
     from q3tts.kernels import persistent
 
     for (hidden, inter), rows in itertools.product(((1024, 3072), (2048, 6144)), persistent.ROWS):
-        w, after = _layer_weights("cpu", hidden, inter), _layer_weights("cpu", hidden, inter)
-        attended, res = torch.zeros(rows, 2048, dtype=torch.bfloat16), torch.zeros(rows, hidden)
-        head = torch.zeros(2048, hidden, dtype=torch.bfloat16)
-        for next_w, res_in, pdl, last in ((after, res, True, None), (None, res, False, None),
-                                          (after, res.bfloat16(), True, None), (None, res, True, head)):
-            args, consts, out = persistent.arguments(attended, res_in, res, w, next_w, after.input_norm, 1e-6,
-                                                     torch.zeros(2, dtype=torch.int64), 132, pdl=pdl, head=last)
-            assert out.shape == ((rows, 4096) if next_w is not None else (rows, 2048) if last is not None
-                                 else (rows, hidden))
-            kernel = persistent.compile_for_hopper(persistent._tail_kernel, args, consts)
-            assert kernel.metadata.shared <= persistent._shared_bytes(rows) <= persistent.SHARED_BYTES
+        _compile_tail(hidden, inter, rows)
+
+
+def _compile_tail(hidden: int, inter: int, rows: int) -> None:
+    from q3tts.kernels import persistent
+
+    # (compiling needs the shapes alone: empty weights, where random ones took most of the test's time)
+    w, after = _layer_weights("cpu", hidden, inter, empty=True), _layer_weights("cpu", hidden, inter, empty=True)
+    attended, res = torch.zeros(rows, 2048, dtype=torch.bfloat16), torch.zeros(rows, hidden)
+    head = torch.zeros(2048, hidden, dtype=torch.bfloat16)
+    for next_w, res_in, pdl, last in ((after, res, True, None), (None, res, False, None),
+                                      (after, res.bfloat16(), True, None), (None, res, True, head)):
+        args, consts, out = persistent.arguments(attended, res_in, res, w, next_w, after.input_norm, 1e-6,
+                                                 torch.zeros(2, dtype=torch.int64), 132, pdl=pdl, head=last)
+        assert out.shape == ((rows, 4096) if next_w is not None else (rows, 2048) if last is not None
+                             else (rows, hidden))
+        kernel = persistent.compile_for_hopper(persistent._tail_kernel, args, consts)
+        assert kernel.metadata.shared <= persistent._shared_bytes(rows) <= persistent.SHARED_BYTES
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")

@@ -58,7 +58,7 @@ class ServerThread:
     """`with ServerThread(config) as server:` serves on a free localhost port until the block ends."""
 
     def __init__(self, config: ServerConfig, tts: TTS | None = None, wait_ready: bool = True):
-        config.port = _free_port()
+        config.port = free_port()
         self.config, self.wait_ready = config, wait_ready
         self.app = create_app(config, tts)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=config.port,
@@ -114,7 +114,7 @@ def pcm_samples(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype="<i2")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

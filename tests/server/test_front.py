@@ -20,7 +20,7 @@ from websockets.sync.client import connect  # noqa: E402
 from q3tts.server import ServerConfig  # noqa: E402
 from q3tts.server.front.app import Backend, Backends, create_router_app  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
-from tests.server.harness import SEED, ServerThread, _free_port  # noqa: E402
+from tests.server.harness import SEED, ServerThread, free_port  # noqa: E402
 
 TEXT = "Hello world, this is a test."
 
@@ -30,7 +30,7 @@ class FrontThread:
 
     def __init__(self, engine: ServerThread):
         config = ServerConfig(model=engine.config.model, served_model_name="tiny", max_input_chars=200,
-                              port=_free_port())
+                              port=free_port())
         backends = Backends([Backend(0, "cpu", engine.url, engine.config.core_socket)])
         self.url = f"http://127.0.0.1:{config.port}"
         self.server = uvicorn.Server(uvicorn.Config(create_router_app(config, backends), host="127.0.0.1",
@@ -110,3 +110,38 @@ def test_the_front_relays_vllm_omnis_websocket_protocol(servers):
     direct = _vllm_omni_session(engine.url)
     assert direct[-1] == 1000 and sum(isinstance(m, bytes) for m in direct) == 2
     assert _vllm_omni_session(front.url) == direct
+
+
+def _nari_session(url: str) -> tuple[list[str], bytes, int]:
+    """A nari.speech.v1 session: (its events' types in order, its audio, the close code)."""
+    types, audio = [], b""
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/ws", subprotocols=["nari.speech.v1"]) as ws:
+        assert ws.subprotocol == "nari.speech.v1"
+        ws.send(json.dumps({"type": "request.start", "voice": "ryan", "language": "english", "seed": SEED,
+                            "max_new_tokens": 12}))
+        words = TEXT.split(" ")
+        for i, word in enumerate(words):
+            ws.send(json.dumps({"type": "input_text.append", "sequence": i, "text": word if i == 0 else " " + word}))
+        ws.send(json.dumps({"type": "input_text.end", "sequence": len(words)}))
+        try:
+            while True:
+                message = ws.recv(timeout=60)
+                if isinstance(message, bytes):
+                    audio += message
+                else:
+                    types.append(json.loads(message)["type"])
+        except ConnectionClosed:
+            return types, audio, ws.close_code
+
+
+def test_the_front_relays_naris_live_text_protocol(servers):
+    """The live text travels to the engine process with the session; the audio is the same bytes."""
+    engine, front = servers
+    direct = _nari_session(engine.url)
+    assert direct[2] == 1000 and direct[0][-1] == "response.done" and direct[1]
+    relayed = _nari_session(front.url)
+    assert relayed[1:] == direct[1:] and sorted(relayed[0]) == sorted(direct[0])
+    with connect(front.url.replace("http://", "ws://") + "/v1/audio/speech/ws") as ws:  # no subprotocol
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+        assert ws.close_code == 1002

@@ -28,14 +28,14 @@ import openai  # noqa: E402
 import soundfile as sf  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from q3tts.cli.commands import _parser, _serve_devices  # noqa: E402
+from q3tts.cli.commands import _serve_devices, build_parser  # noqa: E402
 from q3tts.request.voice import Voice  # noqa: E402
 from q3tts.server import ServerConfig  # noqa: E402
 from q3tts.server.errors import APIError  # noqa: E402
 from q3tts.server.front.app import ENGINE_DRAIN_MARGIN_S, Backend, Backends, engine_args, merged_metrics  # noqa: E402
 from q3tts.server.front.link import CoreUnavailable  # noqa: E402
 from q3tts.server.voice_store import VoiceStore  # noqa: E402
-from tests.server.harness import FRAME, SEED, _free_port, children, frames, speak_over_websocket  # noqa: E402
+from tests.server.harness import FRAME, SEED, children, frames, free_port, speak_over_websocket  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "router-test-key"
@@ -119,7 +119,7 @@ def test_engines_get_the_fronts_settings():
                           ref_audio_hosts=("a.example",), send_timeout_s=4, drain_timeout_s=5, body_timeout_s=6,
                           runaway_guard=None, dtype="float32", api_key="secret",
                           voice_aliases={"alloy": "ryan", "Boss": "A deep, slow voice, calm."}, default_voice="aiden")
-    args = _parser().parse_args(["serve", "tiny", *engine_args(config, "warning")])
+    args = build_parser().parse_args(["serve", "tiny", *engine_args(config, "warning")])
     assert "secret" not in engine_args(config, "warning")  # the key goes by environment, not argv
     assert (args.max_running, args.max_waiting, args.max_input_chars, args.max_context, args.kv_cache_gb,
             args.prefix_cache_gb) == (3, 9, 100, 512, 0.5, 0.125)
@@ -138,7 +138,7 @@ def test_engines_get_the_fronts_settings():
     (["--devices", "gpu0"], "not a device"), (["--devices", "cuda:0,cuda:0"], "GPU twice"),
     (["--single-process", "--devices", "cpu"], "does not go with")])
 def test_device_flags(flags, expected):
-    args = _parser().parse_args(["serve", "tiny", *flags])
+    args = build_parser().parse_args(["serve", "tiny", *flags])
     if isinstance(expected, list):
         assert _serve_devices(args) == expected
     else:
@@ -150,13 +150,13 @@ def test_device_flags(flags, expected):
                                             (["--single-process"], []), (["--core-socket", "/tmp/e.sock"], [])])
 def test_one_gpu_is_served_by_a_front_and_an_engine_process(monkeypatch, flags, expected):
     """On a GPU, `q3tts serve` is a front over one engine process unless told otherwise (or it is that engine)."""
-    monkeypatch.setattr("q3tts.api.tts.resolve_device", lambda device: torch.device("cuda"))
-    assert _serve_devices(_parser().parse_args(["serve", "tiny", *flags])) == expected
+    monkeypatch.setattr("q3tts.api.loading.resolve_device", lambda device: torch.device("cuda"))
+    assert _serve_devices(build_parser().parse_args(["serve", "tiny", *flags])) == expected
 
 
 def test_device_and_devices_are_exclusive(capsys):
     with pytest.raises(SystemExit):
-        _parser().parse_args(["serve", "tiny", "--device", "cpu", "--devices", "cpu,cpu"])
+        build_parser().parse_args(["serve", "tiny", "--device", "cpu", "--devices", "cpu,cpu"])
     assert "not allowed with" in capsys.readouterr().err
 
 
@@ -193,7 +193,7 @@ def _frames_by_engine(url: str) -> dict[str, float]:
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the engine processes through /proc")
 def test_two_engines_behind_one_endpoint(tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "front.log"
     (tmp_path / "tmp").mkdir()
@@ -339,7 +339,7 @@ def test_an_engine_that_cannot_start_stops_the_front(tmp_path):
     del tensors["talker.codec_head.weight"]
     save_file(tensors, folder / "model.safetensors")
     cmd = [sys.executable, "-m", "q3tts.cli", "serve", str(folder), "--devices", "cpu", "--port",
-           str(_free_port()), "--log-level", "warning"]
+           str(free_port()), "--log-level", "warning"]
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TMPDIR": str(tmp_path)})
@@ -352,7 +352,7 @@ def test_an_engine_that_cannot_start_stops_the_front(tmp_path):
 def test_the_front_logs_for_its_user(tmp_path):
     """At the default log level a front says when its engine starts and is ready, and its engine does not log the
     front's polls (20 a second) nor an internal address to connect to."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny", "--devices", "cpu", "--port", str(port)]
     env = {**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "front.log"
@@ -380,7 +380,7 @@ def test_a_signal_to_front_and_engine_at_once_is_a_clean_drain(tmp_path):
     engine's failure: the engine drains longer than its front. (The engine is signalled first here, the order in
     which it used to cut the streams itself, each then logged by the front as failed mid-stream, with a traceback;
     and the front's polls of the draining engine left a refused connection's exception unretrieved.)"""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny", "--devices", "cpu", "--port", str(port),
            "--drain-timeout", "2", "--no-runaway-guard"]
@@ -430,7 +430,7 @@ def test_an_engine_does_not_outlive_its_front(tmp_path, when):
     """A front killed outright (no chance to stop its engines): its engine process notices and exits, instead of
     holding its device for good. Killed while its engine process still starts (imports, loads), the front used to
     be missed: the engine read its parent's id only as its app started, by then the process that adopted it."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny", "--devices", "cpu", "--port", str(port),
            "--log-level", "warning"]
     env = {**os.environ, "Q3TTS_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}

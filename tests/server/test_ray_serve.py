@@ -20,7 +20,7 @@ import soundfile as sf  # noqa: E402
 
 from q3tts.ray_serve import build_app  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
-from tests.server.harness import FRAME, SEED, _free_port, frames, speak_over_websocket  # noqa: E402
+from tests.server.harness import FRAME, SEED, frames, free_port, speak_over_websocket  # noqa: E402
 
 MAX_NEW = 8
 
@@ -65,7 +65,7 @@ def test_arguments_become_deployment_options(tmp_path):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     model = tiny_checkpoint("tiny-base", tmp_path_factory.mktemp("cache"))
-    port = _free_port()
+    port = free_port()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -178,8 +178,21 @@ def test_errors_quote_at_most_40_characters_of_an_unknown_field(server):
         events, _ = _session(ws)
     for error in (response.json()["error"], events[0]["error"]):
         assert error["param"] == f"'{'k' * 40}'... (1000000 characters)", error["param"][:100]
-        assert error["message"] == f"{error['param']}: Extra inputs are not permitted", error["message"][:100]
+        assert error["message"] == f"{error['param']}: unknown field (docs/http-api.md lists the fields each API " \
+                                   "sends)", error["message"][:100]
         assert error["code"] == "invalid_value"
+
+
+def test_a_misspelt_field_is_answered_with_the_closest_one(server):
+    """A typo is refused (nothing a client sent is dropped silently) with the field it probably meant, over HTTP
+    and in the WebSocket's config."""
+    response = httpx.post(server.url + "/v1/audio/speech", json={"inptu": TEXT, "voice": "ryan"})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "inptu: unknown field; did you mean 'input'?"
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "instruction": "Calm."}))
+        events, _ = _session(ws)
+    assert events[0]["error"]["message"] == "instruction: unknown field; did you mean 'instructions'?"
 
 
 def test_text_that_is_not_unicode_is_a_bad_request(server):

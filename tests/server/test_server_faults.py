@@ -23,7 +23,7 @@ pytest.importorskip("fastapi")
 
 import httpx  # noqa: E402
 
-from tests.server.harness import FRAME, SEED, _free_port, children  # noqa: E402
+from tests.server.harness import FRAME, SEED, children, free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SPEECH = "/v1/audio/speech"
@@ -39,7 +39,7 @@ def front(request) -> bool:
 def serve(tmp_path: Path, *flags: str, front: bool = False):
     """`q3tts serve tiny` in its own process (with `front`, a front and its engine process) until the block ends;
     yields (base URL, process)."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "q3tts.cli", "serve", "tiny", "--devices" if front else "--device", "cpu", "--port",
            str(port), "--log-level", "warning", *flags]
     log = tmp_path / f"serve-{port}.log"
@@ -348,10 +348,11 @@ def test_streams_cut_at_the_drain_timeout_end_in_one_line(tmp_path, front):
     assert log.count("/v1/audio/speech/stream [session-1]: closed with 1012, the server is shutting down") == 1, log
 
 
+@pytest.mark.slow(reason="a soak: its length is what it checks (tests/SLOW.md)")
 def test_soak(tmp_path, front):
     """A few minutes of mixed traffic (full streams, SSE, clients that leave, bad requests): the memory and open
     files of the server's processes (a front's engine process too) stay flat."""
-    seconds = float(os.environ.get("Q3TTS_SOAK_SECONDS", "90"))
+    seconds = float(os.environ.get("Q3TTS_SOAK_SECONDS", "60"))
     with serve(tmp_path, "--max-running", "4", front=front) as (url, proc):
         pids = [proc.pid, *children(proc.pid)]
         assert len(pids) == (2 if front else 1)

@@ -78,10 +78,10 @@ def test_query_keys_stay_out_of_the_request_log(tts, capfd):
     import signal
 
     from q3tts.server.app import create_app, uvicorn_server
-    from tests.server.harness import _free_port
+    from tests.server.harness import free_port
 
     config = ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False, api_key="topsecret123",
-                          port=_free_port())
+                          port=free_port())
     handler = signal.getsignal(signal.SIGTERM)
     try:
         server = uvicorn_server(create_app(config, tts), config, "info", lambda: None)  # as `q3tts serve` runs it
@@ -116,7 +116,7 @@ def test_a_client_that_stopped_reading_loses_its_connection_too(tts):
     import socket
 
     from q3tts.server.app import create_app, uvicorn_server
-    from tests.server.harness import _free_port
+    from tests.server.harness import free_port
 
     class StalledClient:  # every body chunk after the first waits forever to be sent
         def __init__(self, app):
@@ -136,7 +136,7 @@ def test_a_client_that_stopped_reading_loses_its_connection_too(tts):
             await self.app(scope, receive, stalled)
 
     config = ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False, send_timeout_s=0.5,
-                          port=_free_port())
+                          port=free_port())
     handler = signal.getsignal(signal.SIGTERM)
     try:
         server = uvicorn_server(StalledClient(create_app(config, tts)), config, "warning", lambda: None)

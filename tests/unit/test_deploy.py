@@ -14,7 +14,7 @@ import pytest
 yaml = pytest.importorskip("yaml")
 pytest.importorskip("fastapi")
 
-from q3tts.cli.commands import _parser  # noqa: E402
+from q3tts.cli.commands import build_parser  # noqa: E402
 from q3tts.server import ServerConfig, create_app  # noqa: E402
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -29,7 +29,7 @@ def routes() -> set[str]:
 
 
 def serve_args(args: list[str]):
-    return _parser().parse_args(["serve", *args])
+    return build_parser().parse_args(["serve", *args])
 
 
 def test_kubernetes_manifests():

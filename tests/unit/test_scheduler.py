@@ -168,3 +168,17 @@ def test_a_request_read_whole_has_no_lead_to_keep():
     running.first_audio, running.frames = 0.0, 5  # 0.6 s "behind" at t = 1.0: nobody plays it
     s.add(seq(1, tokens=100))
     assert [x.request_id for x in admitted(s, 1.0)] == ["r1"]
+
+
+def test_a_live_request_waiting_for_its_first_text_holds_no_one_up():
+    """A request whose prompt is not known yet (live text before its first token: engine/live.py) keeps its place
+    in the queue without being admitted; the ones behind it are, and it is once ready."""
+    s = scheduler(max_running=2)
+    live = seq(0)
+    live.ready = False
+    for x in (live, seq(1)):
+        s.add(x)
+    assert s.has_work() and [x.request_id for x in admitted(s)] == ["r1"]
+    assert s.num_waiting == 1 and not s.has_work()
+    live.ready = True
+    assert s.has_work() and [x.request_id for x in admitted(s)] == ["r0"]

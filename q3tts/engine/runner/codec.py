@@ -132,9 +132,10 @@ class CodecRunner:
         self.inputs[:B].copy_(self.codes[:B])
         if self._taken is not None:
             self._taken.record()
-        replay_or_run(self.graphs, self._decode, B)
+        replay_or_run(self.graphs, self.decode, B)
 
-    def _decode(self, B: int) -> None:
+    def decode(self, B: int) -> None:
+        """One codec step of the first B rows' snapshotted codes (what a codec graph replays)."""
         self.pcm[:B] = self.stream.decode(self.inputs[:B, :, None]).float()
 
     @torch.no_grad()
@@ -143,5 +144,5 @@ class CodecRunner:
         if self.codes.device.type != "cuda":
             return
         # On the codec's own stream, where its eager work runs too (see graphs.py).
-        self.graphs = capture_buckets(self._decode, self.buckets, self.pcm_stream)
+        self.graphs = capture_buckets(self.decode, self.buckets, self.pcm_stream)
         self.stream.reset(list(range(self.codes.shape[0])))

@@ -104,7 +104,7 @@ class StreamingDecoder:
         # Codebook vectors are fixed: stacked once, [num_quantizers * codebook_size, dim] (the whole-sequence
         # decoder recomputes them per call), so one lookup serves all 16 codebooks.
         split = decoder.quantizer
-        books = [layer._codebook.vectors() for rvq in (split.rvq_first, split.rvq_rest) for layer in rvq.vq.layers]
+        books = [layer.vectors() for rvq in (split.rvq_first, split.rvq_rest) for layer in rvq.vq.layers]
         self.codebook = torch.cat(books)
         self.codebook_offsets = torch.arange(len(books), device=self.device)[:, None] * books[0].shape[0]
         self.state = DecoderState(

@@ -28,7 +28,7 @@ from ...sampling import MIN_NEW_TOKENS, TOP_K_ALL, SamplerTensors, SamplingParam
 from ...transfer import RowViews, row_slice, set_row, to_device, to_device_together, zero_rows
 from ..config import EngineConfig
 from ..kv_blocks import KVBlocks, OutOfBlocks
-from ..sequence import Prompt
+from ..prompt import Prompt
 from .graphs import capture_buckets, replay_or_run, side_stream
 from .prefix_cache import PrefixCache
 from .transformer import FlatDecoder, PagedCache
@@ -301,10 +301,11 @@ class ModelRunner:
         where = to_device(where, dev)
         self.prefill_rows[:bucket].copy_(where[0])
         self.prefill_positions[:bucket].copy_(where[1])
-        replay_or_run(self.prefill_graphs, self._prefill, bucket)
+        replay_or_run(self.prefill_graphs, self.prefill, bucket)
         return self.prefill_out[:N]
 
-    def _prefill(self, bucket: int) -> None:
+    def prefill(self, bucket: int) -> None:
+        """The prefill phase over its static buffers' first `bucket` tokens (what a prefill graph replays)."""
         self.prefill_out[:bucket] = self.talker(self.prefill_x[:bucket], self.prefill_rows[:bucket],
                                                 self.prefill_positions[:bucket], self.cache)
 
@@ -369,6 +370,35 @@ class ModelRunner:
         self.cache.v[:, blocks] = to_device(swapped.v, self.device)
         set_row(self.state.tensors(), row, swapped.state)
 
+    def park(self, row: int) -> tuple[list[torch.Tensor], list[int]]:
+        """Takes a live row off the batch (engine/live.py): returns its state (cloned, on the device) and its KV
+        blocks, which it keeps; the row becomes padding."""
+        state = [t[row].clone() for t in self.state.tensors()]
+        blocks = self.kv.detach(row)
+        self._make_padding([row])
+        return state, blocks
+
+    def unpark(self, row: int, state: list[torch.Tensor], blocks: list[int]) -> None:
+        """Puts a parked row back into the empty `row`, unchanged."""
+        self.kv.attach(row, blocks)
+        if blocks:
+            self.cache.block_table[row, :len(blocks)] = to_device(blocks, self.device, torch.int32)
+        set_row(self.state.tensors(), row, state)
+
+    def swap_out_parked(self, state: list[torch.Tensor], blocks: list[int]) -> SwappedRow:
+        """A parked row preempted: its KV blocks' contents to host memory (as `swap_out`), the blocks freed."""
+        where = to_device(blocks, self.device)
+        host = (lambda t: t.to("cpu", non_blocking=True)) if self.device.type == "cuda" else (lambda t: t)
+        swapped = SwappedRow(state=state, k=host(self.cache.k[:, where]), v=host(self.cache.v[:, where]))
+        self.kv.release_blocks(blocks)
+        return swapped
+
+    def set_trailing(self, row: int, start: int, ids: list[int]) -> None:
+        """Writes a live row's trailing text ids `start..` (arrived since) and its trailing length."""
+        s = self.state
+        s.trailing_ids[row, start:start + len(ids)] = to_device(ids, self.device, torch.int32)
+        s.trailing_len[row] = start + len(ids)
+
     # ---- the frame -------------------------------------------------------------------------------------------
 
     def bucket(self, num_rows: int) -> int:
@@ -380,7 +410,7 @@ class ModelRunner:
     @torch.no_grad()
     def step(self, num_rows: int) -> None:
         """One frame for rows 0..num_rows-1 (the padding rows of the bucket run too, harmlessly)."""
-        replay_or_run(self.graphs, self._frame, self.bucket(num_rows))
+        replay_or_run(self.graphs, self.frame, self.bucket(num_rows))
 
     @torch.no_grad()
     def capture_graphs(self, stream: torch.cuda.Stream | None = None) -> None:
@@ -389,11 +419,12 @@ class ModelRunner:
         if self.device.type != "cuda" or not self.config.use_graphs:
             return
         stream = stream or side_stream()
-        self.graphs = capture_buckets(self._frame, self.config.buckets, stream)
-        self.prefill_graphs = capture_buckets(self._prefill, self.config.prefill_buckets, stream)
-        self._reset_state()
+        self.graphs = capture_buckets(self.frame, self.config.buckets, stream)
+        self.prefill_graphs = capture_buckets(self.prefill, self.config.prefill_buckets, stream)
+        self.reset_state()
 
-    def _reset_state(self) -> None:
+    def reset_state(self) -> None:
+        """Every row back to padding (after graph capture or memory profiling ran frames on the static state)."""
         cfg, tc = self.config, self.model.talker.config
         self.state = _copy_into(self.state, RowState(cfg.max_rows, tc.hidden_size, tc.vocab_size, cfg.max_trailing,
                                                      self.dtype, self.device))
@@ -412,19 +443,21 @@ class ModelRunner:
             return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
         return F.linear(hidden, weight).float()
 
-    def _frame(self, B: int) -> None:
-        embeds, counters = self._frame_inputs(B)
-        c0 = self._sample_codebook0(B, counters, embeds[0])
-        codes = self._predict_residual_codes(B, c0, counters, embeds)
-        self._talker_step(B, c0, codes, _frame_sum(embeds))
+    def frame(self, B: int) -> None:
+        """One frame of the first B rows (what a frame graph replays), in its four phases, each public for the
+        benchmarks' per-phase timings: `frame_inputs`, `sample_codebook0`, `predict_residual_codes`, `talker_step`."""
+        embeds, counters = self.frame_inputs(B)
+        c0 = self.sample_codebook0(B, counters, embeds[0])
+        codes = self.predict_residual_codes(B, c0, counters, embeds)
+        self.talker_step(B, c0, codes, frame_sum(embeds))
 
-    def _frame_inputs(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def frame_inputs(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The frame's buffer for its 16 codes' embedding rows [16, B, H] (each gathered by the draw of its code)
         and its draws' noise counters (these + the codebook)."""
         embeds = torch.empty(16, B, self.model.talker.config.hidden_size, dtype=self.dtype, device=self.device)
         return embeds, self.state.steps[:B] * 16
 
-    def _sample_codebook0(self, B: int, counters: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+    def sample_codebook0(self, B: int, counters: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
         """Codebook 0's codes, their embedding rows into `embed`."""
         s, talker = self.state, self.model.talker
         tc = talker.config
@@ -433,7 +466,7 @@ class ModelRunner:
         return sample_tokens(self._head(s.hidden[:B], talker.codec_head.weight), s.talker_sampler.prefix(B),
                              s.seeds[:B], counters, procs, gather=[(talker.model.codec_embedding.weight, embed)])
 
-    def _predict_residual_codes(self, B: int, c0: torch.Tensor, counters: torch.Tensor,
+    def predict_residual_codes(self, B: int, c0: torch.Tensor, counters: torch.Tensor,
                                 embeds: torch.Tensor) -> list[torch.Tensor]:
         """The 15 code-predictor steps with their sampling; returns the 16 codes, their embedding rows in
         `embeds` [16, B, H] (embeds[0]: codebook 0's, given)."""
@@ -446,14 +479,14 @@ class ModelRunner:
         logits = self._head(h, cp.lm_head[0].weight, norm)
         codes = [c0]
         for g in range(cp.config.num_code_groups - 1):
-            gather, x, step = self._cp_gather(g, embeds)
+            gather, x, step = self.cp_gather(g, embeds)
             codes.append(sample_tokens(logits, sampler, seeds, counters, offset=g + 1, gather=gather))
             if g < cp.config.num_code_groups - 2:
                 logits = self._cp_logits(x, self.row_ids[:B], self.cp_positions[g + 2, :B], cp.lm_head[g + 1].weight,
                                          **step)
         return codes
 
-    def _cp_gather(self, g: int, embeds: torch.Tensor) -> tuple[list, torch.Tensor, dict]:
+    def cp_gather(self, g: int, embeds: torch.Tensor) -> tuple[list, torch.Tensor, dict]:
         """What the code predictor's draw g gathers (sample_tokens' `gather`) and what its next step takes: the
         code's embedding row into embeds[g + 1]; but for the last draw, with cp_input_tables the next step's input
         projected into a buffer of its own, with cp_qkv_tables that input's first qkv product into another ->
@@ -505,7 +538,7 @@ class ModelRunner:
             return h[keep], (self.cp.final_norm, None if squares is None else squares[:, keep])
         return self.cp(x, rows, positions, self.cp_cache, decode, fused, qkv0=qkv0, pairs=pairs)[keep], None
 
-    def _talker_step(self, B: int, c0: torch.Tensor, codes: list[torch.Tensor], frame: torch.Tensor) -> None:
+    def talker_step(self, B: int, c0: torch.Tensor, codes: list[torch.Tensor], frame: torch.Tensor) -> None:
         """Feeds the frame plus this step's trailing text (TTS_PAD once used up) and updates the row state."""
         s, talker = self.state, self.model.talker
         steps = s.steps[:B]
@@ -537,7 +570,7 @@ class ModelRunner:
         T, L = codes.shape[0], prompt.embeds.shape[0]
         embeds = [talker.model.codec_embedding(codes[:, 0])]
         embeds += [cp.model.codec_embedding[g](codes[:, g + 1]) for g in range(cp.config.num_code_groups - 1)]
-        frame = _frame_sum(torch.stack(embeds))
+        frame = frame_sum(torch.stack(embeds))
         trailing = torch.tensor(prompt.trailing_ids + [self.model.config.tts_pad_token_id] * T, device=self.device)
         steps = frame + talker.embed_text(trailing[:T]).float()
         if L + T > self.max_context:
@@ -595,7 +628,7 @@ def _copy_into(old: RowState, new: RowState) -> RowState:
     return old
 
 
-def _frame_sum(embeds: torch.Tensor) -> torch.Tensor:
+def frame_sum(embeds: torch.Tensor) -> torch.Tensor:
     """The frame embedding F(c) = Ec(c0) + sum_j Ecp[j](c_j+1) from the codes' rows embeds [16, ..., H]: added in
     that order in fp32 (as the reference loop). On CUDA, cumsum over the first axis scans in order in fp32: 2
     kernels where adding one by one takes 30; the CPU's cumsum accumulates in double, so there they are added one

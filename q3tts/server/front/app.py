@@ -49,6 +49,7 @@ from ..guard import RequestGuard
 from ..metrics import CONTENT_TYPE, ServerMetrics
 from ..middleware import RequestContextMiddleware, drop_connection, request_id_of
 from ..routes import dialogue, playground, speech
+from ..routes.nari import PROTOCOL as NARI_PROTOCOL
 from ..routes.websocket import send_error
 from ..schemas import SpeechRequest
 from . import upstream
@@ -297,6 +298,28 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
             metrics.count_error(e.code)
             await send_error(websocket, e)
 
+    @app.websocket("/v1/audio/speech/ws")
+    async def nari_speech(websocket: WebSocket) -> None:
+        """nari's nari.speech.v1 (server/routes/nari.py), relayed to an engine process as the session above: the
+        live text travels with it."""
+        if not await websocket_authorized(websocket):
+            return
+        if NARI_PROTOCOL not in websocket.scope.get("subprotocols", []):
+            await websocket.accept()
+            await websocket.close(code=1002, reason=f"required subprotocol: {NARI_PROTOCOL}")
+            return
+        await websocket.accept(subprotocol=NARI_PROTOCOL)
+        try:
+            backend = backends.pick()
+            backend.sessions += 1
+            try:
+                await _relay(backend, websocket, [NARI_PROTOCOL])
+            finally:
+                backend.sessions -= 1
+        except errors.APIError as e:
+            metrics.count_error(e.code)
+            await send_error(websocket, e)
+
     return app
 
 
@@ -328,8 +351,8 @@ async def _forward(backend: Backend, request: Request, body: bytes) -> Response:
     return relayed
 
 
-async def _relay(backend: Backend, websocket: WebSocket) -> None:
-    """A WebSocket session relayed to `backend`, both ways, until either side closes."""
+async def _relay(backend: Backend, websocket: WebSocket, subprotocols: list[str] | None = None) -> None:
+    """A WebSocket session relayed to `backend`, both ways, until either side closes (offering `subprotocols`)."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import WebSocketException
 
@@ -338,7 +361,7 @@ async def _relay(backend: Backend, websocket: WebSocket) -> None:
     if "authorization" in websocket.headers:
         headers["authorization"] = websocket.headers["authorization"]
     try:
-        async with connect(url, additional_headers=headers, max_size=None) as upstream:
+        async with connect(url, additional_headers=headers, max_size=None, subprotocols=subprotocols) as upstream:
             async def client_to_engine() -> None:
                 with contextlib.suppress(WebSocketDisconnect):
                     while (message := await websocket.receive())["type"] != "websocket.disconnect":

@@ -331,7 +331,7 @@ async def _setup(service: SpeechService, message: dict[str, Any]) -> Setup:
     try:
         config = StreamConfig.model_validate(message)
     except ValidationError as e:
-        raise errors.from_validation(e) from e
+        raise errors.from_validation(e, StreamConfig) from e
     service.check_limits(config)
     service.check_ready()
     service.check_model(config.model)

@@ -10,8 +10,7 @@ import sys
 import wave
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
-from livekit_tts import synthesize  # noqa: E402
+from livekit_tts import synthesize  # (examples/: on PYTHONPATH, set by tests/clients/test_livekit.py)
 
 
 def main() -> None:

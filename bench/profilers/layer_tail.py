@@ -3,31 +3,45 @@ RMSNorm, gate/up + SwiGLU, down, add + RMSNorm, the next qkv) against the kernel
 graphs over distinct weights (cold L2), and where its time goes: each program's clock at each phase's start and end (the
 phase's own time, slowest program, and the wait at the barrier after it). GPU machine only (Hopper).
 
-usage: python bench/layer_tail.py [--shapes 1024x3072,2048x6144] [--rows 64,128] [--layers 8] [--rings 6:128,8:96]
-       (--rings: weight-tile slots : KB of input chunks, each pair a run)
+usage: python bench/profilers/layer_tail.py [--shapes 1024x3072,2048x6144] [--rows 64,128] [--layers 8]
+       [--rings 6:128,8:96]   (--rings: weight-tile slots : KB of input chunks, each pair a run)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
+import statistics
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from persistent_probe import graph_ms  # noqa: E402
-
-from q3tts.kernels import persistent  # noqa: E402
+from q3tts.kernels import persistent
 from q3tts.kernels.activation import silu_mul
 from q3tts.kernels.norm import add_rmsnorm
-from q3tts.layers.attention import FusedLayerWeights  # noqa: E402
+from q3tts.layers.attention import FusedLayerWeights
 
 PHASES = ["o", "norm", "gate/up", "down", "norm", "qkv"]
+
+
+def graph_ms(fn, replays: int = 50) -> float:
+    """GPU ms of one call of `fn` captured in a CUDA graph: the median of `replays` replays, each timed alone (as
+    the persistent probe of perf-notes 79 timed them, so that this script's numbers compare with its)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def layer(hidden: int, inter: int, g: torch.Generator) -> FusedLayerWeights:

@@ -1,7 +1,7 @@
 """Per-kernel GPU time of one frame (eager, so every kernel is visible to the profiler; the graph runs the
 same kernels without the launch gaps). GPU machine only.
 
-usage: python bench/profile_frame.py [--model 0.6B-Base] [--batches 1,64]
+usage: python bench/profilers/profile_frame.py [--model 0.6B-Base] [--batches 1,64]
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ def main() -> None:
         for row in range(B):
             runner.grow(row, prompt.num_positions + 101)
         for _ in range(3):
-            runner._frame(B)
+            runner.frame(B)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.frames):
-                runner._frame(B)
+                runner.frame(B)
             torch.cuda.synchronize()
         runner.release_rows(list(range(B)))
         totals, counts = defaultdict(float), defaultdict(int)

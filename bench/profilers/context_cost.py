@@ -7,7 +7,7 @@ events (ms per frame against the rows' mean context), (2) the talker's decode at
 talker's shapes for each context in `--contexts`, every row at that context (graph-timed, 28 calls per replay:
 a frame's worth). Random weights at the real configs, EOS off. GPU machine only.
 
-usage: python bench/context_cost.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,64] [--frames 440] [--every 60]
+usage: python bench/profilers/context_cost.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,64] [--frames 440] [--every 60]
                                     [--contexts 16,64,128,256,448]
 """
 

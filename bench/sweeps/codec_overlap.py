@@ -2,7 +2,7 @@
 model computes the next frame (overlap) and after it (sequential), per batch size: decides
 `CodecRunner.overlap_max_rows`. Random full-size weights, EOS off. GPU machine only.
 
-usage: python bench/codec_overlap.py [--size 1.7B-Base] [--batches 16,32,64,128]
+usage: python bench/sweeps/codec_overlap.py [--size 1.7B-Base] [--batches 16,32,64,128]
 """
 
 from __future__ import annotations

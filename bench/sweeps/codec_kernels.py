@@ -5,7 +5,7 @@ unit per channel count against the two convolutions it replaces. `--ceiling`: ea
 matrix product of its unrolled input ([rows, k * C_in] @ [k * C_in, C_out], the unrolling not timed), summed
 over the vocoder: what a library GEMM would need for the same work. GPU machine only.
 
-usage: python bench/codec_kernels.py [--batches 1,64] [--units] [--ceiling] [--no-sweep]
+usage: python bench/sweeps/codec_kernels.py [--batches 1,64] [--units] [--ceiling] [--no-sweep]
 """
 
 from __future__ import annotations

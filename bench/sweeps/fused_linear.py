@@ -11,7 +11,7 @@ The weights are read from memory as in a frame, not from L2: each timed call rea
 overflow L2 (a frame streams ~5 GB of weights through a 50 MB L2; the code predictor's 4-12 MB matrices would
 otherwise stay there between the timed calls, and tiles chosen that way favour L2 over DRAM).
 
-usage: python bench/fused_linear.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,2,64] [--out tiles.json]
+usage: python bench/sweeps/fused_linear.py [--sizes 0.6B-Base,1.7B-Base] [--batches 1,2,64] [--out tiles.json]
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 times them, with the device synchronised around each step of prompt building, row setup, prefill, codec start,
 first frame and its decode (each step's host and synchronised ms, median of `--reps`). GPU machine only.
 
-usage: python bench/profile_burst.py [--model 1.7B-Base] [--batch 64] [--ref-seconds 0] [--cached] [--new-voices]
-                                    [--reps 5] [--torch-profile]
+usage: python bench/profilers/profile_burst.py [--model 1.7B-Base] [--batch 64] [--ref-seconds 0] [--cached]
+                                              [--new-voices] [--reps 5] [--torch-profile]
 """
 
 from __future__ import annotations

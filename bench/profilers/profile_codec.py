@@ -1,7 +1,7 @@
 """Where the incremental codec decoder's GPU time goes: per-kernel profile of one frame step, graph-replay
 time per batch size and per stage (random full-size weights, bf16, one frame per row per call). GPU machine only.
 
-usage: python bench/profile_codec.py [--batches 1,16,64]
+usage: python bench/profilers/profile_codec.py [--batches 1,16,64]
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Tuning sweeps: the measured tables in q3tts come from these (bench/README.md)."""

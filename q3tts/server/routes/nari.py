@@ -1,0 +1,244 @@
+"""`WS /v1/audio/speech/ws`: nari-qwen3-tts's `nari.speech.v1` protocol, live text into one generation.
+
+The client offers the subprotocol `nari.speech.v1` (else the server closes with 1002). Events (JSON text frames;
+docs/websocket.md has them field by field):
+  server: `session.created {protocol, audio: {encoding: "pcm_s16le", sample_rate, channels: 1}}`
+  client: `request.start {model?, voice, language, instructions | instruct | instruction, seed, sampling...}`
+  server: `request.configured`
+  client: `input_text.append {sequence, text}` (sequence 0, 1, ... across appends and the end)
+  server: `input_text.ack {event, sequence, request_id}` (request_id null until the generation started), and
+          `response.started {request_id, audio}` before the first audio, once the first text token is final
+  client: `input_text.end {sequence}` or `response.cancel`
+  server: binary frames (16-bit little-endian mono PCM at the model's 24 kHz), then
+          `response.done {request_id, stop_reason: "stop" | "cancelled", audio_chunks}`, close 1000.
+Errors: `error {request_id, error: {type, code, message, param}}`, then close 1008 (1009: text over a limit, 1011:
+a server failure). The text goes into a live request (`q3tts.api.live`): the codes are the whole text's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from contextlib import suppress
+from typing import Any, Literal
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+
+from ...api.live import LiveRequest
+from ...engine import EngineError
+from ...engine.live import LiveTextTimeout
+from ...errors import RequestError
+from .. import errors
+from ..auth import websocket_authorized
+from ..schemas import SpeechSettings
+from ..service import SpeechService, api_error
+
+router = APIRouter()
+PROTOCOL = "nari.speech.v1"
+LIVE_TEXT_FACTOR = 16  # a session's text may reach this many times --max-input-chars
+TEXT_WAIT_S = 30.0  # how long a started generation waits for its next text
+
+
+class NariStart(SpeechSettings):
+    """`request.start`: the fields of /v1/audio/speech but `input`, nari's instruction names, raw PCM only."""
+
+    type: Literal["request.start"]
+    model: str | None = None
+    instruct: str | None = None
+    instruction: str | None = None
+    response_format: Literal["pcm", "pcm16", "pcm_s16le"] = "pcm"
+
+
+class ProtocolError(Exception):
+    def __init__(self, code: str, message: str, close_code: int = 1008, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.close_code, self.param = code, message, close_code, param
+
+
+@router.websocket("/v1/audio/speech/ws")
+async def nari_speech(websocket: WebSocket) -> None:
+    if not await websocket_authorized(websocket):
+        return
+    if PROTOCOL not in websocket.scope.get("subprotocols", []):
+        await websocket.accept()
+        await websocket.close(code=1002, reason=f"required subprotocol: {PROTOCOL}")
+        return
+    await websocket.accept(subprotocol=PROTOCOL)
+    await NariSession(websocket, websocket.app.state.service).run()
+
+
+class NariSession:
+    """One connection: one request.start, its text, its audio."""
+
+    def __init__(self, websocket: WebSocket, service: SpeechService):
+        self.websocket, self.service = websocket, service
+        self.request_id: str | None = None
+        self.live: LiveRequest | None = None
+        self.audio: asyncio.Task | None = None
+        self.sequence = 0  # the next one expected
+        self.chars = 0
+
+    @property
+    def audio_format(self) -> dict[str, Any]:
+        return {"encoding": "pcm_s16le", "sample_rate": self.service.tts.sample_rate, "channels": 1}
+
+    async def run(self) -> None:
+        try:
+            await self.websocket.send_json({"type": "session.created", "protocol": PROTOCOL,
+                                            "audio": self.audio_format})
+            stop_reason = await self._events()
+            chunks = await self.audio if self.audio is not None else 0
+            await self.websocket.send_json({"type": "response.done", "request_id": self.request_id,
+                                            "stop_reason": stop_reason, "audio_chunks": chunks})
+            await self.websocket.close(code=1000)
+        except ProtocolError as e:
+            await self._error(e.code, e.message, e.close_code, e.param)
+        except errors.APIError as e:
+            await self._error(e.code or "invalid_request", e.message, 1011 if e.status >= 500 else 1008, e.param,
+                              e.type)
+        except LiveTextTimeout as e:
+            await self._error("input_timeout", str(e), 1008)
+        except EngineError as e:
+            await self._error("generation_failed", str(e), 1011, error_type="server_error")
+        except WebSocketDisconnect:
+            pass
+        finally:
+            if self.live is not None:
+                self.live.cancel()
+            if self.audio is not None and not self.audio.done():
+                self.audio.cancel()
+                with suppress(BaseException):
+                    await self.audio
+
+    async def _events(self) -> str:
+        """Handles the client's events until the text ends or the client cancels; returns the stop reason."""
+        while True:
+            event = await self._receive()
+            kind = event.get("type")
+            if kind == "request.start":
+                await self._start(event)
+            elif kind == "input_text.append":
+                await self._append(event)
+            elif kind == "input_text.end":
+                await self._end(event)
+                return "stop"
+            elif kind == "response.cancel":
+                if self.live is None:
+                    raise ProtocolError("invalid_state", "response.cancel before request.start")
+                self.live.cancel()
+                return "cancelled"
+            else:
+                raise ProtocolError("unknown_event", f"unsupported event type {str(kind)[:40]!r}")
+
+    async def _receive(self) -> dict[str, Any]:
+        message = await self.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        if message.get("text") is None:
+            raise ProtocolError("invalid_event", "events are JSON text frames")
+        try:
+            event = json.loads(message["text"])
+        except ValueError as e:
+            raise ProtocolError("invalid_event", f"invalid JSON: {e}") from e
+        if not isinstance(event, dict):
+            raise ProtocolError("invalid_event", "an event is a JSON object")
+        return event
+
+    async def _start(self, event: dict[str, Any]) -> None:
+        if self.live is not None:
+            raise ProtocolError("invalid_state", "the request was already started (one per connection)")
+        try:
+            start = NariStart.model_validate(event)
+        except ValidationError as e:
+            error = e.errors()[0]
+            raise ProtocolError("invalid_request", f"request.start: {error['msg']}",
+                                param=".".join(map(str, error["loc"])) or None) from e
+        service = self.service
+        names = [n for n in (start.instructions, start.instruct, start.instruction) if n is not None]
+        if len(names) > 1:
+            raise ProtocolError("invalid_request", "set one of instructions, instruct and instruction",
+                                param="instructions")
+        start.instructions = names[0] if names else None
+        service.check_limits(start)
+        service.check_ready()
+        service.check_model(start.model)
+        choice = await service.resolve_voice(start)
+        seed = start.seed if start.seed is not None else service.random_seed()
+        try:
+            self.live = service.tts.live(speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
+                                         language=choice.language, seed=seed, pcm_format="int16",
+                                         max_text_wait_s=TEXT_WAIT_S, runaway_guard=service.config.runaway_guard,
+                                         **start.sampling())
+        except RequestError as e:
+            raise api_error(e) from e
+        self.request_id = f"ws-{uuid.uuid4().hex}"
+        await self.websocket.send_json({"type": "request.configured"})
+
+    def _check_sequence(self, event: dict[str, Any], kind: str) -> int:
+        if self.live is None or self.live.ended:
+            raise ProtocolError("invalid_state", f"{kind} " + ("before request.start" if self.live is None
+                                                               else "after input_text.end"))
+        sequence = event.get("sequence")
+        if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence != self.sequence:
+            raise ProtocolError("invalid_sequence", f"expected sequence {self.sequence}, got {sequence!r}",
+                                param="sequence")
+        self.sequence += 1
+        return sequence
+
+    async def _append(self, event: dict[str, Any]) -> None:
+        sequence = self._check_sequence(event, "input_text.append")
+        text = event.get("text")
+        if not isinstance(text, str) or not text:
+            raise ProtocolError("invalid_request", "input_text.append needs a non-empty string `text`", param="text")
+        limit = self.service.config.max_input_chars
+        self.chars += len(text)
+        if len(text) > limit or self.chars > LIVE_TEXT_FACTOR * limit:
+            raise ProtocolError("input_too_large", f"text over this server's limit ({limit} characters per append, "
+                                f"{LIVE_TEXT_FACTOR * limit} per request)", 1009, "text")
+        self._live_call(self.live.append, text)
+        await self._start_audio()
+        await self._ack("input_text.append", sequence)
+
+    async def _end(self, event: dict[str, Any]) -> None:
+        sequence = self._check_sequence(event, "input_text.end")
+        self._live_call(self.live.end)
+        await self._start_audio()
+        await self._ack("input_text.end", sequence)
+
+    def _live_call(self, method, *args: Any) -> None:
+        try:
+            method(*args)
+        except RequestError as e:
+            too_long = "over" in e.message or "at most" in e.message
+            raise ProtocolError("input_too_large" if too_long else "invalid_request", e.message,
+                                1009 if too_long else 1008, e.param) from e
+
+    async def _ack(self, kind: str, sequence: int) -> None:
+        await self.websocket.send_json({"type": "input_text.ack", "event": kind, "sequence": sequence,
+                                        "request_id": self.request_id if self.audio is not None else None})
+
+    async def _start_audio(self) -> None:
+        """Once the first text token is final: response.started, and the audio task."""
+        if self.audio is not None or self.live.feed.prompt is None:
+            return
+        await self.websocket.send_json({"type": "response.started", "request_id": self.request_id,
+                                        "audio": self.audio_format})
+        self.audio = asyncio.ensure_future(self._send_audio())
+
+    async def _send_audio(self) -> int:
+        chunks = 0
+        async for chunk in self.live:
+            if len(chunk.pcm):
+                await self.websocket.send_bytes(chunk.pcm.tobytes())
+                chunks += 1
+        return chunks
+
+    async def _error(self, code: str, message: str, close_code: int, param: str | None = None,
+                     error_type: str = "invalid_request_error") -> None:
+        with suppress(Exception):  # the client may be gone already
+            await self.websocket.send_json({"type": "error", "request_id": self.request_id,
+                                            "error": {"type": error_type, "code": code, "message": message,
+                                                      "param": param}})
+            await self.websocket.close(code=close_code)

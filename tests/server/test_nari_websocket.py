@@ -1,0 +1,150 @@
+"""nari's `nari.speech.v1` WebSocket (`/v1/audio/speech/ws`, server/routes/nari.py) end to end: a real server,
+a real WebSocket client. The audio is the live request's, so the whole text's codes in streaming-text mode."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("websockets")
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+from q3tts.server.config import ServerConfig  # noqa: E402
+from q3tts.tiny import tiny_checkpoint  # noqa: E402
+from tests.server.harness import ServerThread, load_tiny, pcm_samples  # noqa: E402
+
+TEXT = "Hello world, this is live text."
+START = {"type": "request.start", "model": "tiny", "voice": "ryan", "language": "english", "seed": 9,
+         "max_new_tokens": 16}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    config = ServerConfig(model=str(tiny_checkpoint("tiny", cache)), served_model_name="tiny", device="cpu",
+                          max_running=2, max_waiting=4, max_context=512, max_input_chars=200)
+    with ServerThread(config, load_tiny("tiny", cache)) as running:
+        yield running
+
+
+def session(server):
+    return connect(server.ws_url + "/v1/audio/speech/ws", subprotocols=["nari.speech.v1"])
+
+
+def events_until_close(ws) -> tuple[list[dict], bytes]:
+    events, audio = [], b""
+    try:
+        while True:
+            message = ws.recv(timeout=60)
+            if isinstance(message, bytes):
+                audio += message
+            else:
+                events.append(json.loads(message))
+    except ConnectionClosed:
+        return events, audio
+
+
+def speak(server, words: list[str], delay: float = 0.0, start: dict = START) -> tuple[list[dict], bytes, int]:
+    with session(server) as ws:
+        assert ws.subprotocol == "nari.speech.v1"
+        created = json.loads(ws.recv(timeout=30))
+        assert created == {"type": "session.created", "protocol": "nari.speech.v1",
+                           "audio": {"encoding": "pcm_s16le", "sample_rate": 24000, "channels": 1}}
+        ws.send(json.dumps(start))
+        assert json.loads(ws.recv(timeout=30)) == {"type": "request.configured"}
+        for sequence, word in enumerate(words):
+            ws.send(json.dumps({"type": "input_text.append", "sequence": sequence, "text": word}))
+            time.sleep(delay)
+        ws.send(json.dumps({"type": "input_text.end", "sequence": len(words)}))
+        events, audio = events_until_close(ws)
+        return events, audio, ws.close_code
+
+
+def test_live_text_session_speaks_the_whole_texts_audio(server):
+    tts = server.app.state.service.tts
+    stream = tts.stream(TEXT, speaker="ryan", language="english", seed=9, max_new_tokens=16,
+                        non_streaming_mode=False, runaway_guard=server.config.runaway_guard, pcm_format="int16")
+    expected = np.concatenate([c.pcm for c in stream])
+    words = TEXT.split(" ")
+    events, audio, code = speak(server, [words[0]] + [" " + w for w in words[1:]], delay=0.01)
+    assert code == 1000
+    kinds = [e["type"] for e in events]
+    assert kinds.count("input_text.ack") == len(words) + 1 and kinds.count("response.started") == 1
+    started = next(e for e in events if e["type"] == "response.started")
+    assert started["audio"]["sample_rate"] == 24000 and started["request_id"].startswith("ws-")
+    acks = [e for e in events if e["type"] == "input_text.ack"]
+    assert [a["sequence"] for a in acks] == list(range(len(words) + 1))
+    assert acks[-1]["event"] == "input_text.end" and acks[-1]["request_id"] == started["request_id"]
+    done = events[-1]
+    assert done["type"] == "response.done" and done["stop_reason"] == "stop"
+    assert done["request_id"] == started["request_id"] and done["audio_chunks"] > 0
+    np.testing.assert_allclose(pcm_samples(audio), expected, atol=2)
+
+
+def test_cancel_ends_the_response(server):
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps(START))
+        ws.recv(timeout=30)
+        ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "Hello there, this waits "}))
+        time.sleep(0.3)
+        ws.send(json.dumps({"type": "response.cancel"}))
+        events, _ = events_until_close(ws)
+        assert events[-1]["type"] == "response.done" and events[-1]["stop_reason"] == "cancelled"
+        assert ws.close_code == 1000
+    server.wait_idle()
+
+
+def test_disconnect_frees_the_row(server):
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps(START))
+        ws.recv(timeout=30)
+        ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "Hello there, this waits "}))
+        time.sleep(0.3)
+    server.wait_idle()
+    assert not server.engine.num_parked and not server.engine.num_live
+
+
+@pytest.mark.parametrize("events, code, close", [
+    ([{"type": "input_text.append", "sequence": 1, "text": "Hi "}], "invalid_sequence", 1008),
+    ([{"type": "input_text.append", "sequence": 0, "text": "Hi "},
+      {"type": "input_text.append", "sequence": 0, "text": "again "}], "invalid_sequence", 1008),
+    ([{"type": "input_text.append", "sequence": 0, "text": "x" * 201}], "input_too_large", 1009),
+    ([{"type": "input_text.append", "sequence": 0, "text": "Hi "}, {"type": "input_text.end", "sequence": 1},
+      {"type": "input_text.append", "sequence": 2, "text": "late"}], None, 1000),
+    ([{"type": "input_text.end", "sequence": 0}], "invalid_request", 1008),
+    ([{"type": "nonsense"}], "unknown_event", 1008),
+    ([{"type": "input_text.append", "sequence": 0, "text": ""}], "invalid_request", 1008),
+])
+def test_bad_input_is_an_error_event(server, events, code, close):
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps(START))
+        ws.recv(timeout=30)
+        for event in events:
+            ws.send(json.dumps(event))
+        got, _ = events_until_close(ws)
+        if code is None:  # text after the end: the session had ended, the late text is never read
+            assert got[-1]["type"] == "response.done"
+        else:
+            assert got[-1]["type"] == "error" and got[-1]["error"]["code"] == code, got[-1]
+        assert ws.close_code == close
+    server.wait_idle()
+
+
+def test_bad_start_and_missing_subprotocol(server):
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps({**START, "voice": "nobody"}))
+        got, _ = events_until_close(ws)
+        assert got[-1]["type"] == "error" and ws.close_code == 1008
+        assert "nobody" in got[-1]["error"]["message"]
+    with connect(server.ws_url + "/v1/audio/speech/ws") as ws:
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+        assert ws.close_code == 1002
