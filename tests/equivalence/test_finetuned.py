@@ -55,14 +55,23 @@ def tts(sft) -> TTS:
     return TTS.from_pretrained(sft)
 
 
-def test_the_new_speaker_gives_the_official_codes(sft, tts, oracle, tmp_path, monkeypatch):
-    calls = [{"method": "generate_custom_voice",
-              "kwargs": {"text": ["Good morning, seven stars.", "Hello there."], "speaker": [SPEAKER, SPEAKER],
-                         "language": ["english", "auto"], "max_new_tokens": 10, **GREEDY}}]
-    (tmp_path / "calls.json").write_text(json.dumps(calls))
-    oracle.run("generate.py", sft, tmp_path / "calls.json", tmp_path / "out.pt")
-    official = torch.load(tmp_path / "out.pt", weights_only=False)[0]
-    ours = run_ours(tts, calls[0], monkeypatch)
+CALL = {"method": "generate_custom_voice",
+        "kwargs": {"text": ["Good morning, seven stars.", "Hello there."], "speaker": [SPEAKER, SPEAKER],
+                   "language": ["english", "auto"], "max_new_tokens": 10, **GREEDY}}
+
+
+@pytest.fixture(scope="module")
+def official(sft, oracle, tmp_path_factory) -> dict:
+    """The official package's output on the fine-tune (one oracle process, paid once: its imports and start-up
+    are most of its time)."""
+    folder = tmp_path_factory.mktemp("official")
+    (folder / "calls.json").write_text(json.dumps([CALL]))
+    oracle.run("generate.py", sft, folder / "calls.json", folder / "out.pt")
+    return torch.load(folder / "out.pt", weights_only=False)[0]
+
+
+def test_the_new_speaker_gives_the_official_codes(tts, official, monkeypatch):
+    ours = run_ours(tts, CALL, monkeypatch)
     assert len(ours["codes"]) == len(official["codes"]) == 2
     for mine, theirs in zip(ours["codes"], official["codes"]):
         assert mine.shape == theirs.shape and torch.equal(mine, theirs.cpu())

@@ -50,17 +50,27 @@ def checkpoint(tmp_path_factory) -> Path:
     return write_tiny_checkpoint(tmp_path_factory.mktemp("lora") / "ckpt", "custom_voice", "0b6", seed=6)
 
 
-def test_merged_codes_equal_peft_on_the_official_model(checkpoint, oracle, tmp_path, monkeypatch):
-    adapter = write_adapter(tmp_path / "adapter", checkpoint)
-    calls = [{"method": "generate_custom_voice",
-              "kwargs": {"text": ["Good morning, seven stars.", "Hello there."], "speaker": ["ryan", "vivian"],
-                         "language": ["english", "auto"], "max_new_tokens": 10, **GREEDY}}]
-    (tmp_path / "calls.json").write_text(json.dumps(calls))
-    oracle.run("generate.py", checkpoint, tmp_path / "calls.json", tmp_path / "out.pt", adapter)
-    official = torch.load(tmp_path / "out.pt", weights_only=False)[0]
-    merged = run_ours(TTS.from_pretrained(checkpoint, lora=adapter), calls[0], monkeypatch)
-    plain = run_ours(TTS.from_pretrained(checkpoint), calls[0], monkeypatch)
-    for mine, theirs, before in zip(merged["codes"], official["codes"], plain["codes"]):
+CALL = {"method": "generate_custom_voice",
+        "kwargs": {"text": ["Good morning, seven stars.", "Hello there."], "speaker": ["ryan", "vivian"],
+                   "language": ["english", "auto"], "max_new_tokens": 10, **GREEDY}}
+
+
+@pytest.fixture(scope="module")
+def official(checkpoint, oracle, tmp_path_factory) -> tuple[Path, dict]:
+    """A random adapter and the official model's output with it applied by peft (one oracle process, paid once:
+    its imports and start-up are most of its time)."""
+    folder = tmp_path_factory.mktemp("peft")
+    adapter = write_adapter(folder / "adapter", checkpoint)
+    (folder / "calls.json").write_text(json.dumps([CALL]))
+    oracle.run("generate.py", checkpoint, folder / "calls.json", folder / "out.pt", adapter)
+    return adapter, torch.load(folder / "out.pt", weights_only=False)[0]
+
+
+def test_merged_codes_equal_peft_on_the_official_model(checkpoint, official, monkeypatch):
+    adapter, result = official
+    merged = run_ours(TTS.from_pretrained(checkpoint, lora=adapter), CALL, monkeypatch)
+    plain = run_ours(TTS.from_pretrained(checkpoint), CALL, monkeypatch)
+    for mine, theirs, before in zip(merged["codes"], result["codes"], plain["codes"]):
         assert torch.equal(mine, theirs.cpu())
         assert not torch.equal(mine[: len(before)], before[: len(mine)])  # (the adapter changes the output)
 
