@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import queue
 import statistics
 import subprocess
@@ -124,7 +125,8 @@ def main() -> None:
               f"{r['final_text_latency_ms_p50']:>19.1f} ms{r['final_text_to_done_ms_p50']:>19.1f} ms")
     if args.out:
         card = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                                            capture_output=True, text=True).stdout.strip()
         result = {"card": card, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                   "commit": commit, "command": "python bench/live_text.py " + " ".join(ARGV), "results": rows}
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -33,6 +33,8 @@ KINDS = {  # the name's benchmark -> what it measures (bench/README.md has the c
     "audio-fidelity": "bench/audio_fidelity.py: the engine's float32 audio against the official decode",
     "loop": "bench/loop.py: the engine loop's host work per iteration, old tree against new",
     "tts-bench": "bench/tts_bench/: the third-party tts-bench ladder, q3tts against a peer server",
+    "live-text": "bench/live_text.py: live text against sentence cuts, first audio after the first word and "
+                 "final-text latency",
     "dialogue": "bench/dialogue.py: a dialogue's turns at once against one turn and against one by one (CPU)",
 }
 MISSING_FIELDS = {  # written before the benchmark recorded its card and commit: from the commit that added the file
