@@ -341,7 +341,8 @@ def _params() -> list[SamplingParams]:
     return [SamplingParams(**r, seed=100 + i) for i, r in enumerate(rows * 2)]  # (each setting, two seeds)
 
 
-@pytest.mark.parametrize("trial", range(4))  # (a test each: the interpreter takes a while over each trial)
+# (a test each: the interpreter takes ~30-60 s over a trial; trial 2, a second nonzero offset beside trial 1's, dropped)
+@pytest.mark.parametrize("trial", [0, 1, 3])
 @pytest.mark.parametrize("with_processors", [False, True])
 def test_sampling_kernel_matches_twin(monkeypatch, with_processors, trial):
     """The kernel draws the twin's tokens: greedy, temperature, top-k (with and without ties at the boundary: trial
