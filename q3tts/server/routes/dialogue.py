@@ -27,6 +27,7 @@ from ..body import openapi_body, read_json
 from ..front.link import Speech
 from ..middleware import request_id_of
 from ..schemas import SpeechRequest, SpeechSettings, Strict
+from ..speech import Speaker
 from .speech import CancellingStreamingResponse, audio_bytes, sse_events
 
 router = APIRouter()  # authentication: guard.py
@@ -87,11 +88,12 @@ class DialogueStream:
 async def create_dialogue(request: Request) -> StreamingResponse:
     body = read_json(DialogueRequest, request.headers.get("content-type"), await request.body())
     turns = [_turn_request(body, i) for i in range(len(body.turns))]  # (every turn's fields, before any runs)
-    request_id, speak = request_id_of(request.scope), request.app.state.speak
+    request_id = request_id_of(request.scope)
+    speaker: Speaker = request.app.state.speaker
     speeches: list[Speech] = []
     try:
         for i, turn in enumerate(turns):
-            speeches.append(await _named(i, speak(turn, f"{request_id}.{i}")))
+            speeches.append(await _named(i, speaker.speak(turn, f"{request_id}.{i}")))
     except BaseException:
         for speech in speeches:
             speech.stream.cancel()
