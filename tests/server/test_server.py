@@ -332,7 +332,8 @@ def _session(ws) -> tuple[list[dict], bytes]:
 def test_websocket_streams_text_in_and_audio_out(server):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
-                            "voice": "ryan", "seed": SEED, "max_new_tokens": 6}))
+                            "voice": "ryan", "seed": SEED, "max_new_tokens": 6,
+                            "segmentation": "sentence"}))
         created = json.loads(ws.recv(timeout=30))
         assert created["type"] == "session.created" and created["sample_rate"] == 24000 and created["seed"] == SEED
         for piece in ["Hello there", ", my friend. This", " is the second"]:
@@ -359,7 +360,7 @@ def test_websocket_audio_seconds_are_the_seconds_delivered(server, speed):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
                             "voice": "ryan", "seed": SEED, "max_new_tokens": 6,
-                            "speed": speed}))
+                            "speed": speed, "segmentation": "sentence"}))
         ws.send(json.dumps({"type": "input.text", "text": "One sentence here. And another one."}))
         ws.send(json.dumps({"type": "input.done"}))
         events, audio = _session(ws)
@@ -504,7 +505,7 @@ def test_websocket_whitespace_does_not_count_as_waiting_text(server):
     300 spaces here) with nothing waiting."""
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
-                            "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
+                            "voice": "ryan", "seed": SEED, "max_new_tokens": 2, "segmentation": "sentence"}))
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
         for _ in range(14):
             ws.send(json.dumps({"type": "input.text", "text": "Hi." + " " * 300}))

@@ -53,7 +53,9 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
+from ...api.live import LiveRequest
 from ...engine import EngineError
+from ...engine.live import LiveTextTimeout
 from ...engine.sequence import FRAME_SECONDS
 from ...engine.stream import FRAME_SAMPLES
 from ...errors import RequestError, quote
@@ -70,6 +72,7 @@ from ..service import SpeechService, VoiceChoice
 log = logging.getLogger("q3tts.server")
 router = APIRouter()
 MAX_SEGMENT_CHARS = 300
+TEXT_WAIT_S = 30.0  # segmentation live: how long the generation waits for its next text
 PENDING_TEXT_FACTOR = 16  # text received but not yet spoken may reach this many times --max-input-chars
 UTTERANCE_END, SESSION_END = object(), object()  # the speaker's queue: besides (text, setup) segments
 
@@ -87,6 +90,10 @@ async def speech_stream(websocket: WebSocket) -> None:
     except errors.APIError as e:
         websocket.app.state.metrics.count_error(e.code)
         await send_error(websocket, e)
+    except LiveTextTimeout as e:
+        websocket.app.state.metrics.count_error("input_timeout")
+        await send_error(websocket, errors.APIError(408, f"{e}: send text sooner, or input.done",
+                                                    code="input_timeout", param="text"))
     except EngineError as e:
         websocket.app.state.metrics.count_error("stream_failed")
         await send_error(websocket, errors.engine_failed(str(e)))
@@ -131,12 +138,23 @@ class WholeText:
         return [text] if text else []
 
 
+@dataclass
+class LiveUtterance:
+    """segmentation live: the session's (vLLM-Omni: the utterance's) one generation, and the text it was given."""
+
+    live: LiveRequest
+    setup: Setup
+    text: str = ""
+
+
 class StreamSession:
     def __init__(self, websocket: WebSocket, service: SpeechService, setup: Setup):
         self.websocket, self.service, self.setup = websocket, service, setup
         self.is_q3tts = setup.config.protocol == "q3tts"
         self.model_rate = service.tts.sample_rate
         self.segmenter = self._segmenter(setup.config)
+        self.current: LiveUtterance | None = None  # segmentation live: the open utterance's generation
+        self.held_space = ""  # segmentation live: whitespace before the utterance's first word
         self.max_pending_chars = PENDING_TEXT_FACTOR * service.config.max_input_chars
         self.items: asyncio.Queue[Any] = asyncio.Queue()
         self.request_id = request_id_of(websocket.scope)
@@ -165,9 +183,11 @@ class StreamSession:
                                       "response_format": setup.config.response_format, "seed": setup.seed})
         return session
 
-    def _segmenter(self, config: StreamConfig) -> TextSegmenter | WholeText:
-        """How text is cut into segments: q3tts at sentences and clauses; vLLM-Omni by its split_granularity
-        (none: the utterance whole, at most --max-input-chars)."""
+    def _segmenter(self, config: StreamConfig) -> TextSegmenter | WholeText | None:
+        """How text is cut into segments: none with segmentation live; else q3tts at sentences and clauses,
+        vLLM-Omni by its split_granularity (none: the utterance whole, at most --max-input-chars)."""
+        if config.segmentation == "live":
+            return None
         longest = min(MAX_SEGMENT_CHARS, self.service.config.max_input_chars)
         granularity = "q3tts" if self.is_q3tts else config.granularity
         if granularity == "none":
@@ -197,16 +217,18 @@ class StreamSession:
             if kind == "input.text":
                 self._text(message.get("text"))
             elif kind == "input.done":
-                self._queue(self.segmenter.flush())
-                self.utterance_open = False
+                self._end_utterance()
                 self.items.put_nowait(SESSION_END if self.is_q3tts else UTTERANCE_END)
                 if self.is_q3tts:
                     return
             elif kind == "input.flush" and self.is_q3tts:
-                self._queue(self.segmenter.flush())
+                if self.segmenter is not None:  # (live: the text is spoken as it comes already)
+                    self._queue(self.segmenter.flush())
             elif kind == "session.config" and not self.is_q3tts:
                 await self._reconfigure(message)
             elif kind == "session.close" and not self.is_q3tts:
+                if self.current is not None:  # (live: the text received is spoken)
+                    self._live_call(self.current.live.end)
                 self.items.put_nowait(SESSION_END)  # (text not yet cut into segments is dropped)
                 return
             else:
@@ -221,6 +243,8 @@ class StreamSession:
             check_unicode(text, "text")
         except RequestError as e:
             raise errors.bad_request(e.message, param="text") from None
+        if self.segmenter is None:
+            return self._live_text(text)
         buffered = len(self.segmenter.buffer) + len(text)
         if isinstance(self.segmenter, WholeText) and buffered > self.service.config.max_input_chars:
             raise errors.bad_request(f"the utterance is over {self.service.config.max_input_chars} characters: send "
@@ -232,6 +256,45 @@ class StreamSession:
         self.utterance_open = self.utterance_open or bool(text.strip())
         self._queue(self.segmenter.push(text))
 
+    def _end_utterance(self) -> None:
+        """input.done: the cut text's last segment, or the live generation's end."""
+        if self.segmenter is not None:
+            self._queue(self.segmenter.flush())
+        elif self.current is not None:
+            self._live_call(self.current.live.end)
+        self.current, self.held_space, self.utterance_open = None, "", False
+
+    def _live_text(self, text: str) -> None:
+        """segmentation live: the text into the utterance's generation, opened at its first word (whitespace
+        before it is held and given with it)."""
+        if self.current is None:
+            if not text.strip():
+                self.held_space += text
+                return
+            setup = self.setup
+            live = self.service.live(setup.config, setup.choice, setup.seed, TEXT_WAIT_S)
+            self.current = LiveUtterance(live, setup)
+            self.items.put_nowait(self.current)
+            text, self.held_space = self.held_space + text, ""
+        limit = self.service.config.max_input_chars
+        total = len(self.current.text) + len(text)
+        if len(text) > limit or total > PENDING_TEXT_FACTOR * limit:
+            raise errors.bad_request(f"text over this server's limit ({limit} characters per input.text, "
+                                     f"{PENDING_TEXT_FACTOR * limit} per session)", param="text",
+                                     code="input_too_long")
+        self.utterance_open = True
+        self._live_call(self.current.live.append, text)
+        self.current.text += text
+
+    @staticmethod
+    def _live_call(method, *args: Any) -> None:
+        try:
+            method(*args)
+        except RequestError as e:
+            too_long = "over" in e.message or "at most" in e.message
+            raise errors.bad_request(e.message, param=e.param or "text",
+                                     code="input_too_long" if too_long else "invalid_value") from e
+
     def _queue(self, segments: list[str]) -> None:
         for segment in segments:
             self.queued_chars += len(segment)
@@ -239,7 +302,7 @@ class StreamSession:
 
     async def _reconfigure(self, message: dict[str, Any]) -> None:
         """vLLM-Omni: a new session.config between utterances changes what the next segments are spoken with."""
-        if self.utterance_open or self.segmenter.buffer.strip():
+        if self.utterance_open or (self.segmenter is not None and self.segmenter.buffer.strip()):
             raise errors.bad_request("session.config cannot change the session while an utterance is open: send "
                                      "input.done first", param="type")
         setup = await _setup(self.service, message)
@@ -255,6 +318,8 @@ class StreamSession:
                 await self._send_json({"type": "session.done", "utterance_index": self.utterance,
                                        "total_sentences": self.utterance_segments})
                 self.utterance, self.utterance_segments = self.utterance + 1, 0
+            elif isinstance(item, LiveUtterance):
+                await self._speak_live(item)
             else:
                 await self._speak(*item)
         if not self.is_q3tts:
@@ -297,6 +362,43 @@ class StreamSession:
                 await self._send(self.websocket.send_bytes(data))
         self.frames += frames
         await self._send_json(self._done(index, text, frames, sent, setup, stream.finish_reason))
+
+    async def _speak_live(self, item: LiveUtterance) -> None:
+        """segmentation live: the generation's audio as one segment (index 0), its start event at the first
+        audio with the text received by then, its done event with the whole text."""
+        setup, live = item.setup, item.live
+        index = self.num_segments if self.is_q3tts else self.utterance_segments
+        self.num_segments += 1
+        self.utterance_segments += 1
+        streamed = self.is_q3tts or setup.config.stream_audio
+        encoder = self.encoder or setup.encoder(self.model_rate, whole=not streamed)
+        frames, sent, held, started = 0, 0, [], False
+        try:
+            async for chunk in live:
+                frames += chunk.num_frames
+                if not started:
+                    started = True
+                    await self._send_json(self._started(index, item.text, setup))
+                if not (data := await encode_async(encoder, chunk.pcm)):
+                    continue
+                sent += len(data)
+                if streamed:
+                    await self._send(self.websocket.send_bytes(data))
+                else:
+                    held.append(data)
+        finally:
+            live.cancel()
+        if not started:
+            await self._send_json(self._started(index, item.text, setup))
+        if not self.is_q3tts:
+            tail = await flush_async(encoder)
+            sent += len(tail)
+            if data := b"".join(held) + tail:
+                await self._send(self.websocket.send_bytes(data))
+        self.frames += frames
+        self.input_tokens += live.num_tokens
+        finish_reason = live.stream.frames.finish_reason if live.stream is not None else None
+        await self._send_json(self._done(index, item.text, frames, sent, setup, finish_reason))
 
     def _started(self, index: int, text: str, setup: Setup) -> dict[str, Any]:
         if self.is_q3tts:
