@@ -1,18 +1,19 @@
-"""`WS /v1/audio/speech/stream`: text in as it is produced (e.g. by an LLM), audio out as soon as a segment of
-it is complete. Two protocols on this one path, chosen by the session's first message: vLLM-Omni's (the
+"""`WS /v1/audio/speech/stream`: text in as it is produced (e.g. by an LLM), audio out from its first words. Two
+protocols on this one path, chosen by the session's first message: vLLM-Omni's (the
 default, so that its clients work unchanged) and q3tts's own (`"protocol": "q3tts"`). docs/http-api.md has both.
 
 Client -> server (JSON text frames), both protocols:
 1. `{"type": "session.config", ...}` first: the fields of `/v1/audio/speech` except `input` and `stream_format`
    (voice, language, instructions, task_type, ref_audio/ref_text, response_format, sample_rate, speed, seed,
-   sampling fields; `max_new_tokens` applies per segment), and `protocol`.
+   sampling fields; `max_new_tokens` applies per segment), `protocol` and `segmentation`.
 2. `{"type": "input.text", "text": "..."}`, any number: text deltas, in order.
 3. `{"type": "input.done"}`: no more text (q3tts: the rest is spoken and the session ends; vLLM-Omni: the
    utterance ends, and the connection stays open for the next one).
 
 vLLM-Omni protocol (defaults: response_format "wav", one whole file per segment):
 - session.config also takes `stream_audio` (true: each segment's pcm as it is made, in one or more binary
-  frames), `split_granularity` ("none": the utterance as one request (default), "sentence", "clause") or its
+  frames), `split_granularity` (segmentation "sentence": "none": the utterance as one request, "sentence" (the
+  default), "clause") or its
   other name `text_input_mode` ("buffered" = none, "commitment" = sentence); it may be sent again between
   utterances to change the session. `{"type": "session.close"}` ends the connection (segments already cut are
   still spoken).
@@ -32,7 +33,16 @@ q3tts protocol (default response_format "pcm"):
   hold back a few ms of it until the next segment or the end; `audio_seconds`, here and in `session.done`, is the
   audio as delivered, after `speed`); `{"type": "session.done", "segments", "audio_seconds", "usage":
   {"input_tokens", "output_tokens", "total_tokens"}}`, then the server closes with 1000.
-- Segments are cut at sentence and clause boundaries (text_segmenter.py).
+- segmentation "sentence": segments are cut at sentence and clause boundaries (text_segmenter.py).
+
+Segmentation (session.config `segmentation`, docs/websocket.md):
+- "live" (the default): one generation per session (vLLM-Omni: per utterance), a live request (q3tts.api.live)
+  fed with each delta as it arrives, in streaming-text mode: one segment (index 0), its start event sent with the
+  first audio and the text received by then, its done event with the whole text. input.flush does nothing (nothing
+  is buffered); session.close ends the utterance's text (what came is spoken).
+- "sentence": segments cut as below, each its own generation. The default where cuts are asked for
+  (non_streaming_mode true, which needs each segment's whole text; vLLM-Omni's split_granularity/text_input_mode);
+  "live" with them is refused (schemas.StreamConfig).
 
 Both: `{"type": "error", "message", "error": {"message", "type", "param", "code"}}`, then the server closes: 1008
 for bad input, 1013 when the queue is full, 1011 for server failures. On SIGTERM the server closes the sessions
