@@ -318,6 +318,8 @@ class StreamConfig(SpeechSettings):
     stream_audio: bool = False  # vllm-omni: audio as it is made (pcm), else one whole file per segment
     split_granularity: Literal["none", "sentence", "clause"] | None = None  # vllm-omni; None: text_input_mode's
     text_input_mode: Literal["buffered", "commitment"] = "buffered"  # vllm-omni's other name for it
+    # live: one generation per session (vLLM-Omni: per utterance) fed as text arrives; sentence: cut into segments
+    segmentation: Literal["live", "sentence"] | None = None  # None: live, but sentence where cuts are asked for
 
     @model_validator(mode="before")
     @classmethod
@@ -337,11 +339,22 @@ class StreamConfig(SpeechSettings):
             raise errors.bad_request("stream_audio, split_granularity and text_input_mode are vLLM-Omni's session "
                                      "settings; a q3tts session streams one audio stream and cuts text at sentences "
                                      "and clauses", param="protocol")
+        cuts = self.split_granularity is not None or "text_input_mode" in self.model_fields_set
+        if self.segmentation == "live" and (self.non_streaming_mode or cuts):
+            field = "non_streaming_mode" if self.non_streaming_mode else "split_granularity / text_input_mode"
+            raise errors.bad_request(f"segmentation live speaks the text as it arrives, in streaming-text mode: it "
+                                     f"cannot be combined with {field}; set segmentation to sentence",
+                                     param="segmentation")
+        if self.segmentation is None:
+            self.segmentation = "sentence" if self.non_streaming_mode or cuts else "live"
         return self
 
     @property
     def granularity(self) -> str:
-        """How text is cut into requests: none (the whole utterance), sentence or clause."""
+        """How text is cut into requests (segmentation sentence): none (the whole utterance), sentence or clause;
+        vLLM-Omni's split_granularity, or text_input_mode's, else sentence."""
         if self.split_granularity is not None:
             return self.split_granularity
-        return "sentence" if self.text_input_mode == "commitment" else "none"
+        if "text_input_mode" in self.model_fields_set:
+            return "sentence" if self.text_input_mode == "commitment" else "none"
+        return "sentence"

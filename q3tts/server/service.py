@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from ..api.live import LiveRequest
 from ..api.pieces import PieceStream
 from ..engine import EngineError, QueueFull, RequestStream
 from ..engine.engine import one_cpu_thread_on_gpu
@@ -183,6 +184,18 @@ class SpeechService(EngineKeeper):
         return self.tts.pieces(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
                                language=choice.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
                                runaway_guard=self.config.runaway_guard, **s.sampling())
+
+    def live(self, s: SpeechSettings, choice: VoiceChoice, seed: int, max_text_wait_s: float,
+             pcm_format: str = "float32") -> LiveRequest:
+        """A live request (q3tts.api.live) with these settings and voice, in streaming-text mode: the WebSocket
+        sessions' (nari.py, websocket.py) one generation fed with text as it arrives."""
+        try:
+            return self.tts.live(speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
+                                 language=choice.language, seed=seed, pcm_format=pcm_format,
+                                 max_text_wait_s=max_text_wait_s, runaway_guard=self.config.runaway_guard,
+                                 **s.sampling())
+        except RequestError as e:
+            raise api_error(e) from e
 
     async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
         """A speech request checked, prepared and submitted: no audio is made before all of it passes."""

@@ -8,6 +8,7 @@ import base64
 import json
 import time
 
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -332,7 +333,8 @@ def _session(ws) -> tuple[list[dict], bytes]:
 def test_websocket_streams_text_in_and_audio_out(server):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
-                            "voice": "ryan", "seed": SEED, "max_new_tokens": 6}))
+                            "voice": "ryan", "seed": SEED, "max_new_tokens": 6,
+                            "segmentation": "sentence"}))
         created = json.loads(ws.recv(timeout=30))
         assert created["type"] == "session.created" and created["sample_rate"] == 24000 and created["seed"] == SEED
         for piece in ["Hello there", ", my friend. This", " is the second"]:
@@ -359,7 +361,7 @@ def test_websocket_audio_seconds_are_the_seconds_delivered(server, speed):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
                             "voice": "ryan", "seed": SEED, "max_new_tokens": 6,
-                            "speed": speed}))
+                            "speed": speed, "segmentation": "sentence"}))
         ws.send(json.dumps({"type": "input.text", "text": "One sentence here. And another one."}))
         ws.send(json.dumps({"type": "input.done"}))
         events, audio = _session(ws)
@@ -504,7 +506,7 @@ def test_websocket_whitespace_does_not_count_as_waiting_text(server):
     300 spaces here) with nothing waiting."""
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
-                            "voice": "ryan", "seed": SEED, "max_new_tokens": 2}))
+                            "voice": "ryan", "seed": SEED, "max_new_tokens": 2, "segmentation": "sentence"}))
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
         for _ in range(14):
             ws.send(json.dumps({"type": "input.text", "text": "Hi." + " " * 300}))
@@ -514,3 +516,74 @@ def test_websocket_whitespace_does_not_count_as_waiting_text(server):
         ws.send(json.dumps({"type": "input.done"}))
         events, _ = _session(ws)
     assert events[-1]["type"] == "session.done" and events[-1]["segments"] == 14, events[-1]
+
+
+LIVE_WORDS = ["Hello", " there", " my", " friend", " this", " has", " no", " sentence", " end"]
+
+
+def test_websocket_speaks_live_text_from_the_first_words(server):
+    """segmentation live (the default): audio comes before any sentence end or input.done was sent, and the
+    session's audio is the whole text's, spoken by one live request (TTS.live)."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "language": "english",
+                            "seed": SEED, "max_new_tokens": 12}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        for word in LIVE_WORDS[:3]:
+            ws.send(json.dumps({"type": "input.text", "text": word}))
+        started = json.loads(ws.recv(timeout=60))
+        first = ws.recv(timeout=60)  # no punctuation, no input.done yet: the live generation speaks already
+        assert started["type"] == "segment.started" and started["segment"] == 0 and isinstance(first, bytes)
+        assert "".join(LIVE_WORDS[:3]).startswith(started["text"])  # the text received when the audio started
+        for word in LIVE_WORDS[3:]:
+            ws.send(json.dumps({"type": "input.text", "text": word}))
+        ws.send(json.dumps({"type": "input.done"}))
+        events, audio = _session(ws)
+    done = [e for e in events if e["type"] == "segment.done"]
+    assert [(e["segment"], e["text"]) for e in done] == [(0, "".join(LIVE_WORDS))]
+    assert events[-1]["type"] == "session.done" and events[-1]["segments"] == 1
+    live = server.app.state.service.tts.live(speaker="ryan", language="english", seed=SEED, max_new_tokens=12,
+                                             pcm_format="int16", runaway_guard=server.config.runaway_guard)
+    for word in LIVE_WORDS:
+        live.append(word)
+    live.end()
+    expected = b"".join(chunk.pcm.tobytes() for chunk in live)
+    assert done[0]["frames"] == len(expected) // 2 // FRAME
+    assert np.abs(pcm_samples(first + audio).astype(int) - pcm_samples(expected)).max() <= 1
+
+
+def test_websocket_sentence_segmentation_still_cuts(server):
+    """segmentation sentence: one segment per sentence, each started once its sentence is complete."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED,
+                            "max_new_tokens": 3, "segmentation": "sentence"}))
+        for text in ("One sentence here.", " And", " another one"):
+            ws.send(json.dumps({"type": "input.text", "text": text}))
+        ws.send(json.dumps({"type": "input.done"}))
+        events, _ = _session(ws)
+    started = [e["text"] for e in events if e["type"] == "segment.started"]
+    assert started == ["One sentence here.", "And another one"] and events[-1]["segments"] == 2
+
+
+@pytest.mark.parametrize("config", [{"non_streaming_mode": True},
+                                    {"protocol": "vllm-omni", "split_granularity": "sentence"}])
+def test_websocket_live_segmentation_refuses_what_needs_cuts(server, config):
+    """Live text runs in streaming-text mode, one generation: non_streaming_mode (which needs the whole text) and
+    vLLM-Omni's cutting settings need segmentation sentence, and an explicit live with them is refused."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "segmentation": "live",
+                            **config}))
+        error = json.loads(ws.recv(timeout=30))
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+    assert error["type"] == "error" and error["error"]["param"] == "segmentation" and ws.close_code == 1008
+    assert "set segmentation to sentence" in error["message"]
+
+
+def test_websocket_non_streaming_mode_defaults_to_sentence_cuts(server):
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED,
+                            "max_new_tokens": 3, "non_streaming_mode": True}))
+        for message in ({"type": "input.text", "text": "First one. Second one."}, {"type": "input.done"}):
+            ws.send(json.dumps(message))
+        events, _ = _session(ws)
+    assert events[-1]["type"] == "session.done" and events[-1]["segments"] == 2

@@ -412,7 +412,7 @@ def test_a_q3tts_session_refuses_vllm_omnis_settings(server):
 def test_a_vllm_omni_utterance_is_at_most_an_input_long(server):
     """split_granularity "none" speaks the utterance as one request: at most --max-input-chars (200 here)."""
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
-        ws.send(json.dumps({"type": "session.config", "voice": "ryan"}))
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "split_granularity": "none"}))
         ws.send(json.dumps({"type": "input.text", "text": "word " * 40}))
         ws.send(json.dumps({"type": "input.text", "text": "more"}))
         (error,) = _until(ws, "error")

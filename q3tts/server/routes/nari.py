@@ -33,7 +33,7 @@ from ...errors import RequestError
 from .. import errors
 from ..auth import websocket_authorized
 from ..schemas import SpeechSettings
-from ..service import SpeechService, api_error
+from ..service import SpeechService
 
 router = APIRouter()
 PROTOCOL = "nari.speech.v1"
@@ -166,13 +166,7 @@ class NariSession:
         service.check_model(start.model)
         choice = await service.resolve_voice(start)
         seed = start.seed if start.seed is not None else service.random_seed()
-        try:
-            self.live = service.tts.live(speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
-                                         language=choice.language, seed=seed, pcm_format="int16",
-                                         max_text_wait_s=TEXT_WAIT_S, runaway_guard=service.config.runaway_guard,
-                                         **start.sampling())
-        except RequestError as e:
-            raise api_error(e) from e
+        self.live = service.live(start, choice, seed, TEXT_WAIT_S, pcm_format="int16")
         self.request_id = f"ws-{uuid.uuid4().hex}"
         await self.websocket.send_json({"type": "request.configured"})
 

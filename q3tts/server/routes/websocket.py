@@ -1,18 +1,19 @@
-"""`WS /v1/audio/speech/stream`: text in as it is produced (e.g. by an LLM), audio out as soon as a segment of
-it is complete. Two protocols on this one path, chosen by the session's first message: vLLM-Omni's (the
+"""`WS /v1/audio/speech/stream`: text in as it is produced (e.g. by an LLM), audio out from its first words. Two
+protocols on this one path, chosen by the session's first message: vLLM-Omni's (the
 default, so that its clients work unchanged) and q3tts's own (`"protocol": "q3tts"`). docs/http-api.md has both.
 
 Client -> server (JSON text frames), both protocols:
 1. `{"type": "session.config", ...}` first: the fields of `/v1/audio/speech` except `input` and `stream_format`
    (voice, language, instructions, task_type, ref_audio/ref_text, response_format, sample_rate, speed, seed,
-   sampling fields; `max_new_tokens` applies per segment), and `protocol`.
+   sampling fields; `max_new_tokens` applies per segment), `protocol` and `segmentation`.
 2. `{"type": "input.text", "text": "..."}`, any number: text deltas, in order.
 3. `{"type": "input.done"}`: no more text (q3tts: the rest is spoken and the session ends; vLLM-Omni: the
    utterance ends, and the connection stays open for the next one).
 
 vLLM-Omni protocol (defaults: response_format "wav", one whole file per segment):
 - session.config also takes `stream_audio` (true: each segment's pcm as it is made, in one or more binary
-  frames), `split_granularity` ("none": the utterance as one request (default), "sentence", "clause") or its
+  frames), `split_granularity` (segmentation "sentence": "none": the utterance as one request, "sentence" (the
+  default), "clause") or its
   other name `text_input_mode` ("buffered" = none, "commitment" = sentence); it may be sent again between
   utterances to change the session. `{"type": "session.close"}` ends the connection (segments already cut are
   still spoken).
@@ -32,7 +33,16 @@ q3tts protocol (default response_format "pcm"):
   hold back a few ms of it until the next segment or the end; `audio_seconds`, here and in `session.done`, is the
   audio as delivered, after `speed`); `{"type": "session.done", "segments", "audio_seconds", "usage":
   {"input_tokens", "output_tokens", "total_tokens"}}`, then the server closes with 1000.
-- Segments are cut at sentence and clause boundaries (text_segmenter.py).
+- segmentation "sentence": segments are cut at sentence and clause boundaries (text_segmenter.py).
+
+Segmentation (session.config `segmentation`, docs/websocket.md):
+- "live" (the default): one generation per session (vLLM-Omni: per utterance), a live request (q3tts.api.live)
+  fed with each delta as it arrives, in streaming-text mode: one segment (index 0), its start event sent with the
+  first audio and the text received by then, its done event with the whole text. input.flush does nothing (nothing
+  is buffered); session.close ends the utterance's text (what came is spoken).
+- "sentence": segments cut as below, each its own generation. The default where cuts are asked for
+  (non_streaming_mode true, which needs each segment's whole text; vLLM-Omni's split_granularity/text_input_mode);
+  "live" with them is refused (schemas.StreamConfig).
 
 Both: `{"type": "error", "message", "error": {"message", "type", "param", "code"}}`, then the server closes: 1008
 for bad input, 1013 when the queue is full, 1011 for server failures. On SIGTERM the server closes the sessions
@@ -53,7 +63,9 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
+from ...api.live import LiveRequest
 from ...engine import EngineError
+from ...engine.live import LiveTextTimeout
 from ...engine.sequence import FRAME_SECONDS
 from ...engine.stream import FRAME_SAMPLES
 from ...errors import RequestError, quote
@@ -70,6 +82,7 @@ from ..service import SpeechService, VoiceChoice
 log = logging.getLogger("q3tts.server")
 router = APIRouter()
 MAX_SEGMENT_CHARS = 300
+TEXT_WAIT_S = 30.0  # segmentation live: how long the generation waits for its next text
 PENDING_TEXT_FACTOR = 16  # text received but not yet spoken may reach this many times --max-input-chars
 UTTERANCE_END, SESSION_END = object(), object()  # the speaker's queue: besides (text, setup) segments
 
@@ -87,6 +100,10 @@ async def speech_stream(websocket: WebSocket) -> None:
     except errors.APIError as e:
         websocket.app.state.metrics.count_error(e.code)
         await send_error(websocket, e)
+    except LiveTextTimeout as e:
+        websocket.app.state.metrics.count_error("input_timeout")
+        await send_error(websocket, errors.APIError(408, f"{e}: send text sooner, or input.done",
+                                                    code="input_timeout", param="text"))
     except EngineError as e:
         websocket.app.state.metrics.count_error("stream_failed")
         await send_error(websocket, errors.engine_failed(str(e)))
@@ -131,12 +148,23 @@ class WholeText:
         return [text] if text else []
 
 
+@dataclass
+class LiveUtterance:
+    """segmentation live: the session's (vLLM-Omni: the utterance's) one generation, and the text it was given."""
+
+    live: LiveRequest
+    setup: Setup
+    text: str = ""
+
+
 class StreamSession:
     def __init__(self, websocket: WebSocket, service: SpeechService, setup: Setup):
         self.websocket, self.service, self.setup = websocket, service, setup
         self.is_q3tts = setup.config.protocol == "q3tts"
         self.model_rate = service.tts.sample_rate
         self.segmenter = self._segmenter(setup.config)
+        self.current: LiveUtterance | None = None  # segmentation live: the open utterance's generation
+        self.held_space = ""  # segmentation live: whitespace before the utterance's first word
         self.max_pending_chars = PENDING_TEXT_FACTOR * service.config.max_input_chars
         self.items: asyncio.Queue[Any] = asyncio.Queue()
         self.request_id = request_id_of(websocket.scope)
@@ -165,9 +193,11 @@ class StreamSession:
                                       "response_format": setup.config.response_format, "seed": setup.seed})
         return session
 
-    def _segmenter(self, config: StreamConfig) -> TextSegmenter | WholeText:
-        """How text is cut into segments: q3tts at sentences and clauses; vLLM-Omni by its split_granularity
-        (none: the utterance whole, at most --max-input-chars)."""
+    def _segmenter(self, config: StreamConfig) -> TextSegmenter | WholeText | None:
+        """How text is cut into segments: none with segmentation live; else q3tts at sentences and clauses,
+        vLLM-Omni by its split_granularity (none: the utterance whole, at most --max-input-chars)."""
+        if config.segmentation == "live":
+            return None
         longest = min(MAX_SEGMENT_CHARS, self.service.config.max_input_chars)
         granularity = "q3tts" if self.is_q3tts else config.granularity
         if granularity == "none":
@@ -197,16 +227,18 @@ class StreamSession:
             if kind == "input.text":
                 self._text(message.get("text"))
             elif kind == "input.done":
-                self._queue(self.segmenter.flush())
-                self.utterance_open = False
+                self._end_utterance()
                 self.items.put_nowait(SESSION_END if self.is_q3tts else UTTERANCE_END)
                 if self.is_q3tts:
                     return
             elif kind == "input.flush" and self.is_q3tts:
-                self._queue(self.segmenter.flush())
+                if self.segmenter is not None:  # (live: the text is spoken as it comes already)
+                    self._queue(self.segmenter.flush())
             elif kind == "session.config" and not self.is_q3tts:
                 await self._reconfigure(message)
             elif kind == "session.close" and not self.is_q3tts:
+                if self.current is not None:  # (live: the text received is spoken)
+                    self._live_call(self.current.live.end)
                 self.items.put_nowait(SESSION_END)  # (text not yet cut into segments is dropped)
                 return
             else:
@@ -221,6 +253,8 @@ class StreamSession:
             check_unicode(text, "text")
         except RequestError as e:
             raise errors.bad_request(e.message, param="text") from None
+        if self.segmenter is None:
+            return self._live_text(text)
         buffered = len(self.segmenter.buffer) + len(text)
         if isinstance(self.segmenter, WholeText) and buffered > self.service.config.max_input_chars:
             raise errors.bad_request(f"the utterance is over {self.service.config.max_input_chars} characters: send "
@@ -232,6 +266,45 @@ class StreamSession:
         self.utterance_open = self.utterance_open or bool(text.strip())
         self._queue(self.segmenter.push(text))
 
+    def _end_utterance(self) -> None:
+        """input.done: the cut text's last segment, or the live generation's end."""
+        if self.segmenter is not None:
+            self._queue(self.segmenter.flush())
+        elif self.current is not None:
+            self._live_call(self.current.live.end)
+        self.current, self.held_space, self.utterance_open = None, "", False
+
+    def _live_text(self, text: str) -> None:
+        """segmentation live: the text into the utterance's generation, opened at its first word (whitespace
+        before it is held and given with it)."""
+        if self.current is None:
+            if not text.strip():
+                self.held_space += text
+                return
+            setup = self.setup
+            live = self.service.live(setup.config, setup.choice, setup.seed, TEXT_WAIT_S)
+            self.current = LiveUtterance(live, setup)
+            self.items.put_nowait(self.current)
+            text, self.held_space = self.held_space + text, ""
+        limit = self.service.config.max_input_chars
+        total = len(self.current.text) + len(text)
+        if len(text) > limit or total > PENDING_TEXT_FACTOR * limit:
+            raise errors.bad_request(f"text over this server's limit ({limit} characters per input.text, "
+                                     f"{PENDING_TEXT_FACTOR * limit} per session)", param="text",
+                                     code="input_too_long")
+        self.utterance_open = True
+        self._live_call(self.current.live.append, text)
+        self.current.text += text
+
+    @staticmethod
+    def _live_call(method, *args: Any) -> None:
+        try:
+            method(*args)
+        except RequestError as e:
+            too_long = "over" in e.message or "at most" in e.message
+            raise errors.bad_request(e.message, param=e.param or "text",
+                                     code="input_too_long" if too_long else "invalid_value") from e
+
     def _queue(self, segments: list[str]) -> None:
         for segment in segments:
             self.queued_chars += len(segment)
@@ -239,7 +312,7 @@ class StreamSession:
 
     async def _reconfigure(self, message: dict[str, Any]) -> None:
         """vLLM-Omni: a new session.config between utterances changes what the next segments are spoken with."""
-        if self.utterance_open or self.segmenter.buffer.strip():
+        if self.utterance_open or (self.segmenter is not None and self.segmenter.buffer.strip()):
             raise errors.bad_request("session.config cannot change the session while an utterance is open: send "
                                      "input.done first", param="type")
         setup = await _setup(self.service, message)
@@ -255,6 +328,8 @@ class StreamSession:
                 await self._send_json({"type": "session.done", "utterance_index": self.utterance,
                                        "total_sentences": self.utterance_segments})
                 self.utterance, self.utterance_segments = self.utterance + 1, 0
+            elif isinstance(item, LiveUtterance):
+                await self._speak_live(item)
             else:
                 await self._speak(*item)
         if not self.is_q3tts:
@@ -297,6 +372,43 @@ class StreamSession:
                 await self._send(self.websocket.send_bytes(data))
         self.frames += frames
         await self._send_json(self._done(index, text, frames, sent, setup, stream.finish_reason))
+
+    async def _speak_live(self, item: LiveUtterance) -> None:
+        """segmentation live: the generation's audio as one segment (index 0), its start event at the first
+        audio with the text received by then, its done event with the whole text."""
+        setup, live = item.setup, item.live
+        index = self.num_segments if self.is_q3tts else self.utterance_segments
+        self.num_segments += 1
+        self.utterance_segments += 1
+        streamed = self.is_q3tts or setup.config.stream_audio
+        encoder = self.encoder or setup.encoder(self.model_rate, whole=not streamed)
+        frames, sent, held, started = 0, 0, [], False
+        try:
+            async for chunk in live:
+                frames += chunk.num_frames
+                if not started:
+                    started = True
+                    await self._send_json(self._started(index, item.text, setup))
+                if not (data := await encode_async(encoder, chunk.pcm)):
+                    continue
+                sent += len(data)
+                if streamed:
+                    await self._send(self.websocket.send_bytes(data))
+                else:
+                    held.append(data)
+        finally:
+            live.cancel()
+        if not started:
+            await self._send_json(self._started(index, item.text, setup))
+        if not self.is_q3tts:
+            tail = await flush_async(encoder)
+            sent += len(tail)
+            if data := b"".join(held) + tail:
+                await self._send(self.websocket.send_bytes(data))
+        self.frames += frames
+        self.input_tokens += live.num_tokens
+        finish_reason = live.stream.frames.finish_reason if live.stream is not None else None
+        await self._send_json(self._done(index, item.text, frames, sent, setup, finish_reason))
 
     def _started(self, index: int, text: str, setup: Setup) -> dict[str, Any]:
         if self.is_q3tts:
