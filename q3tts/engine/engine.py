@@ -39,11 +39,12 @@ from ..errors import RequestError
 from ..models.codec_decoder import CodecDecoder
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..sampling import SamplingParams
+from .admission import Admission
 from .config import ContextLimit, EngineConfig
-from .kv_blocks import OutOfBlocks
-from .live import TEXT_TIMEOUT, LiveFeed, LiveTextTimeout, ParkedRow
+from .live import LiveFeed, ParkedRow
+from .live_rows import LiveRows
 from .prompt import Prompt
-from .rows import RowTable, SlotTable, remove_rows
+from .rows import RowTable, SlotTable
 from .runner.codec import CodecRunner
 from .runner.memory import capture_graphs, size_kv_cache
 from .runner.model_runner import ModelRunner
@@ -51,7 +52,8 @@ from .runner.readback import FrameOut, Readback
 from .runner.row_state import SwappedRow
 from .scheduler import QueueFull, Scheduler
 from .sequence import Sequence
-from .stream import END, Channel, Delivery, Dispatcher, Frames, RequestStream
+from .settlement import Settlement
+from .stream import Channel, Delivery, Dispatcher, RequestStream
 
 log = logging.getLogger("q3tts.engine")
 _ids = itertools.count()
@@ -97,9 +99,11 @@ class _Payload:
     parked: ParkedRow | None = None  # live: while waiting for text off the batch
 
 
-class Engine:
+class Engine(LiveRows, Admission, Settlement):
     """One model's engine: the model runner and the codec runner on one device, their rows shared, driven by
-    one thread. Built once per loaded model (`TTS.engine`); thread-safe to submit to from anywhere."""
+    one thread. Built once per loaded model (`TTS.engine`); thread-safe to submit to from anywhere. Its parts:
+    live text at the boundaries (live_rows.py), rows joining and preempted (admission.py), frames settled and
+    handed out, requests leaving (settlement.py); here the public side and the frame loop that calls them."""
 
     def __init__(self, model: Qwen3TTSModel, decoder: CodecDecoder, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
@@ -232,12 +236,6 @@ class Engine:
         p.prompt, p.max_positions = prompt, prompt.num_positions + p.params.max_new_tokens
         seq.num_positions, seq.ready = prompt.num_positions, True
 
-    def _wake(self) -> None:
-        """A live request's text changed (called from the caller's thread)."""
-        with self._cv:
-            self._fed = True
-            self._cv.notify()
-
     def cancel(self, request_id: str) -> None:
         """Ends a request: a waiting one now, a running one at the next frame boundary. On the engine's own thread
         (a stream's `finally` run by the garbage collector there, perhaps inside the loop's critical section,
@@ -266,16 +264,6 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return self.scheduler.num_waiting
-
-    @property
-    def num_parked(self) -> int:
-        """Live rows waiting for their next text, off the batch (their KV blocks kept)."""
-        return len(self._parked)
-
-    @property
-    def num_live(self) -> int:
-        """Live requests whose text has not ended (parked or not)."""
-        return len(self._live)
 
     # ---- the frame loop (engine thread) ------------------------------------------------------------------
 
@@ -361,96 +349,6 @@ class Engine:
                 self._dispatcher.put(frames, ends)
             last = (readback.pop(wait_pcm=False), row_slots) if row_slots is not None else None
 
-    # ---- live text (engine/live.py) -----------------------------------------------------------------------
-
-    def _serve_live(self, ends: list) -> None:
-        """Before a frame's launch: live requests whose prompt was built become admissible; those that waited too
-        long for text end; parked rows whose next text arrived come back; running rows get the text that arrived,
-        and those whose next text has not arrived are parked. Call with the lock."""
-        self._fed, now = False, time.perf_counter()
-        for seq in list(self._live.values()):
-            p = seq.payload
-            if not seq.ready and p.live.prompt is not None:
-                self._ready(seq, p.live.prompt)
-            if (not seq.ready or p.parked is not None) and p.live.expired(now):
-                self._time_out(seq, ends)
-        for seq in [seq for seq in self._parked if self._has_text(seq, seq.payload.parked.frame)]:
-            self._unpark(seq)
-        waiting = []
-        for row, seq in enumerate(self.rows):
-            if seq.payload.live is not None:
-                self._write_text(row, seq)
-                if not self._has_text(seq, int(self.table.positions[row]) - seq.payload.prompt.num_positions):
-                    waiting.append(seq)
-        if waiting:
-            self._park(waiting)
-
-    @staticmethod
-    def _has_text(seq: Sequence, frame: int) -> bool:
-        """Whether the live request's text for `frame` arrived (frame n adds trailing text id n, TTS_PAD after)."""
-        feed = seq.payload.live
-        return feed.ended or frame < len(feed.ids)
-
-    def _write_text(self, row: int, seq: Sequence) -> None:
-        """The row's trailing text that arrived since the last boundary, to the device; at the end TTS_EOS (unless
-        the prompt holds it: `LiveFeed.whole`), and the runaway guard's limit for the whole text."""
-        p = seq.payload
-        if p.text_done:
-            return
-        feed = p.live
-        ended, count = feed.ended, len(feed.ids)  # (ended first: once it is set, every id is in)
-        ids = feed.ids[p.written:count] + ([self.runner.model.config.tts_eos_token_id]
-                                           if ended and not feed.whole else [])
-        if p.written + len(ids) > self.config.max_trailing:
-            raise RuntimeError("a live request's text outgrew max_trailing (q3tts.api.live bounds it)")
-        if ids:
-            self.runner.set_trailing(row, p.written, ids)
-            p.written += len(ids)
-        if ended:
-            p.text_done = True
-            if feed.stop_after is not None:
-                self.slots.stop_after[p.slot] = feed.stop_after
-
-    def _park(self, seqs: list[Sequence]) -> None:
-        """Takes these live rows off the batch until their text arrives (their held frames go out now)."""
-        for seq in seqs:
-            row, p = self.rows.index(seq), seq.payload
-            seq.num_positions = int(self.table.positions[row])
-            state, blocks = self.runner.park(row)
-            p.parked = ParkedRow(state, blocks, self.codec.swap_out(row), seq.num_positions - p.prompt.num_positions)
-            self._flush.append(p.slot)
-            self._compact([seq], released=False)
-            self._parked.append(seq)
-
-    def _unpark(self, seq: Sequence) -> None:
-        """A parked row back into the next free row, as it was; its new text written."""
-        row, p, kv = len(self.rows), seq.payload, self.runner.kv
-        parked, p.parked = p.parked, None
-        self._parked.remove(seq)
-        self.runner.unpark(row, parked.state, parked.blocks)
-        self.codec.swap_in(row, parked.codec)
-        self.rows.append(seq)
-        self.table.set(row, seq.num_positions, p.max_positions, len(kv.rows[row]) * kv.block_size, p.slot)
-
-    def _time_out(self, seq: Sequence, ends: list) -> None:
-        """A live request that waited longer than its limit for text ends, its stream with LiveTextTimeout."""
-        p = seq.payload
-        error = LiveTextTimeout(f"no text arrived for {p.live.max_wait_s:g} s (the live request's max_text_wait_s)")
-        self.metrics.finish_reasons[TEXT_TIMEOUT] += 1
-        if p.parked is None:  # (waiting for its first text: not admitted)
-            self.scheduler.cancel(seq.request_id)
-            self._end(seq, TEXT_TIMEOUT, error)
-            return
-        self._leave([(seq, TEXT_TIMEOUT)], ends)
-        ends.insert(len(ends) - 1, (p.channel, error))
-
-    def _next_text_deadline(self) -> float | None:
-        """Seconds until the first live request waiting for text (not admitted yet, or parked) waits too long."""
-        now = time.perf_counter()
-        waits = [seq.payload.live.arrived + seq.payload.live.max_wait_s - now for seq in self._live.values()
-                 if not seq.ready or seq.payload.parked is not None]
-        return max(min(waits), 0.0) + 1e-3 if waits else None
-
     def _launch(self, readback: Readback) -> np.ndarray:
         """Launches the next frame of rows 0..B-1 and its decode; returns the rows' slots in that frame."""
         now = time.perf_counter()
@@ -464,227 +362,6 @@ class Engine:
         self.metrics.max_batch = max(self.metrics.max_batch, B)
         self.table.advance(B)
         return self.table.slot[:B].copy()
-
-    def _join(self, resumed: list[Sequence], admitted: list[Sequence]) -> None:
-        """Brings preempted requests back into the next free rows, then prefills the admitted ones after them
-        (the scheduler admitted only what the free KV blocks hold). Call with the lock."""
-        kv = self.runner.kv
-        for seq in resumed:
-            row, p = len(self.rows), seq.payload
-            self.runner.swap_in(row, p.swapped[0])
-            self.runner.grow(row, min(seq.num_positions + 1, p.max_positions))
-            self.rows.append(seq)
-            self.table.set(row, seq.num_positions, p.max_positions, len(kv.rows[row]) * kv.block_size, p.slot)
-        if admitted:
-            start = len(self.rows)
-            now = time.perf_counter()
-            for seq in admitted:
-                seq.payload.channel.admitted = now - seq.payload.channel.submitted
-            self.runner.add_rows(list(range(start, start + len(admitted))), [s.payload.prompt for s in admitted],
-                                 [s.payload.params for s in admitted])
-            for row, seq in enumerate(admitted, start):
-                self._open(row, seq)
-            self.rows.extend(admitted)
-
-    def _open(self, row: int, seq: Sequence) -> None:
-        """The admitted request's slot, and its row's entry."""
-        p, kv = seq.payload, self.runner.kv
-        p.slot = self.slots.open(seq, p.channel, p.params.max_new_tokens, p.stop_after, p.stop_on_repeats,
-                                 seq.realtime)
-        self.delivery.ensure(self.slots.size)
-        self.delivery.start(p.slot)
-        self.table.set(row, seq.num_positions, p.max_positions, len(kv.rows[row]) * kv.block_size, p.slot)
-
-    def _start_codec(self, start: int, resumed: list[Sequence], admitted: list[Sequence]) -> None:
-        """Codec state of the rows that joined at `start..` (on the codec's stream: after the decode in flight,
-        before their first)."""
-        for row, seq in enumerate(resumed, start):
-            self.codec.swap_in(row, seq.payload.swapped[1])
-            seq.payload.swapped = None
-        if admitted:
-            first = start + len(resumed)
-            tails = self.codec.start(list(range(first, first + len(admitted))),
-                                     [s.payload.ref_codes for s in admitted])
-            for seq, tail in zip(admitted, tails):
-                seq.payload.channel.ref_tail = tail
-
-    def _grow(self) -> None:
-        """Gives every running row the KV blocks of its next frame, oldest request first; when none are free,
-        the newest running request is preempted (swapped out) until they are. Call with the lock."""
-        kv, table, B = self.runner.kv, self.table, len(self.rows)
-        wanted = table.wanted(B)
-        needy = np.flatnonzero(table.capacity[:B] < wanted)
-        if not len(needy):
-            return
-        blocks = -(-wanted[needy] // kv.block_size)
-        if int((blocks - table.capacity[needy] // kv.block_size).sum()) <= kv.num_free:  # (the usual case)
-            self.runner.grow_rows(needy.tolist(), wanted[needy].tolist())
-            table.capacity[needy] = blocks * kv.block_size
-            return
-        for seq in sorted((self.rows[row] for row in needy.tolist()), key=lambda s: s.order):
-            while seq.request_id in self.scheduler.running:
-                row = self.rows.index(seq)
-                try:
-                    self.runner.grow(row, int(table.wanted(row + 1)[row]))
-                    table.capacity[row] = len(kv.rows[row]) * kv.block_size
-                    break
-                except OutOfBlocks:
-                    self._swap_out(self.scheduler.preempt())
-
-    def _swap_out(self, seq: Sequence) -> None:
-        if seq.payload.parked is not None:  # (its text had not arrived: its blocks go to host memory too)
-            parked, seq.payload.parked = seq.payload.parked, None
-            self._parked.remove(seq)
-            seq.payload.swapped = (self.runner.swap_out_parked(parked.state, parked.blocks), parked.codec)
-            self.metrics.preemptions += 1
-            return
-        row = self.rows.index(seq)
-        seq.num_positions = int(self.table.positions[row])  # (the scheduler weighs its return by it)
-        seq.payload.swapped = (self.runner.swap_out(row), self.codec.swap_out(row))
-        self._flush.append(seq.payload.slot)
-        self._compact([seq], released=False)
-        self.metrics.preemptions += 1
-        log.info("preempted %s (KV cache full, %d rows running)", seq.request_id, len(self.rows))
-
-    def _settle(self, out: FrameOut, slots: np.ndarray, ends: list
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Takes frame n's codes and flags (`slots`: its rows' requests): each live request's frame is counted
-        (and its run of identical frames); finished requests leave (their last audio went out with frame n - 1).
-        Returns (the frame's codes, and the index in the frame and slot of each frame produced), which `_audio`
-        hands out. Call with the lock."""
-        emitted, done, codes = out.emitted.numpy(), out.done.numpy(), out.codes.numpy()
-        t = self.slots
-        live = t.live[slots]
-        index = np.flatnonzero(live & emitted)
-        produced = slots[index]
-        t.record(produced, codes[index])
-        self.metrics.frames += len(index)
-        over = (t.frames[slots] >= t.stop_after[slots]) | (t.repeats[slots] >= t.stop_on_repeats[slots])
-        ending = np.flatnonzero(live & (done | over))
-        if len(ending):
-            self._finish([(int(slots[i]), bool(done[i])) for i in ending.tolist()], ends)
-        return codes, index, produced
-
-    def _finish(self, finished: list[tuple[int, bool]], ends: list) -> None:
-        """The requests in these (slot, done) leave with their finish reasons, in order. Call with the lock."""
-        t, now, leaving = self.slots, time.perf_counter(), []
-        for slot, done in finished:
-            frames = int(t.frames[slot])
-            reason = _finish_reason(done, frames, int(t.max_new[slot]), int(t.stop_after[slot]),
-                                    int(t.repeats[slot]), int(t.stop_on_repeats[slot]))
-            self.metrics.requests_finished += 1
-            self.metrics.finish_reasons[reason] += 1
-            self.metrics.notify("on_finish", frames * 0.08, now - t.channels[slot].submitted)
-            leaving.append((t.seqs[slot], reason))
-        self._leave(leaving, ends)
-
-    def _audio(self, pcm: np.ndarray, codes: np.ndarray, index: np.ndarray, slots: np.ndarray) -> None:
-        """Each produced frame (row index[i] of pcm [n, 1920] and codes [n, 16], for slots[i]) to its stream's held
-        frames, as its codes only for a stream cancelled or failed meanwhile (`muted`); first audio noted."""
-        if not len(index):
-            return
-        t = self.slots
-        audio = ~t.muted[slots]
-        self.delivery.add(pcm, codes, slots, index, audio)
-        first = slots[audio & np.isnan(t.first_audio[slots])]
-        if len(first):
-            now = time.perf_counter()
-            t.first_audio[first] = now
-            for slot in first.tolist():
-                channel = t.channels[slot]
-                channel.first_audio = now - channel.submitted
-                self.metrics.notify("on_first_audio", channel.first_audio)
-
-    def _hand_out(self, produced: np.ndarray | None) -> Frames | None:
-        """The frames that go out now (engine/stream.py `Delivery`): of the streams that got one, and all held by
-        streams that end or were preempted (`_flush`) at this boundary."""
-        delivery = self.delivery
-        slots = produced if produced is not None else np.zeros(0, dtype=np.int64)
-        go, held, counts = delivery.hand_out(slots, time.perf_counter(), self._flush)
-        self._flush = []
-        if not len(go):
-            return None
-        channels = self.slots.channels
-        return Frames([channels[slot] for slot in go.tolist()], held, counts, tuple(delivery.ring))
-
-    def _min_lead(self, now: float) -> float:
-        """The scheduler's smallest lead over real time of the running streams (`Sequence.lead`), from the slots."""
-        return self.slots.min_lead(self.table.slot[:len(self.rows)], now)
-
-    def _drop_abandoned(self) -> None:
-        """Ends the requests whose streams were dropped unread or whose event loop closed. Call with the lock."""
-        while self._dropped:
-            self._cancel(self._dropped.popleft())
-
-    def _leave_cancelled(self, ends: list) -> None:
-        """The running requests cancelled since the last boundary leave, in their rows' order (a preempted one
-        when it is back in a row). Call with the lock."""
-        waiting = [seq for seq in dict.fromkeys(self._cancelling) if not seq.payload.channel.finished]
-        running = sorted((seq for seq in waiting if seq.payload.swapped is None and seq.payload.parked is None),
-                         key=self.rows.index) + [seq for seq in waiting if seq.payload.parked is not None]
-        self._cancelling = [seq for seq in waiting if seq.payload.swapped is not None]
-        if running:
-            self.metrics.requests_cancelled += len(running)
-            self._leave([(seq, "cancelled") for seq in running], ends)
-
-    def _leave(self, leaving: list[tuple[Sequence, str]], ends: list) -> None:
-        """Frees the rows of these (sequence, finish reason), in order, and ends their streams through `ends`. A
-        request preempted at this boundary has no row: it leaves the swapped ones. Call with the lock."""
-        self._compact([seq for seq, _ in leaving if seq.payload.swapped is None and seq.payload.parked is None])
-        for seq, reason in leaving:
-            if seq.payload.swapped is not None:
-                self.scheduler.swapped.remove(seq)
-            if seq.payload.parked is not None:
-                self._parked.remove(seq)
-                self.runner.kv.release_blocks(seq.payload.parked.blocks)
-                seq.payload.parked = None
-            self.scheduler.finish(seq.request_id)
-            self._end(seq, reason, outbox=ends)
-
-    def _compact(self, leaving: list[Sequence], released: bool = True) -> None:
-        """Removes the rows of `leaving` (`rows.remove_rows`: as one after the other, the running rows staying
-        0..B-1 and each request's row, so its batch neighbours, as before) with one batch of device copies
-        (`released`: their KV blocks are freed here, else they were)."""
-        if leaving:
-            gone, moves = remove_rows(self.rows, leaving)
-            self.runner.remove_rows(gone if released else [], moves)
-            self.codec.move_rows(moves)
-            self.table.move(moves)
-
-    def _end(self, seq: Sequence, reason: str, error: BaseException | None = None, outbox: list | None = None
-             ) -> None:
-        """Ends the request's stream (through `outbox` if given; its held frames go out first there). Call with the
-        lock."""
-        channel, p = seq.payload.channel, seq.payload
-        if channel.finished:
-            return
-        channel.finished, channel.finish_reason = True, reason
-        p.swapped = None
-        self._live.pop(seq.request_id, None)
-        frames = None
-        if p.slot is not None:
-            seq.frames = int(self.slots.frames[p.slot])  # (what the slot counted, on the sequence from now on)
-            first = self.slots.first_audio[p.slot]
-            seq.first_audio = None if np.isnan(first) else float(first)
-            self.slots.close(p.slot, muted=reason in ("cancelled", "error"))
-            if outbox is not None:
-                self._flush.append(p.slot)  # (what it holds goes out before its end)
-            elif self.delivery.count[p.slot] and self._owns_delivery():  # (ended at once: what it holds, as codes)
-                _, held, counts = self.delivery.take(p.slot)
-                frames = Frames([channel], held, counts, tuple(self.delivery.ring))
-            p.slot = None
-        items = [(channel, error)] if error is not None else []
-        items.append((channel, END))
-        if outbox is None:
-            self._dispatcher.put(frames, items)  # (after what the engine handed out before: in order)
-        else:
-            outbox.extend(items)
-
-    def _owns_delivery(self) -> bool:
-        """Whether this thread may touch the hand-out state (the engine thread's, outside the lock too): the engine
-        thread, or any once it ended. (Another thread ending a request at once leaves what it holds: a preempted
-        request's frames went out at its preemption.)"""
-        return threading.current_thread() is self._thread or not self._thread.is_alive()
 
 
 def device_scope(device: torch.device) -> contextlib.AbstractContextManager:
@@ -715,19 +392,6 @@ def _in_new_thread(fn: Callable[..., Any], *args: Any) -> Any:
     thread.start()
     thread.join()
     return result[0]
-
-
-def _finish_reason(done: bool, frames: int, max_new: int, stop_after: int, repeats: int, stop_on_repeats: int
-                   ) -> str | None:
-    """Why a request ends after this frame, if it does (`frames` delivered so far, `repeats` identical frames in a
-    row; the runaway guard's limits NEVER when unset)."""
-    if done:
-        return "length" if frames + 1 >= max_new else "eos"
-    if frames >= stop_after:
-        return "runaway"
-    if repeats >= stop_on_repeats:
-        return "repetition"
-    return None
 
 
 def _stop_at_exit(ref: weakref.ref) -> None:
