@@ -587,3 +587,14 @@ def test_websocket_non_streaming_mode_defaults_to_sentence_cuts(server):
             ws.send(json.dumps(message))
         events, _ = _session(ws)
     assert events[-1]["type"] == "session.done" and events[-1]["segments"] == 2
+
+
+def test_websocket_live_text_over_the_limit_is_refused_naming_text(server):
+    """segmentation live: one input.text over --max-input-chars (200 here) is refused as it arrives."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "max_new_tokens": 3}))
+        ws.send(json.dumps({"type": "input.text", "text": "word " * 41}))
+        events, _ = _session(ws)
+    error = events[-1]
+    assert error["type"] == "error" and (error["error"]["param"], error["error"]["code"]) == ("text", "input_too_long")
+    assert ws.close_code == 1008

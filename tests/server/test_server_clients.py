@@ -418,3 +418,22 @@ def test_a_vllm_omni_utterance_is_at_most_an_input_long(server):
         (error,) = _until(ws, "error")
     assert (error["error"]["param"], error["error"]["code"]) == ("text", "input_too_long")
     assert "over 200 characters" in error["message"]
+
+
+def test_a_vllm_omni_utterance_is_spoken_live_from_its_first_words(server):
+    """segmentation live (the default): an utterance's audio streams before a sentence end or input.done was
+    sent, as one segment (sentence_index 0) whose audio.start carries the text received by then."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "response_format": "pcm",
+                            "stream_audio": True, "max_new_tokens": 8}))
+        for text in ("Hello there", " my friend"):
+            ws.send(json.dumps({"type": "input.text", "text": text}))
+        start, first = json.loads(ws.recv(timeout=60)), ws.recv(timeout=60)
+        assert (start["type"], start["utterance_index"], start["sentence_index"]) == ("audio.start", 0, 0)
+        assert "Hello there my friend".startswith(start["sentence_text"]) and isinstance(first, bytes)
+        ws.send(json.dumps({"type": "input.done"}))
+        received = _until(ws, "session.done")
+        ws.send(json.dumps({"type": "session.close"}))
+    events = [m for m in received if isinstance(m, dict)]
+    assert [e["type"] for e in events] == ["audio.done", "session.done"] and events[1]["total_sentences"] == 1
+    assert events[0]["total_bytes"] == len(first) + sum(len(m) for m in received if isinstance(m, bytes))

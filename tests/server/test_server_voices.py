@@ -209,7 +209,7 @@ def test_websocket_with_a_stored_voice(server, reference_wav):
         audio = b""
         while (message := ws.recv(timeout=60)) and (isinstance(message, bytes) or '"session.done"' not in message):
             audio += message if isinstance(message, bytes) else b""
-    assert len(audio) == 2 * 2 * frames(5) * FRAME
+    assert len(audio) == 2 * frames(5) * FRAME  # segmentation live: the two sentences are one generation
 
 
 def test_voice_uploads_are_refused_by_other_checkpoints(tmp_path):
