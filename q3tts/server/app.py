@@ -48,7 +48,7 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
             model = tts if tts is not None else await asyncio.to_thread(_load, config)
             failed = "the server cannot start"  # (the voice settings do not suit this checkpoint)
             service = SpeechService(model, config, VoiceStore(config.voices_dir), observer=metrics)
-            await asyncio.to_thread(service.resolver.load_default_voice)
+            await asyncio.to_thread(service.resolver.named.load_default_voice)
         except (ValueError, OSError, RuntimeError, MemoryError) as e:  # a checkpoint that does not load, no memory
             give_up = getattr(app.state, "give_up", None)
             if start_ready or give_up is None:

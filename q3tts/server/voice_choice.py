@@ -1,7 +1,8 @@
 """A request's voice and language in the server's terms, resolved once per request (or WebSocket session) before
 any audio is made: a preset speaker (CustomVoice), a description (VoiceDesign) or a cloned voice (Base: a stored
 voice, reference audio, a speaker embedding, or the default voice), through the alias table of OpenAI's voice
-names and the server's own (voice_aliases.py), and `language` as the model names it (languages.py).
+names and the server's own (voice_aliases.py; a name's stored voice, mix or default: named_voices.py), and
+`language` as the model names it (languages.py).
 
 Checked against the checkpoint's mode before any reference audio is fetched or encoded.
 """
@@ -11,12 +12,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from ..errors import RequestError, quote
@@ -24,15 +23,14 @@ from ..request.audio import AudioError
 from ..request.embedding import embedding_tensor
 from ..request.fetch import FetchError, FetchPolicy, fetch
 from ..request.voice import Voice
-from ..request.voice_blend import is_mix, mixed_embedding, parse_mix
 from . import errors
 from .config import ServerConfig
 from .languages import kokoro_language, model_language
+from .named_voices import NamedVoices
 from .schemas import TASK_TYPES, SpeechSettings
-from .voice_aliases import OPENAI_VOICES, VoiceAliases, is_voice_file
-from .voice_store import VoiceStore, VoiceStoreError
+from .voice_aliases import OPENAI_VOICES, VoiceAliases
+from .voice_store import VoiceStore
 
-log = logging.getLogger("q3tts.server")
 PLACEHOLDER_VOICES = ("", "default")  # `voice` where none applies (VoiceDesign, ref_audio); OpenAI needs one
 DOWNLOAD_THREADS = 8  # reference downloads at once; more wait their turn
 CLONING = ("ref_audio", "ref_text", "references", "speaker_embedding", "x_vector_only_mode")
@@ -60,24 +58,10 @@ class VoiceResolver:
         self.kind = model.tts_model_type
         self.aliases = VoiceAliases.for_checkpoint(self.kind, model.supported_speakers, config.voice_aliases,
                                                    config.default_voice)
-        self.default_voice: Voice | None = None  # Base: the default voice, when it is a file (load_default_voice)
+        self.named = NamedVoices(tts, self.kind, self.aliases, voices, in_worker)  # (Base: voices by name)
         # Reference downloads wait on other servers: threads of their own, so that slow ones never hold the default
         # pool, where the audio encoders run (each ends at its deadline: fetch.py).
         self._downloads = ThreadPoolExecutor(DOWNLOAD_THREADS, thread_name_prefix="q3tts-fetch")
-
-    def load_default_voice(self) -> None:
-        """A Base checkpoint's default voice given as a file: a saved voice, or a recording cloned from its
-        speaker embedding alone (a transcript takes `q3tts voice create --ref-text`). ValueError if unusable."""
-        value = self.aliases.default
-        if self.kind != "base" or value is None or not is_voice_file(value):
-            return
-        path = Path(value).expanduser()
-        try:
-            voice = Voice.load(path) if path.suffix == ".safetensors" else self.tts.create_voice(str(path), None, True)
-            self.default_voice = self.tts.builder.voice(voice)
-        except RequestError as e:
-            raise ValueError(f"default_voice {value}: {e.message}") from None
-        log.info("default voice: %s", path)
 
     def close(self) -> None:
         self._downloads.shutdown(wait=False)
@@ -166,63 +150,8 @@ class VoiceResolver:
                                      "keeps its own)", param="ref_text" if ref_text is not None else
                                      "x_vector_only_mode")
         if name is None:
-            return await self._default_voice()
-        return await self._stored_or_alias(name)
-
-    async def _stored_or_alias(self, name: str, mixes: bool = True) -> Voice:
-        """A stored voice by id or name; else the stored voice an alias names; else, for one of OpenAI's names,
-        the default voice. `mixes`: a mix ("a(2)+b(1)"), or an alias of one, is their blend (not within a mix)."""
-        if (found := await self._stored(name)) is not None:
-            return found
-        if is_mix(name) and mixes:
-            return await self.mixed(name, "voice")
-        target = self.aliases.target(name)
-        if target is not None and target != name:
-            if (found := await self._stored(target)) is not None:
-                return found
-            if is_mix(target) and mixes:  # (an alias of a blend: --voice-alias narrator="amy(2)+bob(1)")
-                return await self.mixed(target, "voice")
-            raise errors.not_found(f"voice {quote(name)} is an alias of the stored voice {quote(target)}, which does "
-                                   "not exist", param="voice", code="voice_not_found")
-        if target is not None:  # one of OpenAI's names, with no stored voice of that name
-            if self.aliases.default is not None:
-                return await self._default_voice()
-            raise errors.bad_request(
-                f"voice {quote(name)} is one of OpenAI's voice names, and this Base checkpoint clones voices: upload "
-                f"a voice named {quote(name)} (POST /v1/audio/voices), map the name to a stored voice (q3tts serve "
-                f"--voice-alias {name}=NAME), or give the server a default voice (--default-voice)", param="voice",
-                code="voice_not_configured")
-        raise errors.not_found(f"voice {quote(name)} not found", param="voice", code="voice_not_found")
-
-    async def mixed(self, text: str, param: str) -> Voice:
-        """Kokoro's mix of stored voices, "a(2)+b(1)" (each a stored voice or an alias of one): their blend
-        (voice_blend.py)."""
-        try:
-            terms = parse_mix(text, param)
-            named = [(quote(name), await self._stored_or_alias(name, mixes=False), weight) for name, weight in terms]
-            return self.tts.builder.voice(Voice.from_embedding(*mixed_embedding(named, param)))
-        except RequestError as e:
-            raise errors.bad_request(e.message.removeprefix(f"{param}: "), param=param) from e
-
-    async def _default_voice(self) -> Voice:
-        if self.default_voice is not None:
-            return self.default_voice
-        default = self.aliases.default
-        if default is None:
-            raise errors.bad_request("this Base checkpoint clones voices: pass `voice` (an id from POST "
-                                     "/v1/audio/voices) or `ref_audio`, or start the server with a default voice "
-                                     "(q3tts serve --default-voice)", param="voice", code="missing")
-        if (found := await self._stored(default)) is None:
-            raise errors.not_found(f"the default voice {quote(default)} (--default-voice) is not a stored voice",
-                                   param="voice", code="voice_not_found")
-        return found
-
-    async def _stored(self, key: str) -> Voice | None:
-        try:
-            found = await self.in_worker(self.voices.get, key)
-        except VoiceStoreError as e:
-            raise errors.APIError(500, str(e), type=errors.SERVER, param="voice", code="voice_unreadable") from None
-        return None if found is None else found[1]
+            return await self.named.default()
+        return await self.named.stored_or_alias(name)
 
     def _embedding_voice(self, embedding: list[float]) -> Voice:
         """vLLM-Omni's precomputed `speaker_embedding`: a voice in x-vector-only mode."""

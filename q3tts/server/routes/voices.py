@@ -131,7 +131,7 @@ async def combine_voices(request: Request, name: str | None = None) -> dict:
                                  f"{service.task_type}", param="voices")
     if name is not None and not _NAME.fullmatch(name):
         raise errors.bad_request("name: 1-64 letters, digits, spaces, '.', '_' or '-'", param="name")
-    voice = await service.resolver.mixed(mix, "voices")
+    voice = await service.resolver.named.mixed(mix, "voices")
     try:
         entry = await asyncio.to_thread(service.voices.add, voice, name or mix)
     except ValueError as e:
