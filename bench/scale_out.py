@@ -26,7 +26,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from serve_load import http_rates  # (bench/, this script's folder: first on sys.path when it runs)
+
+try:
+    from serve_load import http_rates  # (run as a script: bench/, its folder, is first on sys.path)
+except ModuleNotFoundError:  # (imported from the repository's root, as the tests do)
+    from bench.serve_load import http_rates
 
 from q3tts.benchmarks.common import write_results
 

@@ -241,6 +241,17 @@ def http_rates(url: str, rates: list[float], duration: float, clients: int = 1, 
     return rows
 
 
+def runner_modules() -> list:
+    """The model runner's modules (it is one class in several files: each imports the transfers it calls), those
+    of the tree this runs against."""
+    import importlib
+    import importlib.util
+
+    names = ("model_runner", "kv_rows", "prefill", "frame")
+    return [importlib.import_module(f"q3tts.engine.runner.{n}") for n in names
+            if importlib.util.find_spec(f"q3tts.engine.runner.{n}")]
+
+
 class LoopProfile:
     """Wall time of the engine loop's phases (its methods wrapped with timers), per loop iteration: host work
     (settle, admit, prefill launch, codec start, audio hand-out) and the waits for the device (`wait.*`). The
@@ -248,7 +259,6 @@ class LoopProfile:
 
     def __init__(self, engine) -> None:
         import q3tts.engine.engine as engine_module
-        import q3tts.engine.runner.model_runner as runner_module
         from q3tts.engine.runner.readback import Readback
 
         self.totals: collections.Counter = collections.Counter()
@@ -263,7 +273,8 @@ class LoopProfile:
         targets += [(engine.runner, name, f"runner.{name}") for name in ("grow_rows", "_reuse_prefixes",
                                                                            "_prefill_tokens", "_keep_prefixes",
                                                                            "_arm_rows", "remove_rows")]
-        targets += [(runner_module, name, f"runner.{name}") for name in ("to_device", "write_rows")]
+        targets += [(module, name, f"runner.{name}") for module in runner_modules()
+                    for name in ("to_device", "write_rows")]
         for owner, name, label in targets:  # (those of the tree it runs: the engine's phases were renamed since)
             if hasattr(owner, name):
                 setattr(owner, name, self._timed(label, getattr(owner, name)))

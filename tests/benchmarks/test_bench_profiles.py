@@ -17,10 +17,11 @@ def test_loop_profile(tmp_path, monkeypatch):
     tts = TTS.from_pretrained(tiny_checkpoint("tiny-base", tmp_path), device="cpu",
                               engine_config=EngineConfig(max_rows=4))
     engine = tts.prepare_engine()
-    import q3tts.engine.runner.model_runner as runner_module
     from q3tts.engine.runner.readback import Readback
 
-    for owner, name in ((Readback, "pop"), (Readback, "pop_pcm"), (runner_module, "to_device")):
+    transfers = [(module, "to_device") for module in serve_load.runner_modules() if hasattr(module, "to_device")]
+    wrapped = [(Readback, "pop"), (Readback, "pop_pcm"), *transfers]
+    for owner, name in wrapped:
         monkeypatch.setattr(owner, name, getattr(owner, name))  # (restored after the test: the profile wraps them)
     profile = serve_load.LoopProfile(engine)
     window = profile.window()
