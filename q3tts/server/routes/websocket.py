@@ -55,11 +55,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
@@ -126,6 +127,10 @@ class Setup:
     @property
     def sample_rate(self) -> int | None:
         return self.config.sample_rate
+
+    def seconds(self, frames: int) -> float:
+        """The seconds `frames` last as delivered, time-stretched by `speed` (time_stretch.py: to the sample)."""
+        return round(frames * FRAME_SECONDS / self.config.speed, 3)
 
     def encoder(self, model_rate: int, whole: bool = False) -> AudioEncoder:
         c = self.config
@@ -339,7 +344,7 @@ class StreamSession:
         usage = {"input_tokens": self.input_tokens, "output_tokens": self.frames,
                  "total_tokens": self.input_tokens + self.frames}
         await self._send_json({"type": "session.done", "segments": self.num_segments,
-                               "audio_seconds": self._seconds(self.frames, self.setup), "usage": usage})
+                               "audio_seconds": self.setup.seconds(self.frames), "usage": usage})
 
     async def _speak(self, text: str, setup: Setup) -> None:
         index = self.num_segments if self.is_q3tts else self.utterance_segments
@@ -350,26 +355,11 @@ class StreamSession:
         self.utterance_segments += 1
         self.input_tokens += job.input_tokens
         await self._send_json(self._started(index, text, setup))
-        streamed = self.is_q3tts or setup.config.stream_audio
-        encoder = self.encoder or setup.encoder(self.model_rate, whole=not streamed)
-        frames, sent, held = 0, 0, []
         try:
-            async for pcm in stream.achunks():
-                frames += len(pcm) // FRAME_SAMPLES
-                if not (data := await encode_async(encoder, pcm)):
-                    continue
-                sent += len(data)
-                if streamed:
-                    await self._send(self.websocket.send_bytes(data))
-                else:
-                    held.append(data)
+            frames, sent = await self._send_audio(((pcm, len(pcm) // FRAME_SAMPLES) async for pcm in stream.achunks()),
+                                                  setup)
         finally:
             stream.cancel()
-        if not self.is_q3tts:  # the segment's own encoder: its tail, and (not streamed) the whole file
-            tail = await flush_async(encoder)
-            sent += len(tail)
-            if data := b"".join(held) + tail:
-                await self._send(self.websocket.send_bytes(data))
         self.frames += frames
         await self._send_json(self._done(index, text, frames, sent, setup, stream.finish_reason))
 
@@ -380,35 +370,49 @@ class StreamSession:
         index = self.num_segments if self.is_q3tts else self.utterance_segments
         self.num_segments += 1
         self.utterance_segments += 1
-        streamed = self.is_q3tts or setup.config.stream_audio
-        encoder = self.encoder or setup.encoder(self.model_rate, whole=not streamed)
-        frames, sent, held, started = 0, 0, [], False
-        try:
+        started = False
+
+        async def audio():  # (the start event at the first audio, with the text received by then)
+            nonlocal started
             async for chunk in live:
-                frames += chunk.num_frames
                 if not started:
                     started = True
                     await self._send_json(self._started(index, item.text, setup))
-                if not (data := await encode_async(encoder, chunk.pcm)):
-                    continue
-                sent += len(data)
-                if streamed:
-                    await self._send(self.websocket.send_bytes(data))
-                else:
-                    held.append(data)
+                yield chunk.pcm, chunk.num_frames
+
+        try:
+            frames, sent = await self._send_audio(audio(), setup)
         finally:
             live.cancel()
         if not started:
             await self._send_json(self._started(index, item.text, setup))
-        if not self.is_q3tts:
-            tail = await flush_async(encoder)
-            sent += len(tail)
-            if data := b"".join(held) + tail:
-                await self._send(self.websocket.send_bytes(data))
         self.frames += frames
         self.input_tokens += live.num_tokens
         finish_reason = live.stream.frames.finish_reason if live.stream is not None else None
         await self._send_json(self._done(index, item.text, frames, sent, setup, finish_reason))
+
+    async def _send_audio(self, audio: AsyncIterator[tuple[np.ndarray, int]], setup: Setup) -> tuple[int, int]:
+        """One segment's audio (pcm, frames) through its encoder to the client: streamed, or (vLLM-Omni's
+        stream_audio false) held for one message; a vLLM-Omni segment's own encoder then adds its tail. Returns
+        the frames and the bytes sent."""
+        streamed = self.is_q3tts or setup.config.stream_audio
+        encoder = self.encoder or setup.encoder(self.model_rate, whole=not streamed)
+        frames, sent, held = 0, 0, []
+        async for pcm, n in audio:
+            frames += n
+            if not (data := await encode_async(encoder, pcm)):
+                continue
+            sent += len(data)
+            if streamed:
+                await self._send(self.websocket.send_bytes(data))
+            else:
+                held.append(data)
+        if not self.is_q3tts:  # the segment's own encoder: its tail, and (not streamed) the whole file
+            tail = await flush_async(encoder)
+            sent += len(tail)
+            if data := b"".join(held) + tail:
+                await self._send(self.websocket.send_bytes(data))
+        return frames, sent
 
     def _started(self, index: int, text: str, setup: Setup) -> dict[str, Any]:
         if self.is_q3tts:
@@ -421,7 +425,7 @@ class StreamSession:
               finish_reason: str | None) -> dict[str, Any]:
         if self.is_q3tts:
             return {"type": "segment.done", "segment": index, "text": text, "frames": frames,
-                    "audio_seconds": self._seconds(frames, setup), "finish_reason": finish_reason}
+                    "audio_seconds": setup.seconds(frames), "finish_reason": finish_reason}
         return {"type": "audio.done", "utterance_index": self.utterance, "sentence_index": index,
                 "total_bytes": sent, "error": False}
 
@@ -431,11 +435,6 @@ class StreamSession:
     async def _send(self, sending: Awaitable[None]) -> None:
         """A client that stops reading loses the session (and its row) after send_timeout_s."""
         await asyncio.wait_for(sending, self.service.config.send_timeout_s)
-
-    @staticmethod
-    def _seconds(frames: int, setup: Setup) -> float:
-        """The seconds `frames` last as delivered, time-stretched by `speed` (time_stretch.py: to the sample)."""
-        return round(frames * FRAME_SECONDS / setup.config.speed, 3)
 
 
 async def _setup(service: SpeechService, message: dict[str, Any]) -> Setup:
