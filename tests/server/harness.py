@@ -13,6 +13,7 @@ import av
 import httpx
 import numpy as np
 import uvicorn
+from websockets.exceptions import ConnectionClosed
 
 from q3tts import TTS
 from q3tts.server import ServerConfig, create_app
@@ -118,3 +119,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def events_until_close(ws) -> tuple[list[dict], bytes]:
+    """A WebSocket session's JSON events and its audio, received until the server closes it."""
+    events, audio = [], b""
+    try:
+        while True:
+            message = ws.recv(timeout=60)
+            if isinstance(message, bytes):
+                audio += message
+            else:
+                events.append(json.loads(message))
+    except ConnectionClosed:
+        return events, audio

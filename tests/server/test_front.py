@@ -20,7 +20,7 @@ from websockets.sync.client import connect  # noqa: E402
 from q3tts.server import ServerConfig  # noqa: E402
 from q3tts.server.front.app import Backend, Backends, create_router_app  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
-from tests.server.harness import SEED, ServerThread, free_port  # noqa: E402
+from tests.server.harness import SEED, ServerThread, events_until_close, free_port  # noqa: E402
 
 TEXT = "Hello world, this is a test."
 
@@ -114,7 +114,6 @@ def test_the_front_relays_vllm_omnis_websocket_protocol(servers):
 
 def _nari_session(url: str) -> tuple[list[str], bytes, int]:
     """A nari.speech.v1 session: (its events' types in order, its audio, the close code)."""
-    types, audio = [], b""
     with connect(url.replace("http://", "ws://") + "/v1/audio/speech/ws", subprotocols=["nari.speech.v1"]) as ws:
         assert ws.subprotocol == "nari.speech.v1"
         ws.send(json.dumps({"type": "request.start", "voice": "ryan", "language": "english", "seed": SEED,
@@ -123,15 +122,8 @@ def _nari_session(url: str) -> tuple[list[str], bytes, int]:
         for i, word in enumerate(words):
             ws.send(json.dumps({"type": "input_text.append", "sequence": i, "text": word if i == 0 else " " + word}))
         ws.send(json.dumps({"type": "input_text.end", "sequence": len(words)}))
-        try:
-            while True:
-                message = ws.recv(timeout=60)
-                if isinstance(message, bytes):
-                    audio += message
-                else:
-                    types.append(json.loads(message)["type"])
-        except ConnectionClosed:
-            return types, audio, ws.close_code
+        events, audio = events_until_close(ws)
+        return [e["type"] for e in events], audio, ws.close_code
 
 
 def test_the_front_relays_naris_live_text_protocol(servers):

@@ -15,7 +15,7 @@ from websockets.sync.client import connect  # noqa: E402
 
 from q3tts.server.config import ServerConfig  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
-from tests.server.harness import ServerThread, load_tiny, pcm_samples  # noqa: E402
+from tests.server.harness import ServerThread, events_until_close, load_tiny, pcm_samples  # noqa: E402
 
 TEXT = "Hello world, this is live text."
 START = {"type": "request.start", "model": "tiny", "voice": "ryan", "language": "english", "seed": 9,
@@ -33,19 +33,6 @@ def server(tmp_path_factory):
 
 def session(server):
     return connect(server.ws_url + "/v1/audio/speech/ws", subprotocols=["nari.speech.v1"])
-
-
-def events_until_close(ws) -> tuple[list[dict], bytes]:
-    events, audio = [], b""
-    try:
-        while True:
-            message = ws.recv(timeout=60)
-            if isinstance(message, bytes):
-                audio += message
-            else:
-                events.append(json.loads(message))
-    except ConnectionClosed:
-        return events, audio
 
 
 def speak(server, words: list[str], delay: float = 0.0, start: dict = START) -> tuple[list[dict], bytes, int]:

@@ -21,7 +21,15 @@ from websockets.sync.client import connect  # noqa: E402
 
 from q3tts.server import ServerConfig  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
-from tests.server.harness import FRAME, SEED, ServerThread, decoded_samples, frames, pcm_samples  # noqa: E402
+from tests.server.harness import (  # noqa: E402
+    FRAME,
+    SEED,
+    ServerThread,
+    decoded_samples,
+    events_until_close,
+    frames,
+    pcm_samples,
+)
 
 MAX_NEW = 9  # 8 frames = 0.64 s per request
 TEXT = "Hello world, this is a test."
@@ -176,7 +184,7 @@ def test_errors_quote_at_most_40_characters_of_an_unknown_field(server):
     assert response.status_code == 400 and len(response.content) < 500, len(response.content)
     with connect(server.ws_url + "/v1/audio/speech/stream", max_size=None) as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", key: 1}))
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
     for error in (response.json()["error"], events[0]["error"]):
         assert error["param"] == f"'{'k' * 40}'... (1000000 characters)", error["param"][:100]
         assert error["message"] == f"{error['param']}: unknown field (docs/http-api.md lists the fields each API " \
@@ -192,7 +200,7 @@ def test_a_misspelt_field_is_answered_with_the_closest_one(server):
     assert response.json()["error"]["message"] == "inptu: unknown field; did you mean 'input'?"
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "instruction": "Calm."}))
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
     assert events[0]["error"]["message"] == "instruction: unknown field; did you mean 'instructions'?"
 
 
@@ -216,7 +224,7 @@ def test_websocket_text_that_is_not_unicode_names_its_field(server):
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
         ws.send(json.dumps({"type": "input.text", "text": "Hi \ud800 there."}))
         ws.send(json.dumps({"type": "input.done"}))
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
     error = events[-1]["error"]
     assert (error["param"], error["message"]) == ("text", "text is not valid Unicode: surrogates not allowed at "
                                                           "character 3"), error
@@ -248,7 +256,7 @@ def test_a_bad_voice_is_refused_for_what_is_wrong_with_it(server, voice, says, c
     assert response.status_code == 400, response.text
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": voice}))
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
     for error in (response.json()["error"], events[0]["error"]):
         assert (error["param"], error["code"]) == ("voice", code) and error["message"].startswith(says), error
 
@@ -285,7 +293,7 @@ def test_a_key_sent_twice_is_refused(server):
     assert response.status_code == 400, response.text
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send('{"type": "session.config", "protocol": "q3tts", "voice": "ryan", "voice": "vivian"}')
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
     for error, key in ((response.json()["error"], "input"), (events[0]["error"], "voice")):
         assert (error["param"], error["code"]) == (key, "duplicate_key"), error
         assert f"the key '{key}' appears more than once" in error["message"], error
@@ -316,20 +324,6 @@ def test_openai_client_sees_errors(client):
     assert err.value.body["code"] == "voice_not_found"
 
 
-def _session(ws) -> tuple[list[dict], bytes]:
-    """Events and audio until the server closes the session."""
-    events, audio = [], b""
-    try:
-        while True:
-            message = ws.recv(timeout=60)
-            if isinstance(message, bytes):
-                audio += message
-            else:
-                events.append(json.loads(message))
-    except ConnectionClosed:
-        return events, audio
-
-
 def test_websocket_streams_text_in_and_audio_out(server):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",
@@ -343,7 +337,7 @@ def test_websocket_streams_text_in_and_audio_out(server):
         assert json.loads(early[0])["type"] == "segment.started" and isinstance(early[1], bytes)
         ws.send(json.dumps({"type": "input.text", "text": " sentence! And a third"}))
         ws.send(json.dumps({"type": "input.done"}))
-        events, audio = _session(ws)
+        events, audio = events_until_close(ws)
         assert ws.close_code == 1000
     audio = early[1] + audio
     started = [json.loads(early[0])] + [e for e in events if e["type"] == "segment.started"]
@@ -364,7 +358,7 @@ def test_websocket_audio_seconds_are_the_seconds_delivered(server, speed):
                             "speed": speed, "segmentation": "sentence"}))
         ws.send(json.dumps({"type": "input.text", "text": "One sentence here. And another one."}))
         ws.send(json.dumps({"type": "input.done"}))
-        events, audio = _session(ws)
+        events, audio = events_until_close(ws)
     done = [e for e in events if e["type"] == "segment.done"]
     assert [e["audio_seconds"] for e in done] == [round(frames(6) * 0.08 / speed, 3)] * 2
     delivered = len(audio) / 2 / 24000
@@ -380,7 +374,7 @@ def test_websocket_audio_seconds_are_the_seconds_delivered(server, speed):
 def test_websocket_bad_config_gets_an_error_event(server, first, code):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps(first))
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
         assert ws.close_code == 1008
     assert events[0]["type"] == "error" and events[0]["error"]["code"] == code
     assert set(events[0]["error"]) == {"message", "type", "param", "code"}
@@ -392,7 +386,7 @@ def test_websocket_bad_message_mid_session(server):
                             "voice": "ryan", "seed": SEED, "max_new_tokens": 4}))
         ws.recv(timeout=30)
         ws.send("not json")
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
         assert ws.close_code == 1008
     assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "invalid_request_error"
 
@@ -414,10 +408,10 @@ def test_websocket_sessions_are_counted_once_by_how_they_ended(server):
                          "voice": "ryan", "seed": SEED, "max_new_tokens": 3},
                         {"type": "input.text", "text": "Hi."}, {"type": "input.done"}):
             ws.send(json.dumps(message))
-        assert _session(ws)[0][-1]["type"] == "session.done" and ws.close_code == 1000
+        assert events_until_close(ws)[0][-1]["type"] == "session.done" and ws.close_code == 1000
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:  # refused config: 1008
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "nobody"}))
-        _session(ws)
+        events_until_close(ws)
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:  # the client leaves: its code
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan"}))
         ws.recv(timeout=30)
@@ -514,7 +508,7 @@ def test_websocket_whitespace_does_not_count_as_waiting_text(server):
             while not isinstance(event := ws.recv(timeout=30), str) or json.loads(event)["type"] != "segment.done":
                 assert isinstance(event, bytes) or json.loads(event)["type"] != "error", event
         ws.send(json.dumps({"type": "input.done"}))
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
     assert events[-1]["type"] == "session.done" and events[-1]["segments"] == 14, events[-1]
 
 
@@ -537,7 +531,7 @@ def test_websocket_speaks_live_text_from_the_first_words(server):
         for word in LIVE_WORDS[3:]:
             ws.send(json.dumps({"type": "input.text", "text": word}))
         ws.send(json.dumps({"type": "input.done"}))
-        events, audio = _session(ws)
+        events, audio = events_until_close(ws)
     done = [e for e in events if e["type"] == "segment.done"]
     assert [(e["segment"], e["text"]) for e in done] == [(0, "".join(LIVE_WORDS))]
     assert events[-1]["type"] == "session.done" and events[-1]["segments"] == 1
@@ -559,7 +553,7 @@ def test_websocket_sentence_segmentation_still_cuts(server):
         for text in ("One sentence here.", " And", " another one"):
             ws.send(json.dumps({"type": "input.text", "text": text}))
         ws.send(json.dumps({"type": "input.done"}))
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
     started = [e["text"] for e in events if e["type"] == "segment.started"]
     assert started == ["One sentence here.", "And another one"] and events[-1]["segments"] == 2
 
@@ -585,7 +579,7 @@ def test_websocket_non_streaming_mode_defaults_to_sentence_cuts(server):
                             "max_new_tokens": 3, "non_streaming_mode": True}))
         for message in ({"type": "input.text", "text": "First one. Second one."}, {"type": "input.done"}):
             ws.send(json.dumps(message))
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
     assert events[-1]["type"] == "session.done" and events[-1]["segments"] == 2
 
 
@@ -594,7 +588,7 @@ def test_websocket_live_text_over_the_limit_is_refused_naming_text(server):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "max_new_tokens": 3}))
         ws.send(json.dumps({"type": "input.text", "text": "word " * 41}))
-        events, _ = _session(ws)
+        events, _ = events_until_close(ws)
     error = events[-1]
     assert error["type"] == "error" and (error["error"]["param"], error["error"]["code"]) == ("text", "input_too_long")
     assert ws.close_code == 1008
