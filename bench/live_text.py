@@ -4,7 +4,8 @@ Words of a paragraph arrive one every `--intervals` ms (10: tts-bench's WebSocke
 one `TTS.live` request fed as they come. Sentence cut: the words go through the WebSocket's segmenter
 (q3tts.request.text_segmenter) and each segment is a `TTS.stream` request once cut, spoken one after another, as
 the q3tts WebSocket protocol does. Both on the same engine, same voice, same seed, the same runaway guard (so the
-same frames per text token). Measured per run, from the caller's side:
+same frames per text token). `--sessions N`: N sessions started together (one feeding thread each). Measured per
+session, from the caller's side (p50 and p95 over sessions and runs):
   first_audio_after_first_word_ms: the first word sent -> the first audio chunk;
   final_text_latency_ms: the end of the text -> the first audio chunk after it (tts-bench's "final text to first
   playable": how long the listener waits once the LLM is done);
@@ -25,6 +26,7 @@ import statistics
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -89,22 +91,31 @@ def run_sentence_cut(tts: TTS, interval_s: float, kwargs: dict) -> tuple[dict, l
     return times, arrivals
 
 
-def measure(tts: TTS, mode: str, interval_ms: float, runs: int, kwargs: dict) -> dict:
+def p95(values: list[float]) -> float:
+    return sorted(values)[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
+
+
+def measure(tts: TTS, mode: str, interval_ms: float, runs: int, sessions: int, kwargs: dict) -> dict:
+    """`runs` rounds of `sessions` sessions started together (each its own feeding thread), per-session times."""
     run = run_live if mode == "live" else run_sentence_cut
     first, final, done = [], [], []
     for _ in range(runs):
-        times, arrivals = run(tts, interval_ms / 1000, kwargs)
-        first.append((arrivals[0] - times["first"]) * 1000)
-        after = [t for t in arrivals if t >= times["end"]]
-        final.append(((after[0] if after else times["end"]) - times["end"]) * 1000)
-        done.append((arrivals[-1] - times["end"]) * 1000)
-    return {"engine": "q3tts", "benchmark": "live_text", "model": args.model, "batch": 1, "mode": mode,
+        with ThreadPoolExecutor(sessions) as pool:
+            outcomes = list(pool.map(lambda _: run(tts, interval_ms / 1000, kwargs), range(sessions)))
+        for times, arrivals in outcomes:
+            first.append((arrivals[0] - times["first"]) * 1000)
+            after = [t for t in arrivals if t >= times["end"]]
+            final.append(((after[0] if after else times["end"]) - times["end"]) * 1000)
+            done.append((arrivals[-1] - times["end"]) * 1000)
+    return {"engine": "q3tts", "benchmark": "live_text", "model": args.model, "batch": sessions, "mode": mode,
             "word_interval_ms": interval_ms, "words": len(words()),
             "first_audio_after_first_word_ms_p50": round(statistics.median(first), 1),
+            "first_audio_after_first_word_ms_p95": round(p95(first), 1),
             "final_text_latency_ms_p50": round(statistics.median(final), 1),
+            "final_text_latency_ms_p95": round(p95(final), 1),
             "final_text_to_done_ms_p50": round(statistics.median(done), 1),
             "ms_per_frame": None, "audio_s_per_s": None, "ttfa_ms_p50": round(statistics.median(first), 1),
-            "ttfa_ms_p95": None, "rps": None, "behind_realtime_share": None, "gpu_mem_gb": None}
+            "ttfa_ms_p95": round(p95(first), 1), "rps": None, "behind_realtime_share": None, "gpu_mem_gb": None}
 
 
 def main() -> None:
@@ -116,12 +127,13 @@ def main() -> None:
         tts = TTS.from_pretrained(args.model, device=device)
     kwargs = {"speaker": "ryan", "language": "english", "seed": 1}
     list(tts.stream("Warm up.", **kwargs, max_new_tokens=4))
-    rows = [measure(tts, mode, interval, args.runs, kwargs)
-            for interval in args.intervals for mode in ("live", "sentence_cut")]
-    print(f"{'mode':<14}{'word every':>12}{'first audio after 1st word':>30}{'final-text latency':>22}"
+    rows = [measure(tts, mode, interval, args.runs, sessions, kwargs)
+            for sessions in args.sessions for interval in args.intervals for mode in ("live", "sentence_cut")]
+    print(f"{'sessions':>8} {'mode':<14}{'word every':>12}{'first audio after 1st word':>30}{'final-text latency':>22}"
           f"{'final text -> done':>22}")
     for r in rows:
-        print(f"{r['mode']:<14}{r['word_interval_ms']:>9.0f} ms{r['first_audio_after_first_word_ms_p50']:>27.1f} ms"
+        print(f"{r['batch']:>8} {r['mode']:<14}{r['word_interval_ms']:>9.0f} ms"
+              f"{r['first_audio_after_first_word_ms_p50']:>27.1f} ms"
               f"{r['final_text_latency_ms_p50']:>19.1f} ms{r['final_text_to_done_ms_p50']:>19.1f} ms")
     if args.out:
         card = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
@@ -141,6 +153,7 @@ if __name__ == "__main__":
     parser.add_argument("--device", default=None)
     parser.add_argument("--intervals", type=float, nargs="+", default=[10.0, 100.0], help="ms between words")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1], help="sessions at once (started together)")
     parser.add_argument("--out", default=None, help="the JSON result file")
     args = parser.parse_args()
     main()
