@@ -10,6 +10,9 @@
 #                                   process saturates its core (client_cost.py); a huge value = one process
 #   GATE_MS=50                      a ladder stops after the first rate whose median p95 TTFA passes it, or that
 #                                   had an underrun or a failed request
+#   NO_GATE=0                       1: every rate runs (a diagnosis past the knee)
+#   ON_RATE                         a command run (in the background if it should be) before each rate, given
+#                                   the transport and the rate: e.g. bench/profilers/server_threads.sh
 #   DEADLINE=540                    seconds from the start; a seed that would end later is skipped and logged
 #   CKPT=/tmp/ckpt/1.7B-CustomVoice built unless it exists   COMMIT  the measured tree's commit, for the results
 #   OUT=/tmp/tts_bench_out          log.txt, env.json, tts-bench-ENGINE.json, runs.tar.xz, server.log
@@ -142,8 +145,10 @@ ladder() {  # target transport "rates" "seeds"
   [ -n "$3" ] || return 0
   log "ladder $transport/$target: $3 (seeds $4)"
   for rps in $3; do
+    [ -n "${ON_RATE:-}" ] && $ON_RATE "$transport" "$rps"
     for seed in $4; do run_seed "$target" "$transport" "$rps" "$seed" || break; done
-    gate "$target" "$transport" "$rps" || { log "ladder $transport/$target stops at $rps rps"; break; }
+    gate "$target" "$transport" "$rps" || [ "${NO_GATE:-0}" = 1 ] \
+      || { log "ladder $transport/$target stops at $rps rps"; break; }
   done
 }
 

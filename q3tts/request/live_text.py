@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+import weakref
 
 from tokenizers import Regex, pre_tokenizers
 
@@ -27,16 +28,51 @@ from .text_tokenizer import PRETOKENIZE_REGEX, ROLE_PREFIX, TextTokenizer
 HEADER_TOKENS = 3  # "<|im_start|>assistant\n" (TextTokenizer checks it)
 
 
+class Pieces:
+    """How a tokenizer cuts text into pieces before BPE: its added tokens, then the pre-tokenizer's regex. Built once
+    per tokenizer (`pieces_of`) and shared by its live requests (a WebSocket server opens one per session)."""
+
+    def __init__(self, added_contents: list[str]):
+        self.split = pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated")
+        added = sorted(added_contents, key=len, reverse=True)
+        self.added = re.compile("|".join(map(re.escape, added))) if added else None
+        self.prefixes = frozenset(content[:i] for content in added for i in range(1, len(content)))
+        self.longest_prefix = max(map(len, self.prefixes), default=0)
+
+    def starts(self, text: str) -> list[int]:
+        """The start of every pre-token piece of `text`: added tokens are pieces, the regex splits the rest."""
+        starts, at = [], 0
+        spans = [m.span() for m in self.added.finditer(text)] if self.added else []
+        for start, end in [*spans, (len(text), len(text))]:
+            if start > at:
+                starts += [at + a for _, (a, _) in self.split.pre_tokenize_str(text[at:start])]
+            if end > start:
+                starts.append(start)
+            at = end
+        return starts
+
+    def held_tail(self, text: str) -> int:
+        """The length of the longest tail of `text` that an added token starts with (it may still become one)."""
+        return next((n for n in range(min(self.longest_prefix, len(text)), 0, -1) if text[-n:] in self.prefixes), 0)
+
+
+_PIECES: weakref.WeakKeyDictionary[TextTokenizer, Pieces] = weakref.WeakKeyDictionary()
+
+
+def pieces_of(tokenizer: TextTokenizer) -> Pieces:
+    """The tokenizer's `Pieces`, built on first use."""
+    if (pieces := _PIECES.get(tokenizer)) is None:
+        pieces = _PIECES[tokenizer] = Pieces(tokenizer.added_contents())
+    return pieces
+
+
 class LiveText:
     """One request's text, appended in pieces of any size; `append` and `end` return the text token ids that
     became final (in order, all of them together the whole text's)."""
 
     def __init__(self, tokenizer: TextTokenizer):
         self._tokenizer = tokenizer
-        self._split = pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated")
-        added = sorted(tokenizer.added_contents(), key=len, reverse=True)
-        self._added = re.compile("|".join(map(re.escape, added))) if added else None
-        self._prefixes = {content[:i] for content in added for i in range(1, len(content))}
+        self._pieces = pieces_of(tokenizer)
         self._pending = ROLE_PREFIX  # text not tokenized yet (NFC), from a piece's start
         self._header = HEADER_TOKENS  # header tokens still to drop from what is released
         self.num_tokens = 0  # text tokens released so far
@@ -70,26 +106,9 @@ class LiveText:
         text can change: before any tail that could become an added token, at a character that composes with
         nothing before it."""
         text = self._pending
-        limit = len(text) - self._held_tail(text)
-        return next((start for start in reversed(self._piece_starts(text))
+        limit = len(text) - self._pieces.held_tail(text)
+        return next((start for start in reversed(self._pieces.starts(text))
                      if 0 < start <= limit and _stable_at(text, start)), 0)
-
-    def _piece_starts(self, text: str) -> list[int]:
-        """The start of every pre-token piece of `text`: added tokens are pieces, the regex splits the rest."""
-        starts, at = [], 0
-        spans = [m.span() for m in self._added.finditer(text)] if self._added else []
-        for start, end in [*spans, (len(text), len(text))]:
-            if start > at:
-                starts += [at + a for _, (a, _) in self._split.pre_tokenize_str(text[at:start])]
-            if end > start:
-                starts.append(start)
-            at = end
-        return starts
-
-    def _held_tail(self, text: str) -> int:
-        """The length of the longest tail of `text` that an added token starts with (it may still become one)."""
-        longest = max((len(p) for p in self._prefixes), default=0)
-        return next((n for n in range(min(longest, len(text)), 0, -1) if text[-n:] in self._prefixes), 0)
 
 
 def _stable_at(text: str, i: int) -> bool:

@@ -178,6 +178,15 @@ def _header_timeout(seconds: float) -> dict:
     return {"http": HeaderTimeoutProtocol}
 
 
+def uvicorn_options(config: ServerConfig) -> dict[str, Any]:
+    """uvicorn's settings for the connections (tests/server/harness.py serves with them too). A WebSocket message
+    may hold what a request body may (a base64 reference in session.config; uvicorn's default limit is 16 MiB). No
+    per-message deflate: the messages are PCM, which it cannot shrink, and small JSON events, and it would cost a
+    zlib pass over every one on both sides."""
+    return dict(ws_max_size=config.max_body_bytes, ws_per_message_deflate=False,
+                **_header_timeout(config.body_timeout_s))
+
+
 def uvicorn_server(app: Any, config: ServerConfig, log_level: str, on_signal: Callable[[], None],
                    **options: Any) -> Any:
     """uvicorn's server for `app` on config.host:port, draining for up to config.drain_timeout_s on SIGINT/SIGTERM
@@ -197,11 +206,8 @@ def uvicorn_server(app: Any, config: ServerConfig, log_level: str, on_signal: Ca
         def give_up(self) -> None:
             self.gave_up = self.should_exit = True
 
-    # (A WebSocket message may hold what a request body may: a base64 reference in session.config; uvicorn's
-    # default limit is 16 MiB.)
     server = Server(uvicorn.Config(KeepTransport(app), host=config.host, port=config.port, log_level=log_level,
-                                   timeout_graceful_shutdown=config.drain_timeout_s,
-                                   ws_max_size=config.max_body_bytes, **_header_timeout(config.body_timeout_s),
+                                   timeout_graceful_shutdown=config.drain_timeout_s, **uvicorn_options(config),
                                    **options))
     for name in ("uvicorn.access", "uvicorn.error"):  # (after uvicorn.Config has configured its loggers)
         logging.getLogger(name).addFilter(_HIDE_QUERY_KEYS)  # (once: addFilter skips a filter it holds)

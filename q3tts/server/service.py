@@ -177,6 +177,15 @@ class SpeechService(EngineKeeper):
         except RequestError as e:
             raise api_error(e) from e
 
+    async def feed_live(self, live: LiveRequest, method: Callable[..., None], *args: Any) -> None:
+        """`method(*args)` of a live request (its append or end): in a worker thread while the request's prompt is
+        still to be built (the text token that completes it builds it: device work, kept off the event loop as
+        `prepare` keeps it), inline once it is built (then an append only tokenizes)."""
+        if live.feed.prompt is None:
+            await self._in_worker(method, *args)
+        else:
+            method(*args)
+
     async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 

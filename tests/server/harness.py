@@ -17,6 +17,7 @@ from websockets.exceptions import ConnectionClosed
 
 from q3tts import TTS
 from q3tts.server import ServerConfig, create_app
+from q3tts.server.app import uvicorn_options
 from q3tts.tiny import tiny_checkpoint
 
 FRAME = 1920  # samples per codec frame at 24 kHz
@@ -63,7 +64,7 @@ class ServerThread:
         self.config, self.wait_ready = config, wait_ready
         self.app = create_app(config, tts)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=config.port,
-                                                    log_level="warning"))
+                                                    log_level="warning", **uvicorn_options(config)))
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.url = f"http://127.0.0.1:{config.port}"
         self.ws_url = f"ws://127.0.0.1:{config.port}"

@@ -135,3 +135,11 @@ def test_bad_start_and_missing_subprotocol(server):
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=30)
         assert ws.close_code == 1002
+
+
+def test_the_server_does_not_deflate_websocket_messages(server):
+    """PCM does not compress and the events are small: per-message deflate would only cost a zlib pass over every
+    message on both sides (the websockets client offers it by default; the server declines)."""
+    with session(server) as ws:
+        assert "permessage-deflate" in ws.request.headers.get("Sec-WebSocket-Extensions", "")
+        assert ws.response.headers.get("Sec-WebSocket-Extensions") is None

@@ -362,7 +362,8 @@ async def _relay(backend: Backend, websocket: WebSocket, subprotocols: list[str]
     if "authorization" in websocket.headers:
         headers["authorization"] = websocket.headers["authorization"]
     try:
-        async with connect(url, additional_headers=headers, max_size=None, subprotocols=subprotocols) as upstream:
+        async with connect(url, additional_headers=headers, max_size=None, subprotocols=subprotocols,
+                           compression=None) as upstream:  # (no deflate: app.py says why)
             async def client_to_engine() -> None:
                 with contextlib.suppress(WebSocketDisconnect):
                     while (message := await websocket.receive())["type"] != "websocket.disconnect":

@@ -191,19 +191,19 @@ class NariSession:
         if len(text) > limit or self.chars > LIVE_TEXT_FACTOR * limit:
             raise ProtocolError("input_too_large", f"text over this server's limit ({limit} characters per append, "
                                 f"{LIVE_TEXT_FACTOR * limit} per request)", 1009, "text")
-        self._live_call(self.live.append, text)
+        await self._live_call(self.live.append, text)
         await self._start_audio()
         await self._ack("input_text.append", sequence)
 
     async def _end(self, event: dict[str, Any]) -> None:
         sequence = self._check_sequence(event, "input_text.end")
-        self._live_call(self.live.end)
+        await self._live_call(self.live.end)
         await self._start_audio()
         await self._ack("input_text.end", sequence)
 
-    def _live_call(self, method, *args: Any) -> None:
+    async def _live_call(self, method, *args: Any) -> None:
         try:
-            method(*args)
+            await self.service.feed_live(self.live, method, *args)
         except RequestError as e:
             too_long = "over" in e.message or "at most" in e.message
             raise ProtocolError("input_too_large" if too_long else "invalid_request", e.message,
