@@ -154,7 +154,7 @@ ladder() {  # target transport "rates" "seeds"
 
 finish() {  # the results file and a small archive of tts-bench's own files
   $PYB bench/tts_bench/to_results.py "$RUNS" --out "$OUT/tts-bench-$ENGINE.json" --env "$OUT/env.json" \
-    --command "$1 (tts-bench $($PYB -m tts_bench --version 2>&1 | awk '{print $3}'))"
+    --command "$1 (tts-bench $($PYB -W ignore -m tts_bench --version 2>/dev/null | awk '{print $3}'))"
   local keep=(-name '*.txt' -o -name summary.json -o -name run.json -o -name q3tts-run.json -o -name report.txt
               -o -name status.json)
   local pack="xz -T0 -3" ext=xz
