@@ -69,6 +69,7 @@ class EngineMetrics:
     """Counters the engine thread updates; `observers` are called from it (keep them cheap)."""
 
     frames: int = 0
+    requests_submitted: int = 0  # (counted by `submit`, on the caller's thread, under the engine's lock)
     requests_finished: int = 0
     requests_cancelled: int = 0
     preemptions: int = 0
@@ -211,6 +212,7 @@ class Engine(LiveRows, Admission, Settlement):
             if self._stopping:
                 raise EngineError("the engine was stopped")
             self.scheduler.add(seq)
+            self.metrics.requests_submitted += 1
             if live is not None:
                 self._live[request_id] = seq
                 live.wake = self._wake

@@ -77,6 +77,7 @@ class _EngineCollector:
         codec = engine.codec if engine else None
         for source, name, doc, attr in (
                 (m, "q3tts_frames_generated", "Codec frames (80 ms each) delivered", "frames"),
+                (m, "q3tts_engine_requests_submitted", "Requests queued on the engine", "requests_submitted"),
                 (m, "q3tts_engine_requests_finished", "Requests that ran to the end", "requests_finished"),
                 (m, "q3tts_engine_requests_cancelled", "Requests cancelled while running", "requests_cancelled"),
                 (m, "q3tts_engine_errors", "Engine failures", "errors"),

@@ -33,7 +33,7 @@ from .config import ServerConfig
 from .engine_keeper import EngineKeeper
 from .model_ids import is_served, model_ids
 from .schemas import TASK_TYPES, SpeechRequest, SpeechSettings
-from .speech import Speech
+from .speech import RefusedAt, Speech
 from .voice_choice import VoiceChoice, VoiceResolver
 from .voice_store import VoiceStore
 
@@ -208,12 +208,42 @@ class SpeechService(EngineKeeper):
 
     async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
         """A speech request checked, prepared and submitted: no audio is made before all of it passes."""
+        job = await self._checked(body)
+        return Speech(self.submit(job, request_id), job.input_tokens, self.tts.sample_rate)
+
+    async def speak_all(self, bodies: list[SpeechRequest], request_id: str) -> list[Speech]:
+        """Requests spoken together (a dialogue's turns): every one checked, its voice resolved and its prompt
+        built (together, in one batch of prompts) and checked against the engine's limits before any is
+        submitted; the first refusal by index is RefusedAt and the engine has seen none of them."""
+        jobs = await asyncio.gather(*(self._checked(body) for body in bodies), return_exceptions=True)
+        for i, job in enumerate(jobs):
+            if isinstance(job, errors.APIError):
+                raise RefusedAt(i, job)
+            if isinstance(job, BaseException):
+                raise job
+        speeches: list[Speech] = []
+        try:
+            for i, job in enumerate(jobs):
+                speeches.append(Speech(self.submit(job, f"{request_id}.{i}"), job.input_tokens, self.tts.sample_rate))
+        except errors.APIError:  # (the queue is full, or the engine failed meanwhile: the server's, no request's)
+            for speech in speeches:
+                speech.stream.cancel()
+            raise
+        return speeches
+
+    async def _checked(self, body: SpeechRequest) -> PreparedSpeech:
+        """The request checked and prepared (its prompts fit the engine), not submitted."""
         self.check_limits(body, body.input)
         self.check_ready()
         self.check_model(body.model)
         choice = await self.resolve_voice(body)
         job = await self.prepare(body.input, body, choice)
-        return Speech(self.submit(job, request_id), job.input_tokens, self.tts.sample_rate)
+        try:
+            for request, prompt in zip(job.requests, job.prompts):  # (a long input's later pieces too)
+                self.engine.check_prompt(prompt, request.params)
+        except RequestError as e:
+            raise api_error(e) from e
+        return job
 
     def submit(self, job: PreparedSpeech, request_id: str) -> RequestStream | PieceStream:
         """Queues a prepared request on the engine (429 when the queue is full); read it with `async for`. A long

@@ -29,9 +29,9 @@ from q3tts.server.front.link import (  # noqa: E402
     pack,
     pack_message,
 )
-from q3tts.server.front.messages import Finished, Refused, Speak, decode, encode  # noqa: E402
+from q3tts.server.front.messages import Finished, Refused, Speak, SpeakAll, decode, encode  # noqa: E402
 from q3tts.server.schemas import SpeechRequest  # noqa: E402
-from q3tts.server.speech import Speech  # noqa: E402
+from q3tts.server.speech import RefusedAt, Speech  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
 from tests.server.harness import FRAME, SEED, ServerThread, frames  # noqa: E402
 
@@ -169,5 +169,9 @@ def test_the_body_crosses_as_the_front_validated_it():
     back = decode(encode(Refused.of(error))).error()
     assert (back.status, back.message, back.param, back.code, back.headers) == (404, "no such voice", "voice",
                                                                                 "voice_not_found", {"x": "1"})
+    turns = decode(encode(SpeakAll("r2", (body, _body()), (7, 8))))  # (a dialogue's turns, one stream each)
+    assert isinstance(turns, SpeakAll) and turns.bodies == (body, _body()) and turns.numbers == (7, 8)
+    refused = decode(encode(Refused.of(error, index=1))).error()  # (of those spoken together: which one)
+    assert isinstance(refused, RefusedAt) and refused.index == 1 and refused.error.param == "voice"
     with pytest.raises(ValueError, match="not a link message"):
         decode(pickle.dumps({"body": "{}"}))

@@ -1,5 +1,6 @@
 """`POST /v1/audio/dialogue` on a real server (tiny CustomVoice model): turns in script order with their pauses,
-in every response format and as SSE; every refusal names the turn and field."""
+in every response format and as SSE; every refusal names the turn and field, and comes before the engine has been
+given any turn (its /metrics count of submitted requests does not move)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 import httpx  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from q3tts.server import ServerConfig  # noqa: E402
 from tests.server.harness import FRAME, SEED, ServerThread, decoded_samples, frames, load_tiny, pcm_samples  # noqa: E402
@@ -33,6 +35,14 @@ def server(tmp_path_factory):
 def _post(server, path: str = "/v1/audio/dialogue", **body) -> httpx.Response:
     body = {"response_format": "pcm", "seed": SEED, "max_new_tokens": MAX_NEW, **body}
     return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def _submitted(server) -> float:
+    """Requests the engine (behind a front: every engine) has been given, from /metrics."""
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == "q3tts_engine_requests_submitted_total"
+               and sample.labels.get("engine", "all") == "all")
 
 
 def test_turns_in_order_with_their_pauses(server):
@@ -65,6 +75,7 @@ def test_sse_and_a_default_voice_for_turns_that_name_none(server):
 
 @pytest.mark.parametrize("turns, status, param, says", [
     ([TURNS[0], {"voice": "nobody", "input": "Hi."}], 404, "turns[1].voice", "turn 1: "),
+    ([TURNS[0], TURNS[1], {"voice": "nobody", "input": "Hi."}, TURNS[2]], 404, "turns[2].voice", "turn 2: "),
     ([TURNS[0], {"voice": "ryan", "input": ""}], 400, "turns[1].input", "turn 1: "),
     ([TURNS[0], {"voice": "ryan", "input": "Hi.", "pause": 11}], 400, "turns.1.pause", ""),
     ([{"voice": "ryan", "input": "Hi.", "speakr": "x"}], 400, "turns.0.speakr", ""),
@@ -74,11 +85,12 @@ def test_sse_and_a_default_voice_for_turns_that_name_none(server):
     ([], 400, "turns", ""),
 ])
 def test_bad_turns_are_refused_naming_the_turn(server, turns, status, param, says):
+    submitted = _submitted(server)
     response = _post(server, turns=turns)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and says in error["message"], error
-    server.wait_idle()  # (a turn queued before the bad one is cancelled)
+    assert _submitted(server) == submitted  # (no turn before the bad one was queued, even briefly)
 
 
 def test_a_front_serves_dialogues_as_one_process_does(tmp_path_factory):
@@ -92,5 +104,8 @@ def test_a_front_serves_dialogues_as_one_process_does(tmp_path_factory):
     with ServerThread(config) as engine, FrontThread(engine) as front:
         direct, relayed = _post(engine, turns=TURNS), _post(front, turns=TURNS)
         assert relayed.status_code == direct.status_code == 200 and relayed.content == direct.content
-        error = _post(front, turns=[TURNS[0], {"voice": "nobody", "input": "Hi."}]).json()["error"]
-        assert error["param"] == "turns[1].voice" and error["message"].startswith("turn 1: ")
+        submitted = _submitted(front)
+        assert submitted == _submitted(engine) >= 2 * len(TURNS)
+        error = _post(front, turns=[*TURNS[:2], {"voice": "nobody", "input": "Hi."}]).json()["error"]
+        assert error["param"] == "turns[2].voice" and error["message"].startswith("turn 2: ")
+        assert _submitted(front) == submitted  # (checked on the engine before it was given any turn)

@@ -31,9 +31,10 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -58,6 +59,7 @@ from .link import CoreClient, CoreUnavailable
 from .upstream import Pool
 
 log = logging.getLogger("q3tts.server")
+T = TypeVar("T")
 POLL_S = 0.1
 MAX_RESTARTS = 5  # times each engine process is started again after it exited, before it is left out for good
 MIN_HUNG_S = 5.0  # an engine that answered and then answers no poll for max(this, --send-timeout) is killed
@@ -106,6 +108,9 @@ class Backend:
     async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
         return await (await self.connect()).speak(body, request_id)
 
+    async def speak_all(self, bodies: list[SpeechRequest], request_id: str) -> list[Speech]:
+        return await (await self.connect()).speak_all(bodies, request_id)
+
     def start(self) -> None:
         self.process = subprocess.Popen(self.command, env=self.env)
         self.answered, self.silent_since = False, None  # (it answers nothing while it loads its model)
@@ -125,13 +130,21 @@ class Backends:
     async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
         """The request on the least-loaded ready engine; on the next one if that one cannot be reached or goes
         away before it answers (it dropped the request with the connection)."""
+        return await self._on_an_engine(lambda backend: backend.speak(body, request_id))
+
+    async def speak_all(self, bodies: list[SpeechRequest], request_id: str) -> list[Speech]:
+        """The requests (a dialogue's turns) on one engine, as `speak`: checked there before any is submitted,
+        they generate as rows of its batch."""
+        return await self._on_an_engine(lambda backend: backend.speak_all(bodies, request_id))
+
+    async def _on_an_engine(self, speak: Callable[[Backend], Awaitable[T]]) -> T:
         if self.stopping:
             raise errors.shutting_down()
         tried: tuple[Backend, ...] = ()
         while True:
             backend = self.pick(exclude=tried)
             try:
-                return await backend.speak(body, request_id)
+                return await speak(backend)
             except CoreUnavailable as e:
                 backend.ready = False  # until the next poll says otherwise
                 log.error("engine %d (%s) did not take a request (%s): trying another", backend.index,

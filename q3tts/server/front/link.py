@@ -4,8 +4,9 @@ Unix socket per engine, every stream of that engine multiplexed over it.
 The front does the HTTP work (requests, body checks, encoding, chunked writes to every client) and the engine
 process does the model's (voices, prompts, the engine thread), so that the engine thread's per-frame Python
 never waits for the interpreter lock behind thousands of chunk writes a second. Over the socket the front sends
-a request's validated body (`Speak`, messages.py) and may cancel it (`Cancel`); the engine answers `Accepted` (the
-audio will follow) or `Refused` (the API error a direct request would get), then sends the stream's float32 PCM as
+a request's validated body (`Speak`, messages.py; a dialogue's turns together: `SpeakAll`, each on its own stream) and
+may cancel it (`Cancel`); the engine answers `Accepted` (the audio will follow) or `Refused` (the API error a direct
+request would get), then sends the stream's float32 PCM as
 the engine hands it out (AUDIO, unchanged) and its end (`Finished` with the finish reason, or `Failed` with the
 engine's error). Every message is a 9-byte header (kind: MESSAGE or AUDIO, stream number, payload length) and its
 payload. The socket lives in a folder
@@ -19,7 +20,8 @@ import itertools
 import logging
 import os
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +29,8 @@ from ...engine import EngineError
 from ...engine.stream import END
 from .. import errors
 from ..schemas import SpeechRequest
-from ..speech import Speaker, Speech, SpeechStream
-from .messages import Accepted, Cancel, Failed, Finished, Message, Refused, Speak, decode, encode
+from ..speech import RefusedAt, Speaker, Speech, SpeechStream
+from .messages import Accepted, Cancel, Failed, Finished, Message, Refused, Speak, SpeakAll, decode, encode
 
 log = logging.getLogger("q3tts.server")
 MESSAGE, AUDIO = range(2)  # a typed message (messages.py), a stream's PCM
@@ -135,9 +137,9 @@ class _EngineSide(asyncio.Protocol):
             except Exception:
                 message = None
             if isinstance(message, Speak):
-                task = asyncio.get_running_loop().create_task(self._speak(number, message))
-                self.tasks[number] = task
-                task.add_done_callback(lambda _, n=number: self.tasks.pop(n, None))
+                self._start(number, self._speak(number, message))
+            elif isinstance(message, SpeakAll):
+                self._start(number, self._speak_all(message))
             elif isinstance(message, Cancel):
                 self._cancel(number)
             else:
@@ -150,6 +152,10 @@ class _EngineSide(asyncio.Protocol):
         for number in list(self.tasks):  # the front went away: nobody reads these streams
             self._cancel(number)
 
+    def _start(self, number: int, work: Coroutine[Any, Any, None]) -> None:
+        task = self.tasks[number] = asyncio.get_running_loop().create_task(work)
+        task.add_done_callback(lambda t, n=number: self.tasks.pop(n) if self.tasks.get(n) is t else None)
+
     def _cancel(self, number: int) -> None:
         stream = self.streams.get(number)
         if stream is not None:
@@ -160,15 +166,28 @@ class _EngineSide(asyncio.Protocol):
     async def _speak(self, number: int, request: Speak) -> None:
         try:
             speech = await self.server.speaker.speak(request.body, request.request_id)
-        except errors.APIError as e:
-            self.out.send(pack_message(number, Refused.of(e)))
+        except Exception as e:
+            self.out.send(pack_message(number, _refusal(number, e)))
             return
-        except Exception:  # a failure of ours: the client gets a 500 (as from one process), not a hang
-            log.exception("request %d from the front failed before its audio", number)
-            error = errors.APIError(500, "internal server error", type=errors.SERVER, code="internal_error")
-            self.out.send(pack_message(number, Refused.of(error)))
+        self.streams[number] = speech.stream
+        await self._send(number, speech)
+
+    async def _speak_all(self, request: SpeakAll) -> None:
+        """Every request checked before any is submitted (`Speaker.speak_all`); then each streams on its own."""
+        try:
+            speeches = await self.server.speaker.speak_all(list(request.bodies), request.request_id)
+        except Exception as e:
+            refused = _refusal(request.numbers[0], e)
+            for number in request.numbers:
+                self.out.send(pack_message(number, refused))
             return
-        stream = self.streams[number] = speech.stream
+        for number, speech in zip(request.numbers, speeches):
+            self.streams[number] = speech.stream  # (before its task runs: a Cancel meanwhile finds it)
+            self._start(number, self._send(number, speech))
+
+    async def _send(self, number: int, speech: Speech) -> None:
+        """An accepted request's audio, then its end."""
+        stream = speech.stream
         self.out.send(pack_message(number, Accepted(speech.input_tokens, speech.sample_rate)))
         try:
             async for pcm in stream.achunks():
@@ -182,6 +201,17 @@ class _EngineSide(asyncio.Protocol):
         finally:
             del self.streams[number]
             stream.cancel()  # (nothing if it ended; a task cancelled with the connection frees its row)
+
+
+def _refusal(number: int, e: Exception) -> Refused:
+    """A request's refusal: its API error (of request `index`, for RefusedAt), else a 500 (a failure of ours: the
+    client gets one, as from one process, not a hang)."""
+    if isinstance(e, RefusedAt):
+        return Refused.of(e.error, e.index)
+    if isinstance(e, errors.APIError):
+        return Refused.of(e)
+    log.error("request %d from the front failed before its audio", number, exc_info=e)
+    return Refused.of(errors.APIError(500, "internal server error", type=errors.SERVER, code="internal_error"))
 
 
 # ---- the front's side -----------------------------------------------------------------------------------------
@@ -209,10 +239,7 @@ class CoreClient(asyncio.Protocol):
     async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
         """The request on this engine: its Speech once accepted; the engine's APIError if refused;
         CoreUnavailable if the connection is gone or breaks first."""
-        if self.closed:
-            raise CoreUnavailable("the engine's connection is closed")
-        stream = RemoteStream(self, next(self.numbers) & 0xFFFFFFFF, request_id)
-        self.streams[stream.number] = stream
+        stream = self._open(request_id)
         self.transport.write(pack_message(stream.number, Speak(request_id, body)))
         try:
             accepted: Accepted = await stream.accepted
@@ -220,6 +247,27 @@ class CoreClient(asyncio.Protocol):
             stream.cancel()
             raise
         return Speech(stream, accepted.input_tokens, accepted.sample_rate)
+
+    async def speak_all(self, bodies: list[SpeechRequest], request_id: str) -> list[Speech]:
+        """The requests spoken together on this engine (`Speaker.speak_all`): their Speeches once all are
+        accepted; RefusedAt if the engine refused one (it submitted none); CoreUnavailable as `speak`."""
+        streams = [self._open(f"{request_id}.{i}") for i in range(len(bodies))]
+        numbers = tuple(s.number for s in streams)
+        self.transport.write(pack_message(numbers[0], SpeakAll(request_id, tuple(bodies), numbers)))
+        try:
+            accepted: list[Accepted] = [await s.accepted for s in streams]
+        except BaseException:  # refused, the engine gone, or the client went away while the engine prepared them
+            for stream in streams:
+                stream.cancel()
+            raise
+        return [Speech(s, a.input_tokens, a.sample_rate) for s, a in zip(streams, accepted)]
+
+    def _open(self, request_id: str) -> RemoteStream:
+        if self.closed:
+            raise CoreUnavailable("the engine's connection is closed")
+        stream = RemoteStream(self, next(self.numbers) & 0xFFFFFFFF, request_id)
+        self.streams[stream.number] = stream
+        return stream
 
     def close(self) -> None:
         self.transport.close()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .. import errors
 from ..schemas import SpeechRequest
+from ..speech import RefusedAt
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,16 @@ class Speak:
 
     request_id: str
     body: SpeechRequest
+
+
+@dataclass(frozen=True)
+class SpeakAll:
+    """Front -> engine: requests spoken together (a dialogue's turns; `Speaker.speak_all`), request i on stream
+    `numbers[i]`: each is answered on its own stream, all `Accepted` or all `Refused` (the error of one, `index`)."""
+
+    request_id: str
+    bodies: tuple[SpeechRequest, ...]
+    numbers: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -47,14 +58,16 @@ class Refused:
     param: str | None = None
     code: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    index: int | None = None  # (SpeakAll: the request refused, of those spoken together)
 
     @classmethod
-    def of(cls, e: errors.APIError) -> Refused:
-        return cls(e.status, e.message, e.type, e.param, e.code, e.headers)
+    def of(cls, e: errors.APIError, index: int | None = None) -> Refused:
+        return cls(e.status, e.message, e.type, e.param, e.code, e.headers, index)
 
-    def error(self) -> errors.APIError:
-        return errors.APIError(self.status, self.message, type=self.type, param=self.param, code=self.code,
-                               headers=self.headers)
+    def error(self) -> errors.APIError | RefusedAt:
+        error = errors.APIError(self.status, self.message, type=self.type, param=self.param, code=self.code,
+                                headers=self.headers)
+        return error if self.index is None else RefusedAt(self.index, error)
 
 
 @dataclass(frozen=True)
@@ -71,8 +84,8 @@ class Failed:
     message: str
 
 
-Message = Speak | Cancel | Accepted | Refused | Finished | Failed
-MESSAGES = (Speak, Cancel, Accepted, Refused, Finished, Failed)
+Message = Speak | SpeakAll | Cancel | Accepted | Refused | Finished | Failed
+MESSAGES = (Speak, SpeakAll, Cancel, Accepted, Refused, Finished, Failed)
 
 
 def encode(message: Message) -> bytes:

@@ -3,10 +3,10 @@ streams (`response_format`, `stream_format` "audio" or "sse").
 
 The body is the speech request's settings (voice, language, sampling, format: the defaults of every turn) and
 `turns`, each `{"voice" (or "speaker"), "input" (or "text"), "instructions" (or "instruct"), "language",
-"pause"}`. Each turn is a speech request of its own, checked whole before it is submitted: a turn the schema
-refuses is refused before anything runs; one the engine refuses (an unknown voice, say) cancels the turns queued
-before it, before any audio is sent. Errors name the turn: `turns[2].voice`. All turns are queued at once, so they
-generate together (as rows of one batch, or on several engines behind a front) and are sent in script order, each
+"pause"}`. Each turn is a speech request of its own, and every turn is checked whole (its fields, its voice
+resolved, its prompt built and fitted to the engine: `Speaker.speak_all`) before any is submitted, so a bad turn is
+refused before anything runs. Errors name the turn: `turns[2].voice`. All turns are then queued at once, so they
+generate together (as rows of one batch; behind a front, on one engine process) and are sent in script order, each
 followed by its pause's silence.
 """
 
@@ -24,10 +24,9 @@ from ...request.dialogue import MAX_PAUSE_S
 from .. import errors
 from ..audio_encoding import MEDIA_TYPES, make_encoder
 from ..body import openapi_body, read_json
-from ..front.link import Speech
 from ..middleware import request_id_of
 from ..schemas import SpeechRequest, SpeechSettings, Strict
-from ..speech import Speaker
+from ..speech import RefusedAt, Speaker, Speech
 from .speech import CancellingStreamingResponse, audio_bytes, sse_events
 
 router = APIRouter()  # authentication: guard.py
@@ -90,14 +89,10 @@ async def create_dialogue(request: Request) -> StreamingResponse:
     turns = [_turn_request(body, i) for i in range(len(body.turns))]  # (every turn's fields, before any runs)
     request_id = request_id_of(request.scope)
     speaker: Speaker = request.app.state.speaker
-    speeches: list[Speech] = []
-    try:
-        for i, turn in enumerate(turns):
-            speeches.append(await _named(i, speaker.speak(turn, f"{request_id}.{i}")))
-    except BaseException:
-        for speech in speeches:
-            speech.stream.cancel()
-        raise
+    try:  # (every turn checked and prepared before any is submitted)
+        speeches: list[Speech] = await speaker.speak_all(turns, request_id)
+    except RefusedAt as e:
+        raise _renamed(e.index, e.error) from None
     rate = speeches[0].sample_rate
     pauses = [round(t.pause * rate) for t in body.turns]
     stream = DialogueStream([s.stream for s in speeches], pauses, request_id)
@@ -125,13 +120,6 @@ def _turn_request(body: DialogueRequest, i: int) -> SpeechRequest:
         return SpeechRequest.model_validate(data)
     except ValidationError as e:
         raise _renamed(i, errors.from_validation(e)) from None
-    except errors.APIError as e:
-        raise _renamed(i, e) from None
-
-
-async def _named(i: int, pending: Any) -> Any:
-    try:
-        return await pending
     except errors.APIError as e:
         raise _renamed(i, e) from None
 
