@@ -82,27 +82,22 @@ def _http_message(e: RequestError) -> str:
 
 
 class SpeechService(EngineKeeper):
-    """The routes' way to the model: a request checked (`check_*`, `resolve_voice`), prepared (`prepare`) and
-    submitted (`submit`), or all three (`speak`). Its engine's life is `EngineKeeper`'s."""
+    """The routes' way to the model: a request checked (`check_*`, `resolve_voice`), prepared (`preparation`) and
+    submitted (`submit`), or all three (`speak`, `speak_all`). Its engine's life is `EngineKeeper`'s."""
 
     def __init__(self, tts: TTS, config: ServerConfig, voices: VoiceStore, observer: Any = None):
         super().__init__(tts, config, observer)
         self.voices = voices
-        # Prompts are built (and stored voices read) on two threads of the service's own, not asyncio's default
-        # pool (up to 32 threads): every thread that holds the interpreter delays the engine thread's next frame.
-        # On a GPU they keep no OpenMP teams (each would slow the other's CPU ops).
-        self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare",
-                                           initializer=one_cpu_thread_on_gpu, initargs=(tts.device,))
-        self._prompts = _PromptBatcher(lambda requests: self._in_worker(self.tts.prepare_many, requests))
+        self.preparation = Preparation(tts, config)
         # (ValueError: an alias or default voice this checkpoint cannot use)
-        self.resolver = VoiceResolver(tts, config, voices, self._in_worker, api_error)
+        self.resolver = VoiceResolver(tts, config, voices, self.preparation.in_worker, api_error)
         self.model_ids = model_ids(config.model_id, config.model, tts.config.tts_model_type,
                                    tts.config.tts_model_size)
 
     async def stop(self) -> None:
         """Closes the engine if it was built here, and the service's worker threads."""
         await super().stop()
-        self._workers.shutdown(wait=False)
+        self.preparation.close()
         self.resolver.close()
 
     @property
@@ -122,7 +117,7 @@ class SpeechService(EngineKeeper):
             choice.voice = Voice(ref_code=None, ref_spk_embedding=torch.zeros(hidden), x_vector_only_mode=True,
                                  icl_mode=False, model_size=self.tts.config.tts_model_size)
         settings = SpeechSettings(max_new_tokens=4, seed=0)
-        job = await self.prepare("Hello.", settings, choice)
+        job = await self.preparation.prepare("Hello.", settings, choice)
         await self.engine.submit(job.prompts[0], job.requests[0].params, request_id="warmup",
                                  asyncio_loop=True).aread_all()
 
@@ -165,34 +160,6 @@ class SpeechService(EngineKeeper):
             if value is not None and len(value) > limit:
                 raise errors.bad_request(f"{param} is {len(value)} characters; this server accepts at most {limit}",
                                          param=param, code="input_too_long" if param == "input" else "too_long")
-
-    async def prepare(self, text: str, s: SpeechSettings, choice: VoiceChoice,
-                      seed: int | None = None) -> PreparedSpeech:
-        """Validates the request (text, voice, sampling, length) in a worker thread and builds its prompt, together
-        with those of the requests that arrive meanwhile."""
-        seed = s.seed if seed is None else seed
-        try:
-            requests = await self._in_worker(self._requests, text, s, choice, seed)
-            return PreparedSpeech(requests, await self._prompts.build(requests))
-        except RequestError as e:
-            raise api_error(e) from e
-
-    async def feed_live(self, live: LiveRequest, method: Callable[..., None], *args: Any) -> None:
-        """`method(*args)` of a live request (its append or end): in a worker thread while the request's prompt is
-        still to be built (the text token that completes it builds it: device work, kept off the event loop as
-        `prepare` keeps it), inline once it is built (then an append only tokenizes)."""
-        if live.feed.prompt is None:
-            await self._in_worker(method, *args)
-        else:
-            method(*args)
-
-    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
-
-    def _requests(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> list[Request]:
-        return self.tts.pieces(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
-                               language=choice.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
-                               runaway_guard=self.config.runaway_guard, **s.sampling())
 
     def live(self, s: SpeechSettings, choice: VoiceChoice, seed: int, max_text_wait_s: float,
              pcm_format: str = "float32") -> LiveRequest:
@@ -237,7 +204,7 @@ class SpeechService(EngineKeeper):
         self.check_ready()
         self.check_model(body.model)
         choice = await self.resolve_voice(body)
-        job = await self.prepare(body.input, body, choice)
+        job = await self.preparation.prepare(body.input, body, choice)
         try:
             for request, prompt in zip(job.requests, job.prompts):  # (a long input's later pieces too)
                 self.engine.check_prompt(prompt, request.params)
@@ -266,6 +233,51 @@ class SpeechService(EngineKeeper):
 
     def random_seed(self) -> int:
         return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+
+
+class Preparation:
+    """Where requests are validated and their prompts built, off the event loop: on two threads of the service's own,
+    not asyncio's default pool (up to 32 threads): every thread that holds the interpreter delays the engine thread's
+    next frame (on a GPU they keep no OpenMP teams: each would slow the other's CPU ops); the prompts of requests
+    that arrive together are built in one batch (`_PromptBatcher`)."""
+
+    def __init__(self, tts: TTS, config: ServerConfig):
+        self.tts, self.config = tts, config
+        self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare",
+                                           initializer=one_cpu_thread_on_gpu, initargs=(tts.device,))
+        self._prompts = _PromptBatcher(lambda requests: self.in_worker(self.tts.prepare_many, requests))
+
+    async def prepare(self, text: str, s: SpeechSettings, choice: VoiceChoice,
+                      seed: int | None = None) -> PreparedSpeech:
+        """Validates the request (text, voice, sampling, length) in a worker thread and builds its prompt, together
+        with those of the requests that arrive meanwhile."""
+        seed = s.seed if seed is None else seed
+        try:
+            requests = await self.in_worker(self._requests, text, s, choice, seed)
+            return PreparedSpeech(requests, await self._prompts.build(requests))
+        except RequestError as e:
+            raise api_error(e) from e
+
+    async def feed_live(self, live: LiveRequest, method: Callable[..., None], *args: Any) -> None:
+        """`method(*args)` of a live request (its append or end): in a worker thread while the request's prompt is
+        still to be built (the text token that completes it builds it: device work, kept off the event loop as
+        `prepare` keeps it), inline once it is built (then an append only tokenizes)."""
+        if live.feed.prompt is None:
+            await self.in_worker(method, *args)
+        else:
+            method(*args)
+
+    async def in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on one of the worker threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=False)
+
+    def _requests(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> list[Request]:
+        return self.tts.pieces(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
+                               language=choice.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
+                               runaway_guard=self.config.runaway_guard, **s.sampling())
 
 
 class _PromptBatcher:

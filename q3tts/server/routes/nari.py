@@ -203,7 +203,7 @@ class NariSession:
 
     async def _live_call(self, method, *args: Any) -> None:
         try:
-            await self.service.feed_live(self.live, method, *args)
+            await self.service.preparation.feed_live(self.live, method, *args)
         except RequestError as e:
             too_long = "over" in e.message or "at most" in e.message
             raise ProtocolError("input_too_large" if too_long else "invalid_request", e.message,

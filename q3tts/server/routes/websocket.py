@@ -349,7 +349,7 @@ class StreamSession:
     async def _speak(self, text: str, setup: Setup) -> None:
         index = self.num_segments if self.is_q3tts else self.utterance_segments
         self.queued_chars -= len(text)
-        job = await self.service.prepare(text, setup.config, setup.choice, setup.seed)
+        job = await self.service.preparation.prepare(text, setup.config, setup.choice, setup.seed)
         stream = self.service.submit(job, f"{self.request_id}.{self.num_segments}")
         self.num_segments += 1
         self.utterance_segments += 1
