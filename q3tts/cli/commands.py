@@ -613,7 +613,7 @@ def _serve(args) -> int:
                               lora=args.lora, **({"runaway_guard": None} if args.no_runaway_guard else {}))
     except ValueError as e:  # (the settings' names in its message -> this command's flags)
         raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
-    devices = _serve_devices(args)
+    devices = engine_devices(args)
     model = _check_model(args, devices)  # (the engine starts in the server, where a failure would be a traceback)
     try:  # (what the aliases and the default voice name, against the checkpoint's speakers)
         VoiceAliases.for_checkpoint(model.tts_model_type, model.supported_speakers, config.voice_aliases,
@@ -629,7 +629,7 @@ def _serve(args) -> int:
     return 0
 
 
-def _serve_devices(args) -> list[str]:
+def engine_devices(args) -> list[str]:
     """The devices of the engine processes behind a front: those of `--devices` / `--data-parallel` (ValueError if
     they make no sense), else one GPU's (a front and one engine process: server/front/link.py), else [] (one process:
     `--single-process`, the CPU, or an engine process of a front)."""

@@ -93,9 +93,9 @@ class SpeechService(EngineKeeper):
         # On a GPU they keep no OpenMP teams (each would slow the other's CPU ops).
         self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare",
                                            initializer=one_cpu_thread_on_gpu, initargs=(tts.device,))
-        self._prompts = _PromptBatcher(lambda requests: self._in_worker(self.tts.prepare_many, requests))
+        self._prompts = PromptBatcher(lambda requests: self.in_worker(self.tts.prepare_many, requests))
         # (ValueError: an alias or default voice this checkpoint cannot use)
-        self.resolver = VoiceResolver(tts, config, voices, self._in_worker, api_error)
+        self.resolver = VoiceResolver(tts, config, voices, self.in_worker, api_error)
         self.model_ids = model_ids(config.model_id, config.model, tts.config.tts_model_type,
                                    tts.config.tts_model_size)
 
@@ -172,12 +172,13 @@ class SpeechService(EngineKeeper):
         with those of the requests that arrive meanwhile."""
         seed = s.seed if seed is None else seed
         try:
-            requests = await self._in_worker(self._requests, text, s, choice, seed)
+            requests = await self.in_worker(self._requests, text, s, choice, seed)
             return PreparedSpeech(requests, await self._prompts.build(requests))
         except RequestError as e:
             raise api_error(e) from e
 
-    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+    async def in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the service's worker threads, off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
     def _requests(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> list[Request]:
@@ -229,7 +230,7 @@ class SpeechService(EngineKeeper):
         return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
 
 
-class _PromptBatcher:
+class PromptBatcher:
     """Builds prompts in batches, on the event loop's side: a request whose prompt is wanted while a batch is being
     built waits for the next batch, which takes every request that arrived meanwhile (a burst's prompts are built
     in a few calls of `TTS.prepare_many`, not one by one); a lone request is built at once. A batch that fails is

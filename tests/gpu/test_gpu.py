@@ -163,7 +163,7 @@ def test_a_server_on_the_gpu_runs_its_threads_cpu_ops_on_one_thread(cache, tmp_p
     try:
         asyncio.run(service.start())  # this thread runs the event loop
         assert service.ready and torch.get_num_threads() == 1
-        assert asyncio.run(service._in_worker(torch.get_num_threads)) == 1
+        assert asyncio.run(service.in_worker(torch.get_num_threads)) == 1
         assert threads_in_new_thread() == 1
     finally:
         service.tts.close()
