@@ -17,8 +17,9 @@ class RequestError(ValueError):
     put another front end's names in their place."""
 
     def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
-        """code: "invalid_value", "missing" (a required argument is absent) or "not_found" (it names
-        something that does not exist, e.g. a speaker)."""
+        """code: "invalid_value", "missing" (a required argument is absent), "not_found" (it names
+        something that does not exist, e.g. a speaker) or "too_long" (it is over a limit of length, e.g. a live
+        request's text)."""
         super().__init__(message)
         self.message, self.param, self.code = message, param, code
 

@@ -13,7 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from q3tts.benchmarks.common import graph_ms, random_decoder
-from q3tts.engine.runner.codec_stream import StreamingDecoder, _Cursor
+from q3tts.engine.runner.codec_stream import StreamingDecoder
 
 
 def top_kernels(stream: StreamingDecoder, batch: int, n: int = 24) -> None:
@@ -37,24 +37,9 @@ def top_kernels(stream: StreamingDecoder, batch: int, n: int = 24) -> None:
 def stage_ms(stream: StreamingDecoder, batch: int) -> None:
     """Graph replay of the step cut after each stage (quantizer + pre-conv + transformer, + upsampling, + the
     vocoder), so the differences are each stage's time."""
-    d = stream.decoder
     codes = torch.randint(0, 2048, (batch, 16, 1), device="cuda")
     state = stream.state.view(batch)
-
-    def prefix(stages: int) -> torch.Tensor:
-        cursor = _Cursor(state)
-        hidden = stream._conv(d.pre_conv, stream._quantized(codes), cursor).transpose(1, 2)
-        positions = state.lengths[:, None] + torch.arange(1, device="cuda")
-        hidden = stream.transformer(hidden, positions, cursor).transpose(1, 2)
-        if stages > 1:
-            for blocks in d.upsample:
-                for block in blocks:
-                    hidden = stream._upsample(block, hidden, cursor)
-        if stages > 2:
-            hidden = stream.vocoder(hidden.transpose(1, 2).contiguous(), cursor)
-        return hidden
-
-    times = [graph_ms(lambda n=n: prefix(n), 20) for n in (1, 2, 3)]
+    times = [graph_ms(lambda n=n: stream.run_stages(codes, state, n), 20) for n in (1, 2, 3)]
     print(f"B={batch} stages: quantizer + transformer {times[0]:.3f} ms, upsampling {times[1] - times[0]:.3f} ms, "
           f"vocoder {times[2] - times[1]:.3f} ms (whole {times[2]:.3f})", flush=True)
 

@@ -66,7 +66,7 @@ def shapes(size: str, parts: str = "layers,heads") -> list[tuple[str, int, int, 
         heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
         out += [(f"{part} qkv", (heads + 2 * kv) * d, h, "norm"), (f"{part} o", h, heads * d, "residual"),
                 (f"{part} gate_up", 2 * i, h, "swiglu"), (f"{part} down", h, i, "residual")]
-    if "heads" in parts:  # fp32 logits; the code predictor's head norms its input (runner._head)
+    if "heads" in parts:  # fp32 logits; the code predictor's head norms its input (runner.head_logits)
         out += [("talker head", talker["vocab_size"], talker["hidden_size"], "head"),
                 ("cp head", cp["vocab_size"], cp["hidden_size"], "head_norm")]
     return list({shape[1:]: shape for shape in reversed(out)}.values())[::-1]
@@ -129,9 +129,9 @@ def main() -> None:
                 fused = rotating([functools.partial(linear.fused_linear, inputs, c, **fused_kwargs, **extra)
                                   for c in copies])
                 base = rotating([unfused(x, c, norm_w, res_in, kind) for c in copies])
-                ref = linear._fused_linear_ref(inputs, w, fused_kwargs.get("norm"), 1e-6,
-                                                fused_kwargs.get("swiglu", False), fused_kwargs.get("residual"),
-                                                fused_kwargs.get("fp32_out", False))
+                ref = linear.fused_linear_ref(inputs, w, fused_kwargs.get("norm"), 1e-6,
+                                               fused_kwargs.get("swiglu", False), fused_kwargs.get("residual"),
+                                               fused_kwargs.get("fp32_out", False))
                 t_base, t_default = time_ms(base), time_ms(fused)
                 if gemv:  # the tensor-core kernel this replaces, with its committed tiles
                     with mock.patch.object(linear, "GEMV_MAX_ROWS", 0):

@@ -101,7 +101,7 @@ class LiveRequest:
             raise RequestTypeError(f"text must be a string, got {type(text).__name__}", "text")
         if len(text) > MAX_APPEND_CHARS:
             raise RequestError(f"one append takes at most {MAX_APPEND_CHARS} characters, got {len(text)}: append "
-                               "the text in smaller pieces", "text")
+                               "the text in smaller pieces", "text", "too_long")
         check_unicode(text, "text")
         with self._lock:
             self._check_open()
@@ -139,7 +139,7 @@ class LiveRequest:
             if self._stream is not None:
                 self._stream.close()
             raise RequestError(f"the live text is over {MAX_TEXT_TOKENS} tokens, the limit per request (the "
-                               "request was cancelled)", "text")
+                               "request was cancelled)", "text", "too_long")
         if self.feed.prompt is not None:
             self.feed.extend(ids)
             return

@@ -103,7 +103,7 @@ class OfficialAPI:
                 raise RequestError("generate_voice_clone needs ref_audio or voice_clone_prompt", "ref_audio")
             voices = self.create_voice_clone_prompt(ref_audio, ref_text, x_vector_only_mode)
         else:
-            voices = _voices_from_prompt(voice_clone_prompt)
+            voices = voices_from_prompt(voice_clone_prompt)
         voices = _broadcast(voices, len(texts), "voice_clone_prompt")
         requests: list[Request] = [
             self.builder.build(t, voice=v, language=lang, seed=seed, non_streaming_mode=_feeding(non_streaming_mode),
@@ -175,7 +175,7 @@ def _sampling(config: ModelConfig, kwargs: dict) -> dict:
 PROMPT_KEYS = ("ref_spk_embedding", "x_vector_only_mode", "icl_mode")  # (and ref_code, ref_text: None allowed)
 
 
-def _voices_from_prompt(prompt: Voice | Sequence[Voice] | dict | str | PathLike) -> list[Voice]:
+def voices_from_prompt(prompt: Voice | Sequence[Voice] | dict | str | PathLike) -> list[Voice]:
     """Accepts our Voice objects (or voice files, as `Voice.load` reads them) and the official
     `voice_clone_prompt` dict of lists."""
     name = "voice_clone_prompt"

@@ -340,7 +340,7 @@ def _say(args) -> int:
     engine = _engine_options(args, max_rows=2)
     config = _check_model(args)
     kind = config.tts_model_type
-    _check_cloning_flags(args, kind)
+    _check_cloning_flags(args, config)
     voice = Voice.load(args.voice) if args.voice else None
     speaker = args.speaker if args.speaker is not None else _default_speaker(config)
     _check_voice_flags(args, config, speaker, voice)
@@ -428,18 +428,26 @@ def _sampling(args) -> dict:
     return sampling
 
 
-def _check_cloning_flags(args, kind: str) -> None:
-    """The cloning flags fit the checkpoint (`kind`: its tts_model_type) and each other."""
+def _check_cloning_flags(args, config) -> None:
+    """The cloning flags fit the checkpoint (the mode rule of request/rules.py, in the flags' names) and each
+    other."""
+    from ..request.rules import CheckpointRules
+
     given = [flag for flag, value in (("--ref-audio", args.ref_audio), ("--ref-text", args.ref_text),
                                       ("--x-vector-only", args.x_vector_only)) if value]
-    if kind != "base" and (given or args.voice):
-        flags = " and ".join(given + ["--voice"] * bool(args.voice))
+    rules = CheckpointRules(config)
+    try:
+        rules.check_voice_mode(bool(given or args.voice))  # (any cloning flag asks for a cloned voice)
+        rules.check_voice_mode(bool(args.voice or args.ref_audio))  # (only these two give one)
+    except RequestError as e:
+        if e.code == "missing":
+            raise ValueError("this Base checkpoint clones a voice: give --ref-audio (and --ref-text) or --voice"
+                             ) from None
+        kind, flags = rules.kind, " and ".join(given + ["--voice"] * bool(args.voice))
         hint = "choose a voice with --speaker" if kind == "custom_voice" else "describe the voice with --instruct"
-        raise ValueError(f"{flags}: voice cloning needs a Base checkpoint; this one is {kind} ({hint})")
+        raise ValueError(f"{flags}: voice cloning needs a Base checkpoint; this one is {kind} ({hint})") from None
     if args.voice and given:
         raise ValueError(f"--voice is a voice already cloned: give it or {' and '.join(given)}, not both")
-    if kind == "base" and not args.voice and not args.ref_audio:
-        raise ValueError("this Base checkpoint clones a voice: give --ref-audio (and --ref-text) or --voice")
     _check_reference_flags(args)
 
 
@@ -613,7 +621,7 @@ def _serve(args) -> int:
                               lora=args.lora, **({"runaway_guard": None} if args.no_runaway_guard else {}))
     except ValueError as e:  # (the settings' names in its message -> this command's flags)
         raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
-    devices = _serve_devices(args)
+    devices = engine_devices(args)
     model = _check_model(args, devices)  # (the engine starts in the server, where a failure would be a traceback)
     try:  # (what the aliases and the default voice name, against the checkpoint's speakers)
         VoiceAliases.for_checkpoint(model.tts_model_type, model.supported_speakers, config.voice_aliases,
@@ -629,7 +637,7 @@ def _serve(args) -> int:
     return 0
 
 
-def _serve_devices(args) -> list[str]:
+def engine_devices(args) -> list[str]:
     """The devices of the engine processes behind a front: those of `--devices` / `--data-parallel` (ValueError if
     they make no sense), else one GPU's (a front and one engine process: server/front/link.py), else [] (one process:
     `--single-process`, the CPU, or an engine process of a front)."""

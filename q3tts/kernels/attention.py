@@ -27,8 +27,8 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
     N = qkv.shape[0]
     _, block_size, num_kv, D = k_cache.shape
     if not use_triton(qkv):
-        return _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache,
-                                       v_cache, num_heads)
+        return qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache,
+                                      v_cache, num_heads)
     q = torch.empty(N, num_heads, D, dtype=torch.float32, device=qkv.device)
     _qk_norm_rope_store_kernel[(N, num_heads + num_kv)](
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, q, eps,
@@ -45,8 +45,10 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) ->
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache, v_cache,
-                            num_heads):
+def qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache, v_cache,
+                           num_heads):
+    """The PyTorch twin of the qk-norm, RoPE and KV store (returns q; writes k and v into the paged cache), run where
+    the kernel is not; public for the kernel tests."""
     N = qkv.shape[0]
     _, block_size, num_kv, D = k_cache.shape
     parts = qkv.float().view(N, num_heads + 2 * num_kv, D)
@@ -110,7 +112,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     N, Hq, D = q.shape
     _, block_size, num_kv, _ = k_cache.shape
     if not use_triton(q):
-        return _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
+        return paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
     if block_size < 16 or Hq // num_kv > 16:
         raise ValueError("the attention kernel needs block_size >= 16 and <= 16 query heads per KV head")
     out = torch.empty(N, Hq * D, dtype=out_dtype, device=q.device)
@@ -128,7 +130,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 ATTENTION_QUERY_ROWS = 64
 
 
-def _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions):
+def paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions):
+    """The PyTorch twin of paged decode attention (fp32 out), run where the kernel is not; public for the kernel
+    tests."""
     N, Hq, D = q.shape
     _, block_size, num_kv, _ = k_cache.shape
     out = torch.empty(N, Hq, D, dtype=torch.float32, device=q.device)
@@ -271,24 +275,26 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         qkv, q_norm, k_norm, inv_freq, rows, positions, block_table, k_cache, v_cache, out, eps, D**-0.5,
         block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_KV=num_kv, GROUP=num_heads // num_kv, D=D, BLOCK_SIZE=block_size,
-        IEEE=k_cache.dtype == torch.float32, EARLY=_reads_early(N, max_positions),
-        num_warps=_decode_attention_warps(N, max_positions), **pdl_flags(qkv, pdl))
+        IEEE=k_cache.dtype == torch.float32, EARLY=reads_early(N, max_positions),
+        num_warps=decode_attention_warps(N, max_positions), **pdl_flags(qkv, pdl))
     return out
 
 
 def _store_then_attend_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache, v_cache,
                            num_heads, out_dtype):
     """decode_attention's and pair_attention's twin: the two kernels they fuse, in PyTorch."""
-    q = _qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache, v_cache,
-                                num_heads)
-    return _paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
+    q = qk_norm_rope_store_ref(qkv, q_norm, k_norm, eps, inv_freq, rows, positions, block_table, k_cache, v_cache,
+                               num_heads)
+    return paged_attention_ref(q, k_cache, v_cache, block_table, rows, positions).to(out_dtype)
 
 
-def _reads_early(num_tokens: int, max_positions: int) -> bool:
+def reads_early(num_tokens: int, max_positions: int) -> bool:
+    """Whether the decode attention kernel reads its KV early (EARLY); public for the kernel tests."""
     return num_tokens <= EARLY_MAX_TOKENS or (num_tokens in EARLY_SHORT_TOKENS and max_positions <= EARLY_MAX_POSITIONS)
 
 
-def _decode_attention_warps(num_tokens: int, max_positions: int) -> int:
+def decode_attention_warps(num_tokens: int, max_positions: int) -> int:
+    """The decode attention kernel's warps per program; public for the kernel tests."""
     return SHORT_CONTEXT_WARPS if num_tokens > 64 and max_positions <= 64 else DECODE_ATTENTION_WARPS
 
 

@@ -18,7 +18,7 @@ if triton is not None:
 FUSED_BLOCK_M = 64
 # (BLOCK_M, N, K, swiglu) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, K ranges), the fastest of
 # bench/sweeps/fused_linear.py's candidates per shape of the 0.6B and 1.7B layers and heads on an H100
-# (docs/perf-notes.md, entries 38 and 69); other shapes take the heuristic in _fused_linear_tiles. K ranges: the K
+# (docs/perf-notes.md, entries 38 and 69); other shapes take the heuristic in fused_linear_tiles. K ranges: the K
 # columns split among that many programs per column block (their sums added by the last to finish): the products of few
 # columns and long rows (o, down) would otherwise leave most SMs without weights to read.
 FUSED_LINEAR_TILES: dict[tuple[int, int, int, bool], tuple[int, int, int, int, int]] = {
@@ -100,7 +100,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     N = weight.shape[0] // 2 if swiglu else weight.shape[0]
     dtype = weight.dtype
     if not use_triton(x):
-        out = _fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out)
+        out = fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out)
         return (out, _row_squares_ref(out)) if squares_out else out
     out = torch.empty(M, N, dtype=torch.float32 if residual is not None or fp32_out else dtype, device=x.device)
     args = (x, weight, out, norm if norm is not None else weight, residual if residual is not None else out,
@@ -114,7 +114,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
             K_ALL=triton.next_power_of_2(K) if norm is not None else 1, num_warps=warps, num_stages=stages, **flags)
         return (out, None) if squares_out else out
     BLOCK_M = min(FUSED_BLOCK_M, max(16, triton.next_power_of_2(M)))
-    BLOCK_N, BLOCK_K, warps, stages, split = _fused_linear_tiles(BLOCK_M, N, K, swiglu)
+    BLOCK_N, BLOCK_K, warps, stages, split = fused_linear_tiles(BLOCK_M, N, K, swiglu)
     k_split = triton.cdiv(triton.cdiv(K, split), BLOCK_K) * BLOCK_K  # (each program's K range, whole K tiles)
     # (a column block's row blocks and K ranges run side by side)
     grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N), triton.cdiv(K, k_split))
@@ -123,7 +123,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | 
     partial, arrivals = out, out  # (placeholders, not read without SPLIT)
     if grid[2] > 1:
         partial = torch.empty(grid[2], M, 2 * N if swiglu else N, dtype=torch.float32, device=x.device)
-        arrivals = _split_arrivals(x.device, grid[0] * grid[1])
+        arrivals = split_arrivals(x.device, grid[0] * grid[1])
     _fused_linear_kernel[grid](
         *args, sq_in, sq_in.stride(0), sq_in.stride(1), sq_out, 0 if squares is None else squares.shape[0],
         partial, arrivals, k_split, SQ_IN=squares is not None, SQ_OUT=squares_out, SPLIT=grid[2] > 1,
@@ -146,7 +146,9 @@ def _row_squares_ref(x: torch.Tensor) -> torch.Tensor:
     return x.float().pow(2).sum(-1)[None]
 
 
-def _fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int, int, int, int, int]:
+def fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, stages, split) of a fused product: the tuned FUSED_LINEAR_TILES entry, else the
+    heuristic (public for the kernel tests, which pin and replace it)."""
     tiles = FUSED_LINEAR_TILES.get((BLOCK_M, N, K, swiglu))
     if tiles is not None:
         return tiles
@@ -156,7 +158,7 @@ def _fused_linear_tiles(BLOCK_M: int, N: int, K: int, swiglu: bool) -> tuple[int
     return (16 if N <= 2048 else 32), BLOCK_K, 4, 3, 1
 
 
-def _split_arrivals(device: torch.device, programs: int) -> torch.Tensor:
+def split_arrivals(device: torch.device, programs: int) -> torch.Tensor:
     """Zeroed int32 counters for a split product's column blocks (each program of a block adds one as it leaves
     its partial sums; the last one sums them and sets the counter back to zero), one set per stream: products on
     one stream run one after another, those on two streams (two engines' graphs) may overlap. The sets are made
@@ -192,7 +194,9 @@ def _gemv_tiles(N: int, K: int, swiglu: bool, rows: int = 1) -> tuple[int, int, 
     return min(8, max(1, triton.next_power_of_2(N) // 512)), min(512, triton.next_power_of_2(K)), 4, 3
 
 
-def _fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out=False):
+def fused_linear_ref(x, weight, norm, eps, swiglu, residual, fp32_out=False):
+    """The PyTorch twin of the fused product (norm, product, SwiGLU, residual), run where the kernel is not; public
+    for the tests and bench/sweeps/fused_linear.py, which check the kernel against it."""
     dtype = weight.dtype
     y = x.to(dtype) if norm is None else rmsnorm_ref(x, norm, eps).to(dtype)
     if fp32_out:

@@ -56,7 +56,7 @@ def applies(x: torch.Tensor, weight_dtype: torch.dtype, hidden: int, q_width: in
     props = torch.cuda.get_device_properties(x.device)
     s_o, s_d = (_split(hidden, k, props.multi_processor_count) for k in (q_width, inter))
     tiles = (hidden % 128, hidden % BK, (q_width // s_o) % BK, (inter // s_d) % BK, qkv_width % BN, inter % BN)
-    return (props.major, props.minor) == (9, 0) and not any(tiles) and _shared_bytes(x.shape[0]) <= SHARED_BYTES
+    return (props.major, props.minor) == (9, 0) and not any(tiles) and shared_bytes(x.shape[0]) <= SHARED_BYTES
 
 
 def _split(hidden: int, k: int, programs: int) -> int:
@@ -71,7 +71,7 @@ def _input_stages(rows: int) -> int:
     return INPUT_BYTES // (2 * rows * BK)
 
 
-def _shared_bytes(rows: int) -> int:
+def shared_bytes(rows: int) -> int:
     """The kernel's shared memory at `rows` rows: the rings of weight tiles and input chunks, their barriers, 1 KB
     of alignment."""
     return 2 * STAGES * BN * BK + INPUT_BYTES + 8 * (STAGES + _input_stages(rows)) + 1024
@@ -98,7 +98,7 @@ class LayerTail:
         pdl = backend.pdl_flags(res, PDL)["PDL"]
         args, consts, out = arguments(attended, res_in, res, w, next_w, next_norm, eps, self.sync, self.programs,
                                       times, pdl, head)
-        _tail_kernel[(self.programs,)](*args, **consts, num_warps=4, launch_cooperative_grid=True, launch_pdl=pdl)
+        tail_kernel[(self.programs,)](*args, **consts, num_warps=4, launch_cooperative_grid=True, launch_pdl=pdl)
         return out
 
 
@@ -320,11 +320,11 @@ if gluon is not None:
         return acc, xi, xc, f, it, pc, ti, tc
 
     @gluon.jit
-    def _tail_kernel(d_o, d_gu, d_down, d_qkv, x_att, x_xn2, x_h, x_xn, res_in_ptr, res_ptr, xn2_ptr, h_ptr, xn_ptr,
-                     qkv_ptr, part_ptr, post_norm_ptr, next_norm_ptr, sync_ptr, times_ptr, eps, M: gl.constexpr,
-                     H: gl.constexpr, HQ: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr,
-                     BK: gl.constexpr, S_O: gl.constexpr, S_D: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr,
-                     NEXT: gl.constexpr, TIMING: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+    def tail_kernel(d_o, d_gu, d_down, d_qkv, x_att, x_xn2, x_h, x_xn, res_in_ptr, res_ptr, xn2_ptr, h_ptr, xn_ptr,
+                    qkv_ptr, part_ptr, post_norm_ptr, next_norm_ptr, sync_ptr, times_ptr, eps, M: gl.constexpr,
+                    H: gl.constexpr, HQ: gl.constexpr, W: gl.constexpr, INTER: gl.constexpr, BN: gl.constexpr,
+                    BK: gl.constexpr, S_O: gl.constexpr, S_D: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr,
+                    NEXT: gl.constexpr, TIMING: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
         pid = gl.program_id(0)
         P = gl.num_programs(0)
         NJ: gl.constexpr = 4 if NEXT else 3  # products: o, gate/up, down (, the next qkv)

@@ -110,7 +110,7 @@ if triton is not None:
         return tl.where(by_value, lo_value + step * j, _unordered(lo + (((hi - lo) * (j * SCALE)) >> 18)))
 
     @triton.jit
-    def _top_k(x, k, BITS: tl.constexpr, VALUE_PASSES: tl.constexpr):
+    def keep_top_k(x, k, BITS: tl.constexpr, VALUE_PASSES: tl.constexpr):
         """(x with every score below the k-th largest -inf, max(x)) for 0 < k < V (with fewer than k finite
         scores, the finite ones kept)."""
         big, lowest = tl.reduce((x, tl.where(x > float("-inf"), x, float("inf"))), 0, _max_and_min)
@@ -157,7 +157,7 @@ if triton is not None:
         return a_sum + b_sum, tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
 
     @triton.jit
-    def _top_p(probs, limit):
+    def keep_top_p(probs, limit):
         """probs (>= 0, summing to 1) without the low tail whose mass is <= limit (= 1 - top_p), ties together, the
         largest always kept (transformers' TopPLogitsWarper keeps at least one). A search for lo, the largest
         present probability with mass(p <= lo) <= limit, keeping hi above it (mass(p <= hi) > limit, or hi the
@@ -212,7 +212,7 @@ if triton is not None:
             scores = x / tl.load(temp_ptr + b)
             k = tl.load(top_k_ptr + b)
             if (k > 0) & (k < V):
-                scores, big = _top_k(scores, k, COUNT_BITS, VALUE_PASSES)
+                scores, big = keep_top_k(scores, k, COUNT_BITS, VALUE_PASSES)
             else:
                 big = tl.max(scores, axis=0)
             if big == float("inf"):  # (as the twin: overflowed scores, their limit: the largest processed logits)
@@ -222,7 +222,7 @@ if triton is not None:
             probs = probs / tl.sum(probs, axis=0)
             top_p = tl.load(top_p_ptr + b)
             if top_p < 1.0:
-                probs = _top_p(probs, 1.0 - top_p)
+                probs = keep_top_p(probs, 1.0 - top_p)
             seed = tl.load(seed_ptr + b)
             h = _mix32((tl.load(counter_ptr + b) + offset).to(tl.uint32) ^ _mix32(cols.to(tl.uint32) + 0x3C6EF372))
             h = _mix32(h ^ seed.to(tl.uint32))

@@ -240,6 +240,18 @@ _HEADS: weakref.WeakKeyDictionary[Talker, _HeadCache] = weakref.WeakKeyDictionar
 _HEADS_LOCK = threading.Lock()
 
 
+def forget_kept_heads() -> None:
+    """Drops every talker's kept voice heads, so that the next prompt is built with nothing kept (for tests)."""
+    with _HEADS_LOCK:
+        _HEADS.clear()
+
+
+def kept_heads(talker: Talker) -> PrefixCache:
+    """The voice heads (and in-context reference frames) kept for `talker` (for tests)."""
+    with _HEADS_LOCK:
+        return _HEADS[talker].kept
+
+
 def _weights(talker: Talker) -> tuple:
     """What the cached embeddings were computed from (they are stale once any of it changes)."""
     params = [talker.model.text_embedding.weight, talker.model.codec_embedding.weight,

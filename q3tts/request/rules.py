@@ -42,11 +42,7 @@ class CheckpointRules:
                    ) -> str | None:
         """Whether speaker / voice / instruction suit this checkpoint's mode; returns the instruction to use."""
         kind = self.kind
-        if kind == "base" and not has_voice:
-            raise RequestError("this Base checkpoint clones voices: pass `voice` (see TTS.create_voice)", "voice",
-                               "missing")
-        if kind != "base" and has_voice:
-            raise RequestError(f"this {kind} checkpoint cannot clone voices; use a Base checkpoint", "voice")
+        self.check_voice_mode(has_voice)
         # The official `generate_custom_voice` takes None or "" for a speaker and builds the prompt without a
         # speaker position (the voice then comes from the instruction alone, as in VoiceDesign): the drop-in does too.
         if kind == "custom_voice" and is_no_speaker(speaker) and not official:
@@ -67,6 +63,14 @@ class CheckpointRules:
             raise RequestError("this 0.6B CustomVoice checkpoint does not follow `instruct` (1.7B ones do)",
                                "instruct")
         return instruct or None
+
+    def check_voice_mode(self, has_voice: bool) -> None:
+        """A Base checkpoint clones a voice (RequestError, code "missing", without one); the others take none."""
+        if self.kind == "base" and not has_voice:
+            raise RequestError("this Base checkpoint clones voices: pass `voice` (see TTS.create_voice)", "voice",
+                               "missing")
+        if self.kind != "base" and has_voice:
+            raise RequestError(f"this {self.kind} checkpoint cannot clone voices; use a Base checkpoint", "voice")
 
     def language(self, language: str | None) -> str:
         supported = self.config.supported_languages

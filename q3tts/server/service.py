@@ -239,13 +239,13 @@ class Preparation:
     """Where requests are validated and their prompts built, off the event loop: on two threads of the service's own,
     not asyncio's default pool (up to 32 threads): every thread that holds the interpreter delays the engine thread's
     next frame (on a GPU they keep no OpenMP teams: each would slow the other's CPU ops); the prompts of requests
-    that arrive together are built in one batch (`_PromptBatcher`)."""
+    that arrive together are built in one batch (`PromptBatcher`)."""
 
     def __init__(self, tts: TTS, config: ServerConfig):
         self.tts, self.config = tts, config
         self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare",
                                            initializer=one_cpu_thread_on_gpu, initargs=(tts.device,))
-        self._prompts = _PromptBatcher(lambda requests: self.in_worker(self.tts.prepare_many, requests))
+        self._prompts = PromptBatcher(lambda requests: self.in_worker(self.tts.prepare_many, requests))
 
     async def prepare(self, text: str, s: SpeechSettings, choice: VoiceChoice,
                       seed: int | None = None) -> PreparedSpeech:
@@ -280,7 +280,7 @@ class Preparation:
                                runaway_guard=self.config.runaway_guard, **s.sampling())
 
 
-class _PromptBatcher:
+class PromptBatcher:
     """Builds prompts in batches, on the event loop's side: a request whose prompt is wanted while a batch is being
     built waits for the next batch, which takes every request that arrived meanwhile (a burst's prompts are built
     in a few calls of `TTS.prepare_many`, not one by one); a lone request is built at once. A batch that fails is

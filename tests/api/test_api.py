@@ -478,13 +478,13 @@ def test_voice_clone_prompts_of_every_shape_or_a_clear_error(base, ref_wav, tmp_
     """`voice_clone_prompt` takes create_voice_clone_prompt's list, a Voice, a voice file's path (once iterated as
     characters: "1 texts but 23 values"), or the official dict; a dict without its keys, of uneven lists or of
     scalars, and anything else, is a RequestError naming the argument (once a KeyError or IndexError)."""
-    from q3tts.api.official import _voices_from_prompt
+    from q3tts.api.official import voices_from_prompt
 
     voice = base.create_voice(str(ref_wav), x_vector_only=True)
     path = tmp_path / "me.voice"
     voice.save(path)
     for prompt in (str(path), path, voice, [voice]):
-        assert torch.equal(_voices_from_prompt(prompt)[0].ref_spk_embedding, voice.ref_spk_embedding)
+        assert torch.equal(voices_from_prompt(prompt)[0].ref_spk_embedding, voice.ref_spk_embedding)
     spk = [voice.ref_spk_embedding]
     for prompt, match in ((dict(ref_spk_embedding=spk), "has no x_vector_only_mode, icl_mode"),
                           (dict(ref_spk_embedding=spk, x_vector_only_mode=[True, True], icl_mode=[False]),

@@ -53,16 +53,18 @@ def test_bad_input_and_limits(tts, monkeypatch):
     with pytest.raises(RequestError, match="string") as e:
         live.append(3)
     assert e.value.param == "text"
-    with pytest.raises(RequestError, match="at most 4096 characters"):
+    with pytest.raises(RequestError, match="at most 4096 characters") as e:
         live.append("a" * 4097)
+    assert e.value.code == "too_long"  # (the servers' WebSockets answer input_too_long by this code)
     with pytest.raises(RequestError, match="not valid Unicode"):
         live.append("\ud800")
     with pytest.raises(RequestError, match="empty"):
         live.end()
     live.append("Hello there.")
     live.end()
-    with pytest.raises(RequestError, match="after end"):
+    with pytest.raises(RequestError, match="after end") as e:
         live.append(" More.")
+    assert e.value.code == "invalid_value"
     live.cancel()
 
     cancelled = tts.live(**KWARGS)
@@ -75,7 +77,7 @@ def test_bad_input_and_limits(tts, monkeypatch):
     long = tts.live(**KWARGS)
     with pytest.raises(RequestError, match="over 5 tokens") as e:
         long.append("one two three four five six seven eight nine ten ")
-    assert e.value.param == "text"
+    assert (e.value.param, e.value.code) == ("text", "too_long")
     with pytest.raises(RequestError, match="cancelled"):
         long.append("more")
 

@@ -87,7 +87,7 @@ def test_engine_hidden_states_match_teacher_forcing(tts):
     runner.grow(0, prompts[0].num_positions + 6)
     logits, frames = [], []
     for _ in range(5):
-        logits.append(runner._head(runner.state.hidden[:1], tts.model.talker.codec_head.weight)[0])
+        logits.append(runner.head_logits(runner.state.hidden[:1], tts.model.talker.codec_head.weight)[0])
         runner.step(1)
         frames.append(runner.state.codes[0].clone())
     ref_logits, _ = teacher_forced_logits(tts.model.talker, prompts[0], torch.stack(frames))

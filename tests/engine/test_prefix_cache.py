@@ -161,13 +161,13 @@ def test_voice_heads_are_built_once_and_never_stale(cache):
     request = tts.request("Hello there.", speaker="ryan", instruct="Slowly.", language="english")
     first = tts.prepare(request)
     again = tts.prepare(request)  # from the kept head
-    prompt_module._HEADS.clear()
+    prompt_module.forget_kept_heads()
     fresh = tts.prepare(request)
     assert torch.equal(again.embeds, fresh.embeds) and torch.equal(first.embeds, fresh.embeds)
     with torch.no_grad():
         tts.model.talker.model.codec_embedding.weight[tts.config.talker_config.spk_id["ryan"]] += 1.0
     changed = tts.prepare(request)
-    prompt_module._HEADS.clear()
+    prompt_module.forget_kept_heads()
     assert torch.equal(changed.embeds, tts.prepare(request).embeds)
     assert not torch.equal(changed.embeds, fresh.embeds)
 
@@ -211,11 +211,11 @@ def test_a_bursts_new_voices_are_computed_once_and_kept_together(cache, ref_wav)
                     model_size=tts.config.tts_model_size) for _ in range(2)]
     voices.append(tts.create_voice(ref_wav, "A reference.", False))
     specs = [tts.request(text, voice=v, language="english").spec for v in voices for text in TEXTS]
-    prompt_module._HEADS.clear()
+    prompt_module.forget_kept_heads()
     together = build_prompts(tts.model.talker, tts.config, specs)
     heads = {id(p.parts[0]) for p in together}
     assert len(heads) == len(voices)  # one head per voice, shared by its requests
-    kept = prompt_module._HEADS[tts.model.talker].kept
+    kept = prompt_module.kept_heads(tts.model.talker)
     assert len(kept.entries) == len(voices) + 1  # the heads and the in-context voice's reference frames
     again = build_prompts(tts.model.talker, tts.config, specs)
     assert [id(p.parts[0]) for p in again] == [id(p.parts[0]) for p in together]  # found, not computed again
@@ -267,7 +267,7 @@ def test_new_voices_heads_computed_together(cache, ref_wav, dtype):
             kinds.append({"instruct": "A bright, fast voice."})
         specs = [tts.request(text, language=language, **kw).spec
                  for kw in kinds for language in ("english", "auto") for text in TEXTS]
-        prompt_module._HEADS.clear()
+        prompt_module.forget_kept_heads()
         together = build_prompts(tts.model.talker, tts.config, specs)
         voices = {prompt_module.voice_digest(tts.config, spec, None if spec.speaker_embedding is None
                                               else tensor_digest(spec.speaker_embedding))

@@ -142,10 +142,10 @@ def test_decode_attention_equals_store_then_attend(monkeypatch, dtype, case):
     args = _paged_setup(dtype, [n + 1 for n in history], seed=3)
     if case == "many_short":
         args["block_table"] = args["block_table"][:, :1]
-        assert attention._decode_attention_warps(len(history), 16) == attention.SHORT_CONTEXT_WARPS
+        assert attention.decode_attention_warps(len(history), 16) == attention.SHORT_CONTEXT_WARPS
     if case == "short_64":
         args["block_table"] = args["block_table"][:, :2]
-        assert attention._reads_early(len(history), 32)
+        assert attention.reads_early(len(history), 32)
     first = [sum(n + 1 for n in history[:r]) for r in range(len(history))]
     old = torch.tensor([i for r, n in enumerate(history) for i in range(first[r], first[r] + n)], dtype=torch.long,
                        device=DEVICE)
@@ -188,9 +188,9 @@ def test_pair_attention_equals_store_then_attend(monkeypatch, dtype, num_heads):
 def test_attention_twin_matches_sdpa():
     """The twin itself against PyTorch's attention on contiguous keys."""
     args = _paged_setup(torch.float32, [9])
-    q = attention._qk_norm_rope_store_ref(**args)
-    out = attention._paged_attention_ref(q, args["k_cache"], args["v_cache"], args["block_table"], args["rows"],
-                                       args["positions"])
+    q = attention.qk_norm_rope_store_ref(**args)
+    out = attention.paged_attention_ref(q, args["k_cache"], args["v_cache"], args["block_table"], args["rows"],
+                                        args["positions"])
     blocks = args["block_table"][0, torch.arange(9, device=DEVICE) // 16].long()
     k = args["k_cache"][blocks, torch.arange(9, device=DEVICE) % 16].transpose(0, 1)  # [kv, 9, D]
     v = args["v_cache"][blocks, torch.arange(9, device=DEVICE) % 16].transpose(0, 1)
@@ -252,7 +252,7 @@ def test_fused_linear_hands_on_sums_of_squares(monkeypatch, M):
     w_o = (0.1 * torch.randn(N, K, device=DEVICE, generator=g)).to(dtype)
     stream = torch.randn(M, N, device=DEVICE, generator=g) * torch.linspace(0.1, 10, M, device=DEVICE)[:, None]
     residual, squares = linear.fused_linear(x, w_o, residual=stream, squares_out=True)
-    assert squares.shape == (-(-N // linear._fused_linear_tiles(16, N, K, False)[0]), M)
+    assert squares.shape == (-(-N // linear.fused_linear_tiles(16, N, K, False)[0]), M)
     torch.testing.assert_close(squares.sum(0), residual.pow(2).sum(-1), rtol=1e-5, atol=0)
     _close(residual, _twin(monkeypatch, linear.fused_linear, x, w_o, residual=stream), dtype)
     w = (0.1 * torch.randn(2 * 40, N, device=DEVICE, generator=g)).to(dtype)
@@ -273,7 +273,7 @@ def test_fused_linear_hands_on_sums_of_squares(monkeypatch, M):
 def test_fused_linear_with_each_measured_tile(monkeypatch, tiles):
     """Every tile shape of the measured table computes the same product (K a multiple of the K tile, as in the
     real layers; N not a multiple of the N tile), SwiGLU and residual forms alike."""
-    monkeypatch.setattr(linear, "_fused_linear_tiles", lambda *args: tiles)
+    monkeypatch.setattr(linear, "fused_linear_tiles", lambda *args: tiles)
     dtype = DTYPES[-1]
     g = torch.Generator(DEVICE).manual_seed(7)
     K = 2 * tiles[1]
@@ -293,7 +293,7 @@ def test_fused_linear_split_over_k(monkeypatch, split):
     short), several row and column blocks; the partial sums of squares handed on add up; the counters are back at
     zero after each call, so the next call (and a captured graph's next replay) starts clean."""
     monkeypatch.setattr(linear, "FUSED_BLOCK_M", 16)
-    monkeypatch.setattr(linear, "_fused_linear_tiles", lambda *args: (16, 32, 4, 2, split))
+    monkeypatch.setattr(linear, "fused_linear_tiles", lambda *args: (16, 32, 4, 2, split))
     dtype = DTYPES[-1]
     g = torch.Generator(DEVICE).manual_seed(split)
     M, K, N = 20, 200, 40
@@ -307,7 +307,7 @@ def test_fused_linear_split_over_k(monkeypatch, split):
         out = linear.fused_linear(inputs, w, **kwargs)
         kwargs.pop("squares", None)
         _close(out, _twin(monkeypatch, linear.fused_linear, inputs, w, **kwargs), dtype)
-        assert not linear._split_arrivals(out.device, 1).any()
+        assert not linear.split_arrivals(out.device, 1).any()
     residual, squares = linear.fused_linear(x.to(dtype), w, residual=stream, squares_out=True)
     torch.testing.assert_close(squares.sum(0), residual.pow(2).sum(-1), rtol=1e-5, atol=0)
 
@@ -420,7 +420,7 @@ if backend.triton is not None:
         cols = tl.arange(0, BLOCK_V)
         valid = cols < V
         x = tl.load(x_ptr + b * V + cols, mask=valid, other=float("-inf"))
-        kept, _ = sampler._top_k(x, tl.load(k_ptr + b), BITS, VALUE_PASSES)
+        kept, _ = sampler.keep_top_k(x, tl.load(k_ptr + b), BITS, VALUE_PASSES)
         tl.store(out_ptr + b * V + cols, (kept > float("-inf")).to(tl.int8), mask=valid)
 
 
@@ -431,7 +431,7 @@ if backend.triton is not None:
         cols = tl.arange(0, BLOCK_V)
         valid = cols < V
         probs = tl.load(p_ptr + b * V + cols, mask=valid, other=0.0)
-        kept = sampler._top_p(probs, tl.load(limit_ptr + b))
+        kept = sampler.keep_top_p(probs, tl.load(limit_ptr + b))
         tl.store(out_ptr + b * V + cols, (kept > 0).to(tl.int8), mask=valid)
 
 
@@ -785,9 +785,9 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind, part):
     reference = generate_codes(talker, prompts, params)
     runner = ModelRunner(tts.model, EngineConfig(max_rows=2, max_context=128, block_size=16, max_trailing=64))
     runner.decode_modes = {"decode": True, "fused": True}
-    runner.cp_input_tables = runner._project_cp_inputs()
+    runner.cp_input_tables = runner.prepare_cp_input_tables()
     assert (runner.cp_input_tables is not None) == (kind == "tiny")
-    runner.cp_qkv_tables = runner._cp_qkv_tables()
+    runner.cp_qkv_tables = runner.prepare_cp_qkv_tables()
     if DEVICE == "cpu":  # one program per product (the interpreter runs programs one by one)
         monkeypatch.setattr(linear, "_gemv_tiles", lambda N, K, swiglu, rows: (triton.next_power_of_2(N),
                                                                                 triton.next_power_of_2(K), 4, 1))
@@ -920,8 +920,8 @@ def _compile_tail(hidden: int, inter: int, rows: int) -> None:
                                                  torch.zeros(2, dtype=torch.int64), 132, pdl=pdl, head=last)
         assert out.shape == ((rows, 4096) if next_w is not None else (rows, 2048) if last is not None
                              else (rows, hidden))
-        kernel = persistent.compile_for_hopper(persistent._tail_kernel, args, consts)
-        assert kernel.metadata.shared <= persistent._shared_bytes(rows) <= persistent.SHARED_BYTES
+        kernel = persistent.compile_for_hopper(persistent.tail_kernel, args, consts)
+        assert kernel.metadata.shared <= persistent.shared_bytes(rows) <= persistent.SHARED_BYTES
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="Hopper only (its compilation is checked on the CPU above)")

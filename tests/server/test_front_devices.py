@@ -28,7 +28,7 @@ import openai  # noqa: E402
 import soundfile as sf  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from q3tts.cli.commands import _serve_devices, build_parser  # noqa: E402
+from q3tts.cli.commands import build_parser, engine_devices  # noqa: E402
 from q3tts.request.voice import Voice  # noqa: E402
 from q3tts.server import ServerConfig  # noqa: E402
 from q3tts.server.errors import APIError  # noqa: E402
@@ -140,10 +140,10 @@ def test_engines_get_the_fronts_settings():
 def test_device_flags(flags, expected):
     args = build_parser().parse_args(["serve", "tiny", *flags])
     if isinstance(expected, list):
-        assert _serve_devices(args) == expected
+        assert engine_devices(args) == expected
     else:
         with pytest.raises(ValueError, match=expected):
-            _serve_devices(args)
+            engine_devices(args)
 
 
 @pytest.mark.parametrize("flags, expected", [([], ["cuda"]), (["--device", "cuda:1"], ["cuda:1"]),
@@ -151,7 +151,7 @@ def test_device_flags(flags, expected):
 def test_one_gpu_is_served_by_a_front_and_an_engine_process(monkeypatch, flags, expected):
     """On a GPU, `q3tts serve` is a front over one engine process unless told otherwise (or it is that engine)."""
     monkeypatch.setattr("q3tts.api.loading.resolve_device", lambda device: torch.device("cuda"))
-    assert _serve_devices(build_parser().parse_args(["serve", "tiny", *flags])) == expected
+    assert engine_devices(build_parser().parse_args(["serve", "tiny", *flags])) == expected
 
 
 def test_device_and_devices_are_exclusive(capsys):

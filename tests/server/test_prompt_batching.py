@@ -1,4 +1,4 @@
-"""The server builds prompts in batches (server/service.py, _PromptBatcher): requests that arrive while a batch is
+"""The server builds prompts in batches (server/service.py, PromptBatcher): requests that arrive while a batch is
 being built go together into the next one; a lone request is built at once; a bad request fails alone."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from q3tts.errors import RequestError
-from q3tts.server.service import _PromptBatcher
+from q3tts.server.service import PromptBatcher
 
 
 class FakeBuilder:
@@ -29,7 +29,7 @@ class FakeBuilder:
 def test_a_burst_is_built_in_batches():
     async def main():
         builder = FakeBuilder()
-        batcher = _PromptBatcher(builder)
+        batcher = PromptBatcher(builder)
         first = asyncio.create_task(batcher.build(["a"]))
         await asyncio.sleep(0)  # "a" is being built
         rest = [asyncio.create_task(batcher.build([r])) for r in ("b", "c")]
@@ -48,7 +48,7 @@ def test_a_burst_is_built_in_batches():
 def test_a_bad_request_fails_alone_and_a_caller_that_left_is_skipped():
     async def main():
         builder = FakeBuilder()
-        batcher = _PromptBatcher(builder)
+        batcher = PromptBatcher(builder)
         first = asyncio.create_task(batcher.build(["a"]))
         await asyncio.sleep(0)
         good = asyncio.create_task(batcher.build(["b"]))

@@ -3,8 +3,8 @@ module's `_name`s are its own to change. An `ast` walk of the tree finds every i
 and every read of `x._name` (x not self or cls) where `_name` is defined by another of our modules and not by the
 reading one (a module defines what it assigns at its top level, in its classes' bodies and on `self`).
 
-ALLOWED lists the uses that remain, each to be replaced by a public API or a documented test hook; it may only
-shrink: a use not in it fails, and so does an entry that no longer occurs.
+ALLOWED lists the uses that remain (none now), each with its reason; a use not in it fails, and so does an entry that no
+longer occurs.
 """
 
 from __future__ import annotations
@@ -18,29 +18,9 @@ ROOTS = ("q3tts", "bench", "scripts", "examples", "tests")
 SKIPPED = ("tests/oracle/", "tests/clients/vendor/")  # (run with the official package's and clients' environments)
 OURS = ("q3tts", "bench", "tests")
 
-# (file, name): number of uses. Shrinking: see the module docstring.
-ALLOWED = Counter({
-    # a library's: torch's Tensor._version (the walk sees the name defined in one of our modules too)
-    ("q3tts/request/prompt.py", "_version"): 1,
-    # bench/: the runner's and the codec's phases, timed one by one (wait for the runner's public phase methods)
-    ("bench/profilers/profile_codec.py", "_Cursor"): 1, ("bench/profilers/profile_codec.py", "_conv"): 1,
-    ("bench/profilers/profile_codec.py", "_quantized"): 1, ("bench/profilers/profile_codec.py", "_upsample"): 1,
-    ("bench/sweeps/fused_linear.py", "_fused_linear_ref"): 1,
-    # tests/: q3tts's internals that the tests pin (each wants a public name or a documented hook in q3tts)
-    ("tests/server/test_prompt_batching.py", "_PromptBatcher"): 1,
-    ("tests/server/test_front_devices.py", "_serve_devices"): 1, ("tests/api/test_api.py", "_voices_from_prompt"): 1,
-    ("tests/engine/test_model_runner.py", "_head"): 1,
-    ("tests/engine/test_prefix_cache.py", "_HEADS"): 5,
-    ("tests/kernels/test_kernels.py", "_project_cp_inputs"): 1,
-    ("tests/kernels/test_kernels.py", "_cp_qkv_tables"): 1,
-    ("tests/kernels/test_kernels.py", "_qk_norm_rope_store_ref"): 1,
-    ("tests/kernels/test_kernels.py", "_paged_attention_ref"): 1,
-    ("tests/kernels/test_kernels.py", "_reads_early"): 1, ("tests/kernels/test_kernels.py", "_top_k"): 1,
-    ("tests/kernels/test_kernels.py", "_top_p"): 1, ("tests/kernels/test_kernels.py", "_tail_kernel"): 1,
-    ("tests/kernels/test_kernels.py", "_decode_attention_warps"): 1,
-    ("tests/kernels/test_kernels.py", "_shared_bytes"): 1, ("tests/kernels/test_kernels.py", "_split_arrivals"): 1,
-    ("tests/kernels/test_kernels.py", "_fused_linear_tiles"): 1,
-})
+# (file, name): number of uses, each with its reason beside it. Empty: a test or benchmark that needs a module's
+# internals uses the public name or the documented test hook that the module gives it.
+ALLOWED: Counter = Counter()
 
 
 def _is_private(name: str) -> bool:

@@ -158,17 +158,26 @@ class StreamingDecoder:
         d = self.decoder
         if codes.ndim != 3 or codes.shape[1] != d.config.num_quantizers:
             raise ValueError(f"expected codes [B, {d.config.num_quantizers}, T], got {list(codes.shape)}")
-        cursor = _Cursor(state)
-        T = codes.shape[-1]
-        hidden = self._conv(d.pre_conv, self._quantized(codes), cursor).transpose(1, 2)  # [B, T, latent]
-        positions = state.lengths[:, None] + torch.arange(T, device=codes.device)  # [B, T]
-        hidden = self.transformer(hidden, positions, cursor).transpose(1, 2)
-        for blocks in d.upsample:
-            for block in blocks:
-                hidden = self._upsample(block, hidden, cursor)
-        wav = self.vocoder(hidden.transpose(1, 2), cursor)
-        state.lengths += T
+        wav = self.run_stages(codes, state)
+        state.lengths += codes.shape[-1]
         return wav.clamp(min=-1, max=1) if clamp else wav
+
+    def run_stages(self, codes: torch.Tensor, state: DecoderState, num_stages: int = 3) -> torch.Tensor:
+        """The step's first `num_stages` stages on codes [B, 16, T], `state`'s lengths left as they are: 1, the
+        quantizer, pre-conv and transformer ([B, latent, T]); 2, then the upsampling; 3, then the vocoder (the
+        waveform, unclamped). Public for bench/profilers/profile_codec.py, which times each stage."""
+        d = self.decoder
+        cursor = _Cursor(state)
+        hidden = self._conv(d.pre_conv, self._quantized(codes), cursor).transpose(1, 2)  # [B, T, latent]
+        positions = state.lengths[:, None] + torch.arange(codes.shape[-1], device=codes.device)  # [B, T]
+        hidden = self.transformer(hidden, positions, cursor).transpose(1, 2)
+        if num_stages > 1:
+            for blocks in d.upsample:
+                for block in blocks:
+                    hidden = self._upsample(block, hidden, cursor)
+        if num_stages > 2:
+            hidden = self.vocoder(hidden.transpose(1, 2), cursor)
+        return hidden
 
     def _quantized(self, codes: torch.Tensor) -> torch.Tensor:
         """SplitResidualVectorQuantizer.decode with the stacked codebooks: [B, 16, T] -> [B, codebook_dim, T]."""

@@ -19,8 +19,8 @@ class FrameStep:
     """The frame; mixed into `ModelRunner` (its decoders `talker` and `cp`, caches, `state`, the code predictor's
     tables, `decode_modes` and `fp32_head`)."""
 
-    def _head(self, hidden: torch.Tensor, weight: torch.Tensor,
-              norm: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+    def head_logits(self, hidden: torch.Tensor, weight: torch.Tensor,
+                    norm: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
         """fp32 logits of `hidden` (normed) through `weight`; with `norm` (weight, sums of squares or None), `hidden`
         is the code predictor's residual stream before its final norm, which the product applies
         (`_code_predictor`)."""
@@ -53,7 +53,7 @@ class FrameStep:
         tc = talker.config
         procs = TalkerProcessors(s.seen[:B], s.penalty[:B], s.steps[:B], self.suppress, tc.codec_eos_token_id,
                                  MIN_NEW_TOKENS)
-        return sample_tokens(self._head(s.hidden[:B], talker.codec_head.weight), s.talker_sampler.prefix(B),
+        return sample_tokens(self.head_logits(s.hidden[:B], talker.codec_head.weight), s.talker_sampler.prefix(B),
                              s.seeds[:B], counters, procs, gather=[(talker.model.codec_embedding.weight, embed)])
 
     def predict_residual_codes(self, B: int, c0: torch.Tensor, counters: torch.Tensor,
@@ -66,7 +66,7 @@ class FrameStep:
         x = torch.stack([s.hidden[:B], embeds[0]], dim=1).view(2 * B, -1)
         h, norm = self._code_predictor(x, self.cp_first[0][: 2 * B], self.cp_first[1][: 2 * B], decode=False,
                                        keep=slice(1, None, 2), pairs=True)
-        logits = self._head(h, cp.lm_head[0].weight, norm)
+        logits = self.head_logits(h, cp.lm_head[0].weight, norm)
         codes = [c0]
         for g in range(cp.config.num_code_groups - 1):
             gather, x, step = self.cp_gather(g, embeds)
@@ -101,7 +101,7 @@ class FrameStep:
                    projected: bool = False, qkv0: torch.Tensor | None = None) -> torch.Tensor:
         """A code-predictor decode step over x (as _code_predictor) and its logits through `head` in fp32: on the
         layer tail with the head the last phase of the step's last launch where the tail takes the step
-        (docs/perf-notes.md, entry 98), else the decoder's other kernels, then _head."""
+        (docs/perf-notes.md, entry 98), else the decoder's other kernels, then head_logits."""
         if not projected:
             x = self.model.talker.code_predictor.small_to_mtp_projection(x)
         if self.decode_modes["decode"] and not self.cp.fuses(x.shape[0], self.decode_modes["fused"]):
@@ -109,7 +109,7 @@ class FrameStep:
             if logits is not None:
                 return logits
         h, norm = self._code_predictor(x, rows, positions, projected=True, qkv0=qkv0)
-        return self._head(h, head, norm)
+        return self.head_logits(h, head, norm)
 
     def _code_predictor(self, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, decode: bool = True,
                         keep: slice = slice(None), projected: bool = False, qkv0: torch.Tensor | None = None,
@@ -174,13 +174,13 @@ class FrameStep:
                                       **self.decode_modes))
         self.release_rows([0])
         hidden = torch.cat(hidden)
-        talker_logits = self._head(hidden, talker.codec_head.weight)
+        talker_logits = self.head_logits(hidden, talker.codec_head.weight)
         cp_logits = []
         for t in range(T):  # one frame at a time, as a single stream's code predictor runs
             x = torch.stack([hidden[t:t + 1], embeds[0][t:t + 1]], dim=1).view(2, -1)
             h, norm = self._code_predictor(x, self.cp_first[0][:2], self.cp_first[1][:2], decode=False,
                                            keep=slice(1, None, 2), pairs=True)
-            logits = [self._head(h, cp.lm_head[0].weight, norm)]
+            logits = [self.head_logits(h, cp.lm_head[0].weight, norm)]
             for g in range(cp.config.num_code_groups - 2):
                 tables, code = self.cp_input_tables, codes[t:t + 1, g + 1]
                 x = embeds[g + 1][t:t + 1] if tables is None else tables[g][code]

@@ -85,18 +85,18 @@ class ModelRunner(KVRows, Prefill, FrameStep):
         # On the fused path a narrower code predictor's input projection (1.7B: 2,048 -> 1,024 with bias) is looked up
         # instead of run: the projected embedding rows of its codebooks 1-14, computed once (the sampler gathers
         # them; the same products, summed in another order). The fp32 and unfused paths run it as the reference.
-        self.cp_input_tables = self._project_cp_inputs() if self.decode_modes["fused"] else None
+        self.cp_input_tables = self.prepare_cp_input_tables() if self.decode_modes["fused"] else None
         # Likewise the code predictor's first layer (input norm, qkv product) over those inputs: its decode steps
         # look their qkv up (docs/perf-notes.md, entry 90). Not on a CPU, where computing the tables (~240 GFLOP)
         # costs what ~30,000 one-row steps save.
         on_gpu = self.device.type == "cuda"
-        self.cp_qkv_tables = self._cp_qkv_tables() if self.decode_modes["fused"] and on_gpu else None
+        self.cp_qkv_tables = self.prepare_cp_qkv_tables() if self.decode_modes["fused"] and on_gpu else None
         self.cache: PagedCache | None = None
         self.allocate_kv_cache(kv_blocks or cfg.kv_blocks(self.kv_bytes_per_block, self.max_context, None))
         self.prefix_cache = PrefixCache(int(cfg.prefix_cache_gb * 2**30)) if cfg.prefix_cache_gb else None
 
     @torch.no_grad()
-    def _project_cp_inputs(self) -> list[torch.Tensor] | None:
+    def prepare_cp_input_tables(self) -> list[torch.Tensor] | None:
         """cp_input_tables: codebooks 1-14's embedding rows through the code predictor's input projection (None
         where it has none)."""
         cp = self.model.talker.code_predictor
@@ -105,7 +105,7 @@ class ModelRunner(KVRows, Prefill, FrameStep):
         return [cp.small_to_mtp_projection(e.weight).contiguous() for e in cp.model.codec_embedding[:-1]]
 
     @torch.no_grad()
-    def _cp_qkv_tables(self) -> list[torch.Tensor]:
+    def prepare_cp_qkv_tables(self) -> list[torch.Tensor]:
         """cp_qkv_tables: the code predictor's first qkv product (input norm, then the product: the kernels of its
         64-row steps) of each of its decode inputs, codebooks 1-14's embedding rows (projected where it projects):
         14 x [2,048, 4,096] (235 MB in bf16 at the real sizes)."""

@@ -88,7 +88,7 @@ def tensor_digests(tensors: list[torch.Tensor]) -> list[bytes]:
     groups: dict[tuple, dict[int, torch.Tensor]] = {}
     for t in tensors:
         hit = _DIGESTS.get(id(t))
-        if hit is not None and hit[0]() is t and hit[1] == _version(t):
+        if hit is not None and hit[0]() is t and hit[1] == _version_of(t):
             digests[id(t)] = hit[2]
         else:
             groups.setdefault((t.device, t.dtype, tuple(t.shape)), {})[id(t)] = t
@@ -101,7 +101,7 @@ def tensor_digests(tensors: list[torch.Tensor]) -> list[bytes]:
             digest = hashlib.sha256(repr((dtype, shape)).encode())
             digest.update(data[i * size:(i + 1) * size])  # (the values' bytes, read in place)
             key = digests[id(t)] = digest.digest()[:16]
-            _DIGESTS[id(t)] = (weakref.ref(t, _forget(id(t))), _version(t), key)
+            _DIGESTS[id(t)] = (weakref.ref(t, _forget(id(t))), _version_of(t), key)
     return [digests[id(t)] for t in tensors]
 
 
@@ -109,5 +109,5 @@ def _forget(key: int):
     return lambda _: _DIGESTS.pop(key, None)  # (when the tensor is collected)
 
 
-def _version(t: torch.Tensor) -> int:
+def _version_of(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version  # (inference tensors keep no version counter)

@@ -205,7 +205,7 @@ class NariSession:
         try:
             await self.service.preparation.feed_live(self.live, method, *args)
         except RequestError as e:
-            too_long = "over" in e.message or "at most" in e.message
+            too_long = e.code == "too_long"
             raise ProtocolError("input_too_large" if too_long else "invalid_request", e.message,
                                 1009 if too_long else 1008, e.param) from e
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -153,6 +153,19 @@ class WholeText:
         return [text] if text else []
 
 
+def make_segmenter(config: StreamConfig, is_q3tts: bool, max_input_chars: int) -> TextSegmenter | WholeText | None:
+    """How text is cut into segments: none with segmentation live; else q3tts at sentences and clauses, vLLM-Omni by
+    its split_granularity (none: the utterance whole, at most --max-input-chars)."""
+    if config.segmentation == "live":
+        return None
+    longest = min(MAX_SEGMENT_CHARS, max_input_chars)
+    granularity = "q3tts" if is_q3tts else config.granularity
+    if granularity == "none":
+        return WholeText()
+    clause_min_chars = {"sentence": longest, "clause": 1}.get(granularity, min(40, longest))
+    return TextSegmenter(clause_min_chars=clause_min_chars, max_chars=longest)
+
+
 @dataclass
 class LiveUtterance:
     """segmentation live: the session's (vLLM-Omni: the utterance's) one generation, and the text it was given."""
@@ -160,6 +173,61 @@ class LiveUtterance:
     live: LiveRequest
     setup: Setup
     text: str = ""
+    started: bool = False  # its start event was sent
+
+    async def audio(self, start: Callable[[], Awaitable[None]]) -> AsyncIterator[tuple[np.ndarray, int]]:
+        """The generation's audio (pcm, frames); `start()` (the start event, with the text received by then) at
+        the first chunk."""
+        async for chunk in self.live:
+            if not self.started:
+                self.started = True
+                await start()
+            yield chunk.pcm, chunk.num_frames
+
+
+class LiveTextFeed:
+    """segmentation live: the text side of the session's (vLLM-Omni: each utterance's) one generation: opened at the
+    utterance's first word (whitespace before it is held and given with it) and queued for the speaker, each
+    delta checked against this server's limits and appended, ended at input.done or session.close."""
+
+    def __init__(self, service: SpeechService, items: asyncio.Queue[Any]):
+        self.service, self.items = service, items
+        self.current: LiveUtterance | None = None  # the open utterance's generation
+        self.held_space = ""  # whitespace before the utterance's first word
+
+    def push(self, text: str, setup: Setup) -> None:
+        """A text delta into the open utterance's generation (opened with `setup` at its first word)."""
+        if self.current is None:
+            if not text.strip():
+                self.held_space += text
+                return
+            live = self.service.live(setup.config, setup.choice, setup.seed, TEXT_WAIT_S)
+            self.current = LiveUtterance(live, setup)
+            self.items.put_nowait(self.current)
+            text, self.held_space = self.held_space + text, ""
+        limit = self.service.config.max_input_chars
+        total = len(self.current.text) + len(text)
+        if len(text) > limit or total > PENDING_TEXT_FACTOR * limit:
+            raise errors.bad_request(f"text over this server's limit ({limit} characters per input.text, "
+                                     f"{PENDING_TEXT_FACTOR * limit} per session)", param="text",
+                                     code="input_too_long")
+        _live_call(self.current.live.append, text)
+        self.current.text += text
+
+    def end(self) -> None:
+        """The open utterance's text ends (what came is spoken); the next text opens another."""
+        if self.current is not None:
+            _live_call(self.current.live.end)
+        self.current, self.held_space = None, ""
+
+
+def _live_call(method: Callable[..., None], *args: Any) -> None:
+    """A live request's append or end, its RequestError in the API's shape (one over a limit: input_too_long)."""
+    try:
+        method(*args)
+    except RequestError as e:
+        raise errors.bad_request(e.message, param=e.param or "text",
+                                 code="input_too_long" if e.code == "too_long" else "invalid_value") from e
 
 
 class StreamSession:
@@ -167,11 +235,10 @@ class StreamSession:
         self.websocket, self.service, self.setup = websocket, service, setup
         self.is_q3tts = setup.config.protocol == "q3tts"
         self.model_rate = service.tts.sample_rate
-        self.segmenter = self._segmenter(setup.config)
-        self.current: LiveUtterance | None = None  # segmentation live: the open utterance's generation
-        self.held_space = ""  # segmentation live: whitespace before the utterance's first word
+        self.segmenter = make_segmenter(setup.config, self.is_q3tts, service.config.max_input_chars)
         self.max_pending_chars = PENDING_TEXT_FACTOR * service.config.max_input_chars
         self.items: asyncio.Queue[Any] = asyncio.Queue()
+        self.live_text = LiveTextFeed(service, self.items)  # segmentation live
         self.request_id = request_id_of(websocket.scope)
         self.num_segments = self.frames = self.input_tokens = 0
         self.utterance = self.utterance_segments = 0  # vLLM-Omni: input.done cycles, segments of the current one
@@ -197,18 +264,6 @@ class StreamSession:
                                       "sample_rate": setup.sample_rate or session.model_rate,
                                       "response_format": setup.config.response_format, "seed": setup.seed})
         return session
-
-    def _segmenter(self, config: StreamConfig) -> TextSegmenter | WholeText | None:
-        """How text is cut into segments: none with segmentation live; else q3tts at sentences and clauses,
-        vLLM-Omni by its split_granularity (none: the utterance whole, at most --max-input-chars)."""
-        if config.segmentation == "live":
-            return None
-        longest = min(MAX_SEGMENT_CHARS, self.service.config.max_input_chars)
-        granularity = "q3tts" if self.is_q3tts else config.granularity
-        if granularity == "none":
-            return WholeText()
-        clause_min_chars = {"sentence": longest, "clause": 1}.get(granularity, min(40, longest))
-        return TextSegmenter(clause_min_chars=clause_min_chars, max_chars=longest)
 
     async def run(self) -> None:
         """Reads text and speaks segments concurrently; the first failure of either ends both."""
@@ -242,8 +297,7 @@ class StreamSession:
             elif kind == "session.config" and not self.is_q3tts:
                 await self._reconfigure(message)
             elif kind == "session.close" and not self.is_q3tts:
-                if self.current is not None:  # (live: the text received is spoken)
-                    self._live_call(self.current.live.end)
+                self.live_text.end()  # (live: the text received is spoken)
                 self.items.put_nowait(SESSION_END)  # (text not yet cut into segments is dropped)
                 return
             else:
@@ -259,7 +313,9 @@ class StreamSession:
         except RequestError as e:
             raise errors.bad_request(e.message, param="text") from None
         if self.segmenter is None:
-            return self._live_text(text)
+            self.live_text.push(text, self.setup)
+            self.utterance_open = self.live_text.current is not None
+            return
         buffered = len(self.segmenter.buffer) + len(text)
         if isinstance(self.segmenter, WholeText) and buffered > self.service.config.max_input_chars:
             raise errors.bad_request(f"the utterance is over {self.service.config.max_input_chars} characters: send "
@@ -275,40 +331,8 @@ class StreamSession:
         """input.done: the cut text's last segment, or the live generation's end."""
         if self.segmenter is not None:
             self._queue(self.segmenter.flush())
-        elif self.current is not None:
-            self._live_call(self.current.live.end)
-        self.current, self.held_space, self.utterance_open = None, "", False
-
-    def _live_text(self, text: str) -> None:
-        """segmentation live: the text into the utterance's generation, opened at its first word (whitespace
-        before it is held and given with it)."""
-        if self.current is None:
-            if not text.strip():
-                self.held_space += text
-                return
-            setup = self.setup
-            live = self.service.live(setup.config, setup.choice, setup.seed, TEXT_WAIT_S)
-            self.current = LiveUtterance(live, setup)
-            self.items.put_nowait(self.current)
-            text, self.held_space = self.held_space + text, ""
-        limit = self.service.config.max_input_chars
-        total = len(self.current.text) + len(text)
-        if len(text) > limit or total > PENDING_TEXT_FACTOR * limit:
-            raise errors.bad_request(f"text over this server's limit ({limit} characters per input.text, "
-                                     f"{PENDING_TEXT_FACTOR * limit} per session)", param="text",
-                                     code="input_too_long")
-        self.utterance_open = True
-        self._live_call(self.current.live.append, text)
-        self.current.text += text
-
-    @staticmethod
-    def _live_call(method, *args: Any) -> None:
-        try:
-            method(*args)
-        except RequestError as e:
-            too_long = "over" in e.message or "at most" in e.message
-            raise errors.bad_request(e.message, param=e.param or "text",
-                                     code="input_too_long" if too_long else "invalid_value") from e
+        self.live_text.end()
+        self.utterance_open = False
 
     def _queue(self, segments: list[str]) -> None:
         for segment in segments:
@@ -323,7 +347,8 @@ class StreamSession:
         setup = await _setup(self.service, message)
         if setup.config.protocol != "vllm-omni":
             raise errors.bad_request("a session keeps its protocol", param="protocol")
-        self.setup, self.segmenter = setup, self._segmenter(setup.config)
+        self.setup = setup
+        self.segmenter = make_segmenter(setup.config, self.is_q3tts, self.service.config.max_input_chars)
 
     # ---- speaking -----------------------------------------------------------------------------------------
 
@@ -370,21 +395,15 @@ class StreamSession:
         index = self.num_segments if self.is_q3tts else self.utterance_segments
         self.num_segments += 1
         self.utterance_segments += 1
-        started = False
 
-        async def audio():  # (the start event at the first audio, with the text received by then)
-            nonlocal started
-            async for chunk in live:
-                if not started:
-                    started = True
-                    await self._send_json(self._started(index, item.text, setup))
-                yield chunk.pcm, chunk.num_frames
+        async def start() -> None:
+            await self._send_json(self._started(index, item.text, setup))
 
         try:
-            frames, sent = await self._send_audio(audio(), setup)
+            frames, sent = await self._send_audio(item.audio(start), setup)
         finally:
             live.cancel()
-        if not started:
+        if not item.started:
             await self._send_json(self._started(index, item.text, setup))
         self.frames += frames
         self.input_tokens += live.num_tokens
