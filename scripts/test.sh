@@ -40,5 +40,7 @@ fi
 .venv/bin/ruff check q3tts tests bench examples scripts
 # Screenshots of the browser tests land in test-artifacts/.
 # Q3TTS_TEST_TIME_LIMIT: the guard on one test's time (tests/SLOW.md), 90 s of call time on this 2-core machine.
+# Q3TTS_TEST_WORKERS: pytest-xdist workers (2: one per core; tests/conftest.py gives each its share of the threads),
+# a test file's tests in one worker (--dist loadfile: its module fixtures built once); 0 runs them in this process.
 # tests/docs builds the docs site (mkdocs build --strict) and redraws the plots: the dev extras bring the docs extra.
-Q3TTS_TEST_TIME_LIMIT=${Q3TTS_TEST_TIME_LIMIT:-90} Q3TTS_REQUIRE_ORACLE=1 Q3TTS_REQUIRE_BROWSER=1 Q3TTS_REQUIRE_CLIENTS=1 Q3TTS_REQUIRE_DOCS=1 Q3TTS_ARTIFACTS="$PWD/test-artifacts" .venv/bin/python -m pytest -q "$@"
+Q3TTS_TEST_TIME_LIMIT=${Q3TTS_TEST_TIME_LIMIT:-90} Q3TTS_REQUIRE_ORACLE=1 Q3TTS_REQUIRE_BROWSER=1 Q3TTS_REQUIRE_CLIENTS=1 Q3TTS_REQUIRE_DOCS=1 Q3TTS_ARTIFACTS="$PWD/test-artifacts" .venv/bin/python -m pytest -q -n "${Q3TTS_TEST_WORKERS:-2}" --dist loadfile "$@"
