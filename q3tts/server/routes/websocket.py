@@ -195,7 +195,7 @@ class LiveTextFeed:
         self.current: LiveUtterance | None = None  # the open utterance's generation
         self.held_space = ""  # whitespace before the utterance's first word
 
-    def push(self, text: str, setup: Setup) -> None:
+    async def push(self, text: str, setup: Setup) -> None:
         """A text delta into the open utterance's generation (opened with `setup` at its first word)."""
         if self.current is None:
             if not text.strip():
@@ -211,23 +211,23 @@ class LiveTextFeed:
             raise errors.bad_request(f"text over this server's limit ({limit} characters per input.text, "
                                      f"{PENDING_TEXT_FACTOR * limit} per session)", param="text",
                                      code="input_too_long")
-        _live_call(self.current.live.append, text)
+        await self._call(self.current.live.append, text)
         self.current.text += text
 
-    def end(self) -> None:
+    async def end(self) -> None:
         """The open utterance's text ends (what came is spoken); the next text opens another."""
         if self.current is not None:
-            _live_call(self.current.live.end)
+            await self._call(self.current.live.end)
         self.current, self.held_space = None, ""
 
-
-def _live_call(method: Callable[..., None], *args: Any) -> None:
-    """A live request's append or end, its RequestError in the API's shape (one over a limit: input_too_long)."""
-    try:
-        method(*args)
-    except RequestError as e:
-        raise errors.bad_request(e.message, param=e.param or "text",
-                                 code="input_too_long" if e.code == "too_long" else "invalid_value") from e
+    async def _call(self, method: Callable[..., None], *args: Any) -> None:
+        """The live request's append or end (in a worker thread until its prompt is built: Preparation.feed_live),
+        its RequestError in the API's shape (one over a limit: input_too_long)."""
+        try:
+            await self.service.preparation.feed_live(self.current.live, method, *args)
+        except RequestError as e:
+            raise errors.bad_request(e.message, param=e.param or "text",
+                                     code="input_too_long" if e.code == "too_long" else "invalid_value") from e
 
 
 class StreamSession:
@@ -285,9 +285,9 @@ class StreamSession:
             message = await _receive_json(self.websocket)
             kind = message.get("type")
             if kind == "input.text":
-                self._text(message.get("text"))
+                await self._text(message.get("text"))
             elif kind == "input.done":
-                self._end_utterance()
+                await self._end_utterance()
                 self.items.put_nowait(SESSION_END if self.is_q3tts else UTTERANCE_END)
                 if self.is_q3tts:
                     return
@@ -297,7 +297,7 @@ class StreamSession:
             elif kind == "session.config" and not self.is_q3tts:
                 await self._reconfigure(message)
             elif kind == "session.close" and not self.is_q3tts:
-                self.live_text.end()  # (live: the text received is spoken)
+                await self.live_text.end()  # (live: the text received is spoken)
                 self.items.put_nowait(SESSION_END)  # (text not yet cut into segments is dropped)
                 return
             else:
@@ -305,7 +305,7 @@ class StreamSession:
                     "session.config, input.text, input.done or session.close"
                 raise errors.bad_request(f"unknown message type {quote(kind)} (expected {expected})", param="type")
 
-    def _text(self, text: Any) -> None:
+    async def _text(self, text: Any) -> None:
         if not isinstance(text, str):
             raise errors.bad_request("input.text needs a string `text`", param="text")
         try:  # (refused here, naming this field, not when its segment is spoken)
@@ -313,7 +313,7 @@ class StreamSession:
         except RequestError as e:
             raise errors.bad_request(e.message, param="text") from None
         if self.segmenter is None:
-            self.live_text.push(text, self.setup)
+            await self.live_text.push(text, self.setup)
             self.utterance_open = self.live_text.current is not None
             return
         buffered = len(self.segmenter.buffer) + len(text)
@@ -327,11 +327,11 @@ class StreamSession:
         self.utterance_open = self.utterance_open or bool(text.strip())
         self._queue(self.segmenter.push(text))
 
-    def _end_utterance(self) -> None:
+    async def _end_utterance(self) -> None:
         """input.done: the cut text's last segment, or the live generation's end."""
         if self.segmenter is not None:
             self._queue(self.segmenter.flush())
-        self.live_text.end()
+        await self.live_text.end()
         self.utterance_open = False
 
     def _queue(self, segments: list[str]) -> None:
