@@ -44,11 +44,7 @@ class KVRows:
         failed keep their new blocks."""
         cells: tuple[list[int], list[int], list[int]] = ([], [], [])  # row, index in its table, block
         try:
-            for row, n in zip(rows, num_positions):
-                start, new = self.kv.grow(row, n)
-                cells[0].extend([row] * len(new))
-                cells[1].extend(range(start, start + len(new)))
-                cells[2].extend(new)
+            self.kv.grow_rows(rows, num_positions, cells)
         finally:
             if cells[0]:
                 where = to_device(torch.tensor(cells, dtype=torch.int32), self.device)
