@@ -8,19 +8,32 @@ done). The engine moves, clears and arms rows of many per-row tensors between fr
 `zero_rows` and `write_rows` do that as multi-tensor launches (one per dtype: the fused kernels take one dtype)
 rather than one small launch per tensor and row, `set_rows` gives many rows one row's values, `RowViews` moves
 and clears many rows at once with their views made once, and `to_device_together` stages many host tensors in
-one transfer.
+one transfer. Host tensors are built from Python lists through numpy (`host_tensor`).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 PINNED = True  # False: plain synchronizing copies (bench/prefill_stall.py compares the two)
 
 
+_NUMPY = {torch.int32: np.int32, torch.int64: np.int64, torch.float32: np.float32, torch.bool: np.bool_}
+
+
+def host_tensor(values, dtype: torch.dtype) -> torch.Tensor:
+    """`torch.tensor(values, dtype=dtype)` for (nested) lists of Python numbers, the same values, through numpy:
+    2-3x less host time (torch.tensor inspects every item on its own: ~5 us for 3 x 3 ints, numpy ~1.6)."""
+    return torch.from_numpy(np.array(values, dtype=_NUMPY[dtype]))
+
+
 def to_device(values, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A list, number or CPU tensor on `device`, in stream order, without synchronizing on CUDA."""
-    t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if isinstance(values, torch.Tensor):
+        t = values
+    else:
+        t = host_tensor(values, dtype) if dtype in _NUMPY else torch.tensor(values, dtype=dtype)
     if dtype is not None:
         t = t.to(dtype)
     device = torch.device(device)

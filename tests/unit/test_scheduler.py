@@ -136,6 +136,38 @@ def test_kv_blocks_grow_release_move():
     assert kv.capacity_positions == 4 * 64
 
 
+
+def test_kv_blocks_grow_rows_is_grow_one_after_the_other():
+    """The batched grow hands out the same blocks as `grow` row by row, and stops where it would: the rows before
+    the one short of blocks keep theirs (listed), that one and those after are unchanged."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        one, many = (KVBlocks(num_blocks=24, block_size=16, num_rows=6) for _ in range(2))
+        held = 16 * rng.randint(0, 3)
+        for kv in (one, many):
+            kv.grow(5, held)
+        rows = rng.sample(range(5), rng.randint(1, 5))
+        wanted = [rng.randint(0, 16 * 8) for _ in rows]
+        expected, failed = ([], [], []), False
+        for row, n in zip(rows, wanted):
+            try:
+                start, new = one.grow(row, n)
+            except OutOfBlocks:
+                failed = True
+                break
+            expected[0].extend([row] * len(new))
+            expected[1].extend(range(start, start + len(new)))
+            expected[2].extend(new)
+        cells = ([], [], [])
+        if failed:
+            with pytest.raises(OutOfBlocks):
+                many.grow_rows(rows, wanted, cells)
+        else:
+            many.grow_rows(rows, wanted, cells)
+        assert cells == expected and many.rows == one.rows and many.free == one.free
+
 def test_the_prefill_budget_counts_what_will_be_computed():
     """With a prompt's prefix cached, only the rest counts against max_prefill_tokens."""
     seqs = [Sequence(f"r{i}", 100, 0.0) for i in range(3)]

@@ -14,13 +14,27 @@ from q3tts.engine import EngineConfig
 from q3tts.engine.runner.model_runner import ModelRunner
 from q3tts.sampling import SamplingParams
 from q3tts.tiny import tiny_checkpoint
-from q3tts.transfer import copy_row, row_slice, set_rows, to_device, write_rows, zero_rows
+from q3tts.transfer import copy_row, host_tensor, row_slice, set_rows, to_device, write_rows, zero_rows
 
 
 def test_to_device_keeps_a_strided_tensor_s_values():
     t = torch.arange(12).reshape(3, 4).T  # (strided: staged contiguously)
     assert torch.equal(to_device(t, "cpu"), t)
 
+
+
+def test_host_tensor_is_torch_tensor():
+    """Built through numpy, the same dtype, shape and values as torch.tensor (floats rounded alike to float32)."""
+    import random
+
+    rng = random.Random(0)
+    cases = [([[rng.randrange(-2**31, 2**31) for _ in range(5)] for _ in range(3)], torch.int32),
+             ([rng.randrange(-2**62, 2**62) for _ in range(9)], torch.int64),
+             ([[rng.uniform(-1e6, 1e6) for _ in range(4)], [0.1, 1 / 3, 0.7, 1e-40]], torch.float32),
+             ([True, False, 1, 0, 3], torch.bool), ([[], []], torch.int32), (7, torch.int64)]
+    for values, dtype in cases:
+        a, b = host_tensor(values, dtype), torch.tensor(values, dtype=dtype)
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 def test_row_slice():
     assert row_slice([3, 4, 5]) == slice(3, 6)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ...transfer import RowViews, row_slice, set_row, to_device, zero_rows
+from ...transfer import RowViews, host_tensor, row_slice, set_row, to_device, zero_rows
 from ..kv_blocks import KVBlocks
 from .row_state import SwappedRow
 from .transformer import PagedCache
@@ -44,14 +44,10 @@ class KVRows:
         failed keep their new blocks."""
         cells: tuple[list[int], list[int], list[int]] = ([], [], [])  # row, index in its table, block
         try:
-            for row, n in zip(rows, num_positions):
-                start, new = self.kv.grow(row, n)
-                cells[0].extend([row] * len(new))
-                cells[1].extend(range(start, start + len(new)))
-                cells[2].extend(new)
+            self.kv.grow_rows(rows, num_positions, cells)
         finally:
             if cells[0]:
-                where = to_device(torch.tensor(cells, dtype=torch.int32), self.device)
+                where = to_device(host_tensor(cells, torch.int32), self.device)
                 self.cache.block_table[where[0], where[1]] = where[2]
 
     def release_rows(self, rows: list[int]) -> None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
 
 from ...sampling import TOP_K_ALL, SamplingParams
-from ...transfer import row_slice, to_device, to_device_together, zero_rows
+from ...transfer import host_tensor, row_slice, to_device, to_device_together, zero_rows
 from ..kv_blocks import OutOfBlocks
 from ..prompt import Prompt
 from .graphs import replay_or_run
@@ -98,7 +99,7 @@ class Prefill:
         for row, n in spans:  # (Python lists: a burst's 64 rows took ~5 small torch calls each)
             blocks += [block for block in self.kv.rows[row][:-(-n // bs)] for _ in range(bs)][:n]
             offsets += [p % bs for p in range(n)]
-        slots = to_device(torch.tensor([blocks, offsets]), self.device)
+        slots = to_device(host_tensor([blocks, offsets], torch.int64), self.device)
         return slots[0], slots[1]
 
     def _keep_prefixes(self, store: list[tuple[int, Prompt]]) -> None:
@@ -122,11 +123,11 @@ class Prefill:
         flat_pos = [p for a, n in zip(starts, lengths) for p in range(a, n)]
         bucket = next((b for b in self.config.prefill_buckets if b >= N), None)
         if bucket is None:
-            where = to_device(torch.tensor([flat_rows, flat_pos], dtype=torch.int32), dev)
+            where = to_device(host_tensor([flat_rows, flat_pos], torch.int32), dev)
             return self.talker(torch.cat(pieces), where[0], where[1], self.cache)
         pad = bucket - N
         torch.cat([piece.to(self.prefill_x.dtype) for piece in pieces], out=self.prefill_x[:N])
-        where = torch.tensor([flat_rows + [self.config.max_rows] * pad, flat_pos + [0] * pad], dtype=torch.int32)
+        where = host_tensor([flat_rows + [self.config.max_rows] * pad, flat_pos + [0] * pad], torch.int32)
         where = to_device(where, dev)
         self.prefill_rows[:bucket].copy_(where[0])
         self.prefill_positions[:bucket].copy_(where[1])
@@ -144,10 +145,9 @@ def _row_values(prompts: list[Prompt], params: list[SamplingParams], counts: lis
     lengths, the two top-ks and each row's last prefill token; float32 [5, n]: the penalty, the two temperatures and
     top-ps; bool [4, n]: done, emitted, the two do_samples; int32 [1, n]: positions) and the trailing text [n, T]."""
     n, text = len(prompts), max(len(p.trailing_ids) for p in prompts)
-    trailing = torch.zeros(n, text, dtype=torch.int32)
+    trailing = np.zeros((n, text), dtype=np.int32)
     for i, p in enumerate(prompts):
-        if p.trailing_ids:
-            trailing[i, :len(p.trailing_ids)] = torch.tensor(p.trailing_ids, dtype=torch.int32)
+        trailing[i, :len(p.trailing_ids)] = p.trailing_ids
     top_k = ([min(getattr(q, name), TOP_K_ALL) for q in params] for name in ("top_k", "subtalker_top_k"))
     int64 = [[0] * n, [q.max_new_tokens for q in params], [q.seed for q in params],
              [len(p.trailing_ids) for p in prompts], *top_k, [k - 1 for k in itertools.accumulate(counts)]]
@@ -155,5 +155,5 @@ def _row_values(prompts: list[Prompt], params: list[SamplingParams], counts: lis
                                                                 "subtalker_temperature", "subtalker_top_p")]
     flags = [[False] * n, [False] * n, *([bool(getattr(q, name)) for q in params]
                                          for name in ("do_sample", "subtalker_dosample"))]
-    return [torch.tensor(int64), torch.tensor(float32, dtype=torch.float32), torch.tensor(flags),
-            torch.tensor([[p.num_positions for p in prompts]], dtype=torch.int32), trailing]
+    return [host_tensor(int64, torch.int64), host_tensor(float32, torch.float32), host_tensor(flags, torch.bool),
+            host_tensor([[p.num_positions for p in prompts]], torch.int32), torch.from_numpy(trailing)]
