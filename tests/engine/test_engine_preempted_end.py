@@ -28,8 +28,15 @@ def test_a_request_preempted_as_it_finishes_ends_exactly(tmp_path):
                                 **GREEDY),
                     tts.request("Good evening.", speaker="eric", language="english", seed=2, max_new_tokens=32,
                                 **GREEDY)]
-        streams = [engine.submit(tts.prepare(r), r.params) for r in requests]
-        audio = [s.read_all() for s in streams]
+        # The newer request joins once the first has its first audio (a boundary or two in: what these lengths were
+        # found with), not whenever the test thread gets to it (a loaded machine admitted both at once, and then
+        # neither was preempted).
+        prompts = [tts.prepare(r) for r in requests]
+        streams = [engine.submit(prompts[0], requests[0].params)]
+        first = iter(streams[0])
+        head = next(first)
+        streams.append(engine.submit(prompts[1], requests[1].params))
+        audio = [np.concatenate([head, *first]), streams[1].read_all()]
         assert engine.metrics.preemptions == 1 and engine.healthy
         assert [s.finish_reason for s in streams] == ["length", "length"]
         for got, request in zip(audio, requests):
