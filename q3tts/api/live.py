@@ -93,6 +93,12 @@ class LiveRequest:
     def ended(self) -> bool:
         return self._text.ended
 
+    @property
+    def started(self) -> bool:
+        """Whether the request's prompt is built (its first text tokens were final): from then on an append only
+        tokenizes and hands tokens on; before, the append that completes the prompt builds it (device work)."""
+        return self.feed.prompt is not None
+
     def append(self, text: str) -> None:
         """Adds text (any piece: a token, a word, several sentences); speech follows as soon as its tokens are
         final. Raises RequestError for text after `end()` or `cancel()`, an append over MAX_APPEND_CHARS
@@ -140,7 +146,7 @@ class LiveRequest:
                 self._stream.close()
             raise RequestError(f"the live text is over {MAX_TEXT_TOKENS} tokens, the limit per request (the "
                                "request was cancelled)", "text", "too_long")
-        if self.feed.prompt is not None:
+        if self.started:
             self.feed.extend(ids)
             return
         self._held += ids

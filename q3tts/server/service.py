@@ -262,7 +262,7 @@ class Preparation:
         """`method(*args)` of a live request (its append or end): in a worker thread while the request's prompt is
         still to be built (the text token that completes it builds it: device work, kept off the event loop as
         `prepare` keeps it), inline once it is built (then an append only tokenizes)."""
-        if live.feed.prompt is None:
+        if not live.started:
             await self.in_worker(method, *args)
         else:
             method(*args)

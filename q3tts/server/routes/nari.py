@@ -215,7 +215,7 @@ class NariSession:
 
     async def _start_audio(self) -> None:
         """Once the first text token is final: response.started, and the audio task."""
-        if self.audio is not None or self.live.feed.prompt is None:
+        if self.audio is not None or not self.live.started:
             return
         await self.websocket.send_json({"type": "response.started", "request_id": self.request_id,
                                         "audio": self.audio_format})
