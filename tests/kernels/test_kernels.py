@@ -342,6 +342,7 @@ def _params() -> list[SamplingParams]:
 
 
 # (a test each: the interpreter takes ~30-60 s over a trial; trial 2, a second nonzero offset beside trial 1's, dropped)
+@pytest.mark.slow(reason="the sampling kernel in the Triton interpreter, a trial each (tests/SLOW.md)")
 @pytest.mark.parametrize("trial", [0, 1, 3])
 @pytest.mark.parametrize("with_processors", [False, True])
 def test_sampling_kernel_matches_twin(monkeypatch, with_processors, trial):
