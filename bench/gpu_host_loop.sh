@@ -4,18 +4,9 @@
 # front and one engine process, what it runs on a GPU), then the language model's frame alone at the same rows.
 # Carry .benchwhl (the server's wheels) and .gpuwhl (pytest, httpx).
 #   RATES=110,150,200 bash bench/gpu_host_loop.sh        (OUT=$OUT on the device machine)
-set -uo pipefail
-OUT=${OUT:-/tmp/gpu_host_loop}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-T0=$(date +%s)
-log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+source "$(dirname "$0")/device_call.sh" /tmp/gpu_host_loop
 RATES=${RATES:-110,150,200} DURATION=${DURATION:-15}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .benchwhl/*.whl .gpuwhl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
-lscpu | grep "Model name"
+export PYTHONPATH=/tmp/site:$PWD
 git log -1 --format=%h 2>/dev/null || true
 log "checkpoint"
 python3 bench/tts_bench/build_ckpt.py --config 1.7B-Base --out /tmp/peer_ckpt/1.7B-Base > "$OUT/build.log" 2>&1 \

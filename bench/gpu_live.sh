@@ -7,16 +7,7 @@
 #   COMMIT=<short hash> bash bench/gpu_live.sh            (OUT=$OUT on the device machine)
 # Knobs: WS_RATES="20 100 175" RATES="100" LIVE_SESSIONS="1 64" LIVE_S=200 GPU_TESTS=1 GPU_TESTS_S=240, and ladder.sh's
 # (DEADLINE, DURATION, WS_SEEDS, ...).
-set -uo pipefail
-OUT=${OUT:-/tmp/gpu_live}
-mkdir -p "$OUT"
-export OUT T0=$(date +%s)
-exec > >(tee -a "$OUT/gpu_live.txt") 2>&1
-log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .benchwhl/*.whl .gpuwhl/*.whl || exit 1
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+source "$(dirname "$0")/device_call.sh" /tmp/gpu_live gpu_live.txt
 log "tts-bench"
 WS=1 WS_RATES=${WS_RATES:-20 100 175} RATES=${RATES-100} SEEDS=0 VLLM_RATES= WHEELS=/tmp/no-second-install \
   PYTHONPATH=/tmp/site:$PWD bash bench/tts_bench/run_q3tts.sh

@@ -3,18 +3,8 @@
 # (carried in .base/: `git archive BASE q3tts bench/serve_load.py | tar -x -C .base`) against this one, in the
 # same lease. Carry .benchwhl (the server's wheels), .gpuwhl (pytest, httpx) and .base.
 #   BASE_RATES=115,160 RATES=115,160,200 bash bench/gpu_serving_ab.sh        (OUT=$OUT on the device machine)
-set -uo pipefail
-OUT=${OUT:-/tmp/gpu_serving_ab}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-T0=$(date +%s)
-log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+source "$(dirname "$0")/device_call.sh" /tmp/gpu_serving_ab
 RATES=${RATES:-115,160,200} BASE_RATES=${BASE_RATES:-115,160} DURATION=${DURATION:-15}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .benchwhl/*.whl .gpuwhl/*.whl || exit 1
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
-lscpu | grep "Model name"
 log "checkpoint"
 PYTHONPATH=/tmp/site:$PWD python3 bench/tts_bench/build_ckpt.py --config 1.7B-Base --out /tmp/peer_ckpt/1.7B-Base \
   > "$OUT/build.log" 2>&1 || { tail -5 "$OUT/build.log"; exit 1; }
