@@ -1,15 +1,18 @@
 # Shared by the one-call GPU scripts (bench/gpu_*.sh; sourced, not run): the call's log under $OUT (everything
-# printed is also kept in OUT/LOG_FILE), a `log` with seconds since the call's start, the wheels carried in .benchwhl
-# (the server's) and .gpuwhl (pytest, httpx) installed into /tmp/site, and the card and host named.
-#   source "$(dirname "$0")/device_call.sh" DEFAULT_OUT [LOG_FILE]      (LOG_FILE: default log.txt)
+# printed is also kept in OUT/LOG_FILE), a `log` with seconds since the call's start, the carried wheels installed
+# into /tmp/site (WHEEL_DIRS: default .benchwhl, the server's, and .gpuwhl, pytest and httpx), and the card and host
+# named.
+#   [WHEEL_DIRS=".whl"] source "$(dirname "$0")/device_call.sh" DEFAULT_OUT [LOG_FILE]   (LOG_FILE: default log.txt)
 set -uo pipefail
 OUT=${OUT:-$1}
 mkdir -p "$OUT"
 export OUT T0=${T0:-$(date +%s)}
 exec > >(tee -a "$OUT/${2:-log.txt}") 2>&1
 log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+wheels=()
+for dir in ${WHEEL_DIRS:-.benchwhl .gpuwhl}; do wheels+=("$dir"/*.whl); done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .benchwhl/*.whl .gpuwhl/*.whl || exit 1
+  "${wheels[@]}" || exit 1
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 lscpu | grep "Model name"
