@@ -12,7 +12,7 @@ left() { echo $(( 585 - ($(date +%s) - T0) )); }
 log "faster-qwen3-tts"
 bash .peers/run_device.sh --engines faster --modes xvec --keep-ckpt --ckpt-root /tmp/peer_ckpt --n-long 200 \
   --n-short 50 --reps 2 --deadline-s 230 | tail -20
-rm -f "$OUT/nvidia-smi.txt"  # (the card is named above; the device tool brings back few files)
+rm -f "$OUT/nvidia-smi.txt" "$OUT"/build_*.json  # (the card is named above; the device tool brings back 8 files)
 python3 .peers/peer_bench.py export --inputs "$OUT"/peer_*.json --out "$OUT/peers.json" \
   --command "bash .peers/run_device.sh --engines faster --modes xvec --keep-ckpt --ckpt-root /tmp/peer_ckpt --n-long 200 --n-short 50 --reps 2"
 log "q3tts decode"
@@ -21,5 +21,5 @@ timeout $(( $(left) - 100 )) python3 bench/decode.py --sizes 0.6B-Base,1.7B-Base
   --out "$OUT/decode.json" 2>&1 | grep -v "^\s*$" | tail -25
 log "q3tts streaming"
 timeout "$(left)" python3 -m q3tts.cli bench streaming --sizes 1.7B-Base --reps 3 --ckpt-root /tmp/peer_ckpt \
-  --peer-results "$OUT/peer_1.7B-Base.json" --out "$OUT/streaming.json" 2>&1 | grep -v "^\s*$" | tail -25
+  --peer-results "$OUT/peer_1.7B-Base.json" --out "$OUT/streaming.json" 2>&1 | grep -v "^\s*$"
 log "done"

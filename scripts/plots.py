@@ -79,7 +79,7 @@ def rows(data: dict, **match) -> list[dict]:
 
 def decode_batch(out: Path) -> None:
     """q3tts's frame time at each batch size, both sizes, beside faster-qwen3-tts (batch 1 only) in the same run."""
-    name = "2026-11-29-decode-barrier-h200.json"
+    name = "2026-12-03-decode-peers-h200.json"
     data = load(name)
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.4), sharey=True)
     for ax, size in zip(axes, ("0.6B-Base", "1.7B-Base")):
@@ -88,14 +88,13 @@ def decode_batch(out: Path) -> None:
         for r in ours:
             ax.annotate(f"{r['ms_per_frame']:.2f}", (r["batch"], r["ms_per_frame"]), textcoords="offset points",
                         xytext=(0, 6), ha="center", fontsize=7, color=Q3TTS)
-        peer = [r for r in rows(data, engine="faster-qwen3-tts", model=size) if not r["audio_streaming"]]
-        ms = peer[0]["ms_per_frame_steady"]
+        ms = rows(data, engine="faster-qwen3-tts", model=size, benchmark="decode")[0]["ms_per_frame"]
         ax.plot([1], [ms], "s", color=PEER, label="faster-qwen3-tts (batch 1 only)")
         ax.annotate(f"{ms:.1f}", (1, ms), textcoords="offset points", xytext=(8, -3), fontsize=7, color=PEER)
         ax.axhline(80, color=GREY, lw=0.8, ls=":")
         ax.text(1, 80, " real time per stream (80 ms)", fontsize=7, color=GREY, va="bottom")
         ax.set(xscale="log", title=size, xlabel="batch size (streams decoded together)", ylim=(1.5, 120))
-        rate_ticks(ax, [1, 64, 128])
+        rate_ticks(ax, [1, 64, 128, 256])
         plain_log_y(ax, [2, 3, 5, 10, 20, 50, 80])
     axes[0].set_ylabel("ms per frame (80 ms of audio per stream)")
     axes[1].legend(loc="center right")
