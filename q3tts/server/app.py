@@ -62,7 +62,7 @@ def create_app(config: ServerConfig, tts: Any = None, start_ready: bool = False)
         metrics.engine_source = lambda: service.engine
         app.state.service, app.state.speaker = service, service
         service.on_give_up = getattr(app.state, "give_up", None)  # (serve(): the process exits)
-        core = CoreServer(service, config.core_socket) if config.core_socket else None
+        core = CoreServer(service, config.core_socket, app) if config.core_socket else None
         if core is not None:
             await core.start()
         starting = asyncio.create_task(service.start())

@@ -137,3 +137,18 @@ def test_the_front_relays_naris_live_text_protocol(servers):
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=30)
         assert ws.close_code == 1002
+
+
+def test_a_client_that_leaves_a_relayed_session_frees_its_row(servers):
+    """The session runs on the engine's route (link.py); a client that goes away mid-audio ends it there: the
+    engine's row is freed, and the next session through the front works."""
+    engine, front = servers
+    with connect(front.url.replace("http://", "ws://") + "/v1/audio/speech/ws", subprotocols=["nari.speech.v1"]) as ws:
+        ws.send(json.dumps({"type": "request.start", "voice": "ryan", "language": "english", "seed": SEED,
+                            "max_new_tokens": 400}))
+        ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": TEXT}))
+        while not isinstance(ws.recv(timeout=60), bytes):  # its audio has started
+            pass
+        assert engine.engine.num_running == 1
+    engine.wait_idle(timeout=30)
+    assert _nari_session(front.url)[2] == 1000

@@ -1,7 +1,9 @@
 """The speech path between the `--devices` front and an engine process (server/front/link.py): an engine process's app
 (uvicorn, tiny CustomVoice model on the CPU) with its core socket, spoken to by the front's client. The audio
 crosses unchanged (float32, equal to the same request run in-process), refusals arrive as the API errors a
-direct request gets, and a cancelled request or a front that goes away frees its row."""
+direct request gets, and a cancelled request or a front that goes away frees its row. A WebSocket session crosses
+as its ASGI events, to a route of the engine's app and back (tests/server/test_front.py compares whole sessions
+through the front with the same sessions sent to the engine directly)."""
 
 from __future__ import annotations
 
@@ -22,12 +24,14 @@ from q3tts.server.errors import APIError  # noqa: E402
 from q3tts.server.front.link import (  # noqa: E402
     AUDIO,
     MESSAGE,
+    SOCKET_END,
     CoreClient,
     CoreServer,
     CoreUnavailable,
     Parser,
     pack,
     pack_message,
+    socket_scope,
 )
 from q3tts.server.front.messages import Finished, Refused, Speak, SpeakAll, decode, encode  # noqa: E402
 from q3tts.server.schemas import SpeechRequest  # noqa: E402
@@ -175,3 +179,72 @@ def test_the_body_crosses_as_the_front_validated_it():
     assert isinstance(refused, RefusedAt) and refused.index == 1 and refused.error.param == "voice"
     with pytest.raises(ValueError, match="not a link message"):
         decode(pickle.dumps({"body": "{}"}))
+
+
+def test_a_websocket_session_runs_on_the_engines_app(tmp_path):
+    """The app (an ASGI callable) gets the scope the front gave, with the front's request id, a websocket.connect
+    and then the client's events in order; its events come back in order, then the end (1000; 1011 when it
+    failed). A front that goes away is a client gone (1006) to every session; the engine's drain closes them
+    with 1012 (the front's client is told) and the routes see their client gone."""
+    seen: dict[str, list] = {}
+
+    async def app(scope, receive, send):
+        got = seen.setdefault(scope["query_string"].decode(), [])
+        got.append((scope["path"], dict(scope["headers"])[b"x-request-id"], scope["subprotocols"]))
+        while (event := await receive())["type"] != "websocket.disconnect":
+            got.append(event)
+            if event["type"] == "websocket.connect":
+                await send({"type": "websocket.accept", "subprotocol": None})
+            elif event.get("text") == "fail":
+                raise RuntimeError("a route that fails")
+            else:
+                await send({"type": "websocket.send", "text": event["text"].upper()})
+        got.append(event)
+
+    scope = {"type": "websocket", "path": "/v1/audio/speech/ws", "raw_path": b"/v1/audio/speech/ws",
+             "query_string": b"", "headers": [(b"x-request-id", b"from-the-client"), (b"host", b"x")],
+             "subprotocols": ["nari.speech.v1"], "app": object(), "state": {"request_id": "r"}}
+
+    async def events(socket, n):
+        return [await asyncio.wait_for(socket.events.get(), 5) for _ in range(n)]
+
+    async def run():
+        server = CoreServer(None, str(tmp_path / "engine.sock"), app)
+        await server.start()
+        client = await CoreClient.connect(server.path)
+        for query in (b"a", b"b"):
+            socket = client.open_socket(socket_scope({**scope, "query_string": query}, f"front-{query.decode()}"))
+            for text in ("one", "two"):
+                socket.send({"type": "websocket.receive", "text": text})
+            accepted, one, two = await events(socket, 3)
+            assert accepted["type"] == "websocket.accept" and (one["text"], two["text"]) == ("ONE", "TWO")
+            if query == b"a":
+                socket.send({"type": "websocket.disconnect", "code": 1000})
+                assert await events(socket, 1) == [{"type": SOCKET_END, "code": 1000}]
+            else:
+                socket.send({"type": "websocket.receive", "text": "fail"})
+                assert await events(socket, 1) == [{"type": SOCKET_END, "code": 1011}]
+            socket.close()
+        assert seen["a"][0] == ("/v1/audio/speech/ws", b"front-a", ["nari.speech.v1"])
+        assert [e["type"] for e in seen["a"][1:]] == ["websocket.connect", "websocket.receive", "websocket.receive",
+                                                      "websocket.disconnect"]
+        # a front that goes away: its open sessions' routes see their client gone
+        socket = client.open_socket(socket_scope({**scope, "query_string": b"c"}, "front-c"))
+        await events(socket, 1)
+        client.close()
+        for _ in range(100):
+            if seen["c"][-1]["type"] == "websocket.disconnect":
+                break
+            await asyncio.sleep(0.02)
+        assert seen["c"][-1] == {"type": "websocket.disconnect", "code": 1006}
+        assert await asyncio.wait_for(socket.events.get(), 5) is None  # (the front's side: the engine is gone)
+        # the engine's drain: the front is told to close with 1012, the route sees its client gone
+        client = await CoreClient.connect(server.path)
+        socket = client.open_socket(socket_scope({**scope, "query_string": b"d"}, "front-d"))
+        await events(socket, 1)
+        await server.drain(5)
+        closed, end = await events(socket, 2)
+        assert closed["type"] == "websocket.close" and closed["code"] == 1012 and end["type"] == SOCKET_END
+        assert seen["d"][-1] == {"type": "websocket.disconnect", "code": 1012}
+
+    asyncio.run(run())

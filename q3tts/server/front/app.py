@@ -5,7 +5,8 @@ One `q3tts serve` process per device (its own engine and interpreter: no engine'
 on a loopback port, and this front in the main process. The front authenticates and bounds requests (guard.py), runs
 the speech route itself (parsing, encoding and writing every client's chunks: the HTTP work) and hands each speech
 request to the least-loaded ready engine over that engine's socket (link.py), whose process does the model's work
-alone; WebSocket sessions and the other routes it relays over HTTP. The least-loaded engine: the fewest requests and
+alone; a WebSocket session goes over that socket too (the front speaks the protocol, the engine's route runs on its
+events), the other routes it relays over HTTP. The least-loaded engine: the fewest requests and
 sessions the front has under way there (the front carries them all). A request whose engine cannot be reached goes
 to the next one. Voices live in one folder that every engine reads and changes (each change under the folder's
 lock: voice_store.py). An engine that exits or says it is unhealthy leaves the rotation (streams it was sending end
@@ -36,7 +37,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -55,7 +56,7 @@ from ..routes.websocket import send_error
 from ..schemas import SpeechRequest
 from ..speech import Speech
 from . import upstream
-from .link import CoreClient, CoreUnavailable
+from .link import SOCKET_END, CoreClient, CoreUnavailable, socket_scope
 from .upstream import Pool
 
 log = logging.getLogger("q3tts.server")
@@ -327,7 +328,7 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
             backend = backends.pick()
             backend.sessions += 1
             try:
-                await _relay(backend, websocket, [NARI_PROTOCOL])
+                await _relay(backend, websocket)
             finally:
                 backend.sessions -= 1
         except errors.APIError as e:
@@ -365,51 +366,56 @@ async def _forward(backend: Backend, request: Request, body: bytes) -> Response:
     return relayed
 
 
-async def _relay(backend: Backend, websocket: WebSocket, subprotocols: list[str] | None = None) -> None:
-    """A WebSocket session relayed to `backend`, both ways, until either side closes (offering `subprotocols`)."""
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import WebSocketException
-
-    url = backend.url.replace("http://", "ws://", 1) + _raw_target(websocket.scope)
-    headers = {"x-request-id": request_id_of(websocket.scope)}
-    if "authorization" in websocket.headers:
-        headers["authorization"] = websocket.headers["authorization"]
+async def _relay(backend: Backend, websocket: WebSocket) -> None:
+    """A WebSocket session the front accepted, run by `backend`'s own route over its speech connection (link.py:
+    the client's ASGI events there, the route's back), until either side closes."""
+    request_id = request_id_of(websocket.scope)
     try:
-        async with connect(url, additional_headers=headers, max_size=None, subprotocols=subprotocols,
-                           compression=None) as upstream:  # (no deflate: app.py says why)
-            async def client_to_engine() -> None:
-                with contextlib.suppress(WebSocketDisconnect):
-                    while (message := await websocket.receive())["type"] != "websocket.disconnect":
-                        await upstream.send(message.get("text") if message.get("text") is not None
-                                            else message["bytes"])
-                await upstream.close()
+        socket = (await backend.connect()).open_socket(socket_scope(websocket.scope, request_id))
+    except CoreUnavailable as e:
+        log.error("engine %d (%s) could not take a WebSocket session: %s", backend.index, backend.device, e)
+        raise errors.engine_failed(f"engine {backend.index} could not take the session") from e
+    send_timeout_s = websocket.app.state.config.send_timeout_s
+    engine_ended = False
 
-            async def engine_to_client() -> None:
-                async for message in upstream:
-                    sending = websocket.send_bytes(message) if isinstance(message, bytes) else \
-                        websocket.send_text(message)
-                    try:  # (a client that stops reading loses the session after send_timeout_s, as from an engine)
-                        await asyncio.wait_for(sending, websocket.app.state.config.send_timeout_s)
-                    except asyncio.TimeoutError:
-                        log.warning("websocket %s: the client stopped reading; session closed",
-                                    request_id_of(websocket.scope))
-                        drop_connection(websocket.scope)
-                        raise
+    async def client_to_engine() -> None:
+        while True:
+            event = await websocket.receive()
+            socket.send(event)
+            if event["type"] == "websocket.disconnect":
+                return
 
-            tasks = [asyncio.create_task(client_to_engine()), asyncio.create_task(engine_to_client())]
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in tasks:
-                task.cancel()
-            ended = await asyncio.gather(*tasks, return_exceptions=True)  # (a dropped engine: the close code)
-            if isinstance(ended[1], asyncio.TimeoutError):
-                return  # the client stopped reading: its connection is dropped already
-    except (OSError, WebSocketException) as e:
-        log.error("engine %d (%s) dropped a WebSocket session: %s", backend.index, backend.device, e)
-        raise errors.engine_failed(f"engine {backend.index} ended the session: {e}") from e
-    if upstream.close_code in (None, 1006):  # the engine went away without a closing handshake
+    async def engine_to_client() -> None:
+        nonlocal engine_ended
+        while (event := await socket.events.get()) is not None:
+            kind = event["type"]
+            if kind == "websocket.send":
+                try:  # (a client that stops reading loses the session after send_timeout_s, as from one process)
+                    await asyncio.wait_for(websocket.send(event), send_timeout_s)
+                except asyncio.TimeoutError:
+                    log.warning("websocket %s: the client stopped reading; session closed", request_id)
+                    drop_connection(websocket.scope)
+                    return
+            elif kind in ("websocket.close", SOCKET_END):  # (websocket.accept: the front accepted it already)
+                engine_ended = True
+                with contextlib.suppress(Exception):
+                    await websocket.close(event.get("code", 1000), event.get("reason"))
+                return
+        log.error("engine %d (%s) went away mid-session", backend.index, backend.device)
         raise errors.engine_failed(f"engine {backend.index} ended the session without closing it")
-    with contextlib.suppress(Exception):
-        await websocket.close(upstream.close_code)
+
+    tasks = [asyncio.create_task(client_to_engine()), asyncio.create_task(engine_to_client())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        if not engine_ended:  # (the client left, stopped reading or failed a send, or the front stops: the route
+            socket.send({"type": "websocket.disconnect", "code": 1006})  # ends and frees its row)
+        socket.close()
+    ended = await asyncio.gather(*tasks, return_exceptions=True)
+    if isinstance(ended[1], errors.APIError):
+        raise ended[1]
 
 
 def merged_metrics(texts: list[str]) -> bytes:

@@ -8,7 +8,10 @@ a request's validated body (`Speak`, messages.py; a dialogue's turns together: `
 may cancel it (`Cancel`); the engine answers `Accepted` (the audio will follow) or `Refused` (the API error a direct
 request would get), then sends the stream's float32 PCM as
 the engine hands it out (AUDIO, unchanged) and its end (`Finished` with the finish reason, or `Failed` with the
-engine's error). Every message is a 9-byte header (kind: MESSAGE or AUDIO, stream number, payload length) and its
+engine's error). A WebSocket session the front accepted crosses on a stream of its own as ASGI events
+(`SocketOpen`, then `SocketEvent`s both ways): the engine process runs its own route for it (`_EngineSide._socket`),
+so that the session's messages pass one WebSocket stack, the front's, instead of a relay's two (perf-notes 123).
+Every message is a 9-byte header (kind: MESSAGE or AUDIO, stream number, payload length) and its
 payload. The socket lives in a folder
 only its user can enter: whoever reaches it may speak without the API key, as the front itself does.
 """
@@ -30,12 +33,29 @@ from ...engine.stream import END
 from .. import errors
 from ..schemas import SpeechRequest
 from ..speech import RefusedAt, Speaker, Speech, SpeechStream
-from .messages import Accepted, Cancel, Failed, Finished, Message, Refused, Speak, SpeakAll, decode, encode
+from .messages import (
+    Accepted,
+    Cancel,
+    Failed,
+    Finished,
+    Message,
+    Refused,
+    SocketEvent,
+    SocketOpen,
+    Speak,
+    SpeakAll,
+    decode,
+    encode,
+)
 
 log = logging.getLogger("q3tts.server")
 MESSAGE, AUDIO = range(2)  # a typed message (messages.py), a stream's PCM
 HEADER = struct.Struct("<BII")  # kind, stream number, payload bytes
 CONNECT_TIMEOUT_S = 5.0
+SOCKET_END = "q3tts.socket.end"  # a relayed session's last event: its route returned (`code`: how the front closes)
+# What of a WebSocket's ASGI scope crosses to the engine (not the app, the router, the transport or the state)
+SCOPE_KEYS = ("type", "asgi", "http_version", "scheme", "path", "raw_path", "root_path", "query_string", "headers",
+              "subprotocols", "client", "server")
 
 
 class CoreUnavailable(OSError):
@@ -96,10 +116,11 @@ class _Writer:
 # ---- the engine process's side --------------------------------------------------------------------------------
 
 class CoreServer:
-    """Listens on `path` in the engine process and speaks what arrives through `speaker` (the speech service)."""
+    """Listens on `path` in the engine process and speaks what arrives through `speaker` (the speech service); the
+    WebSocket sessions relayed to it run on `app` (the engine process's ASGI app: its routes and middleware)."""
 
-    def __init__(self, speaker: Speaker, path: str):
-        self.speaker, self.path = speaker, path
+    def __init__(self, speaker: Speaker, path: str, app: Any = None):
+        self.speaker, self.path, self.app = speaker, path, app
         self.server: asyncio.AbstractServer | None = None
         self.connections: set[_EngineSide] = set()
 
@@ -112,6 +133,8 @@ class CoreServer:
         """Stops listening and lets the streams in flight finish for up to `timeout_s`."""
         if self.server is not None:
             self.server.close()
+        for connection in self.connections:  # (sessions are closed at once, as uvicorn closes its own: 1012)
+            connection.close_sockets(1012)
         tasks = [t for c in self.connections for t in c.tasks.values()]
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
@@ -124,6 +147,7 @@ class _EngineSide(asyncio.Protocol):
         self.server, self.parser = server, Parser()
         self.tasks: dict[int, asyncio.Task] = {}  # per stream number: preparing, then streaming
         self.streams: dict[int, SpeechStream] = {}  # submitted
+        self.sockets: dict[int, asyncio.Queue] = {}  # relayed WebSocket sessions: the client's events for the route
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -142,6 +166,13 @@ class _EngineSide(asyncio.Protocol):
                 self._start(number, self._speak_all(message))
             elif isinstance(message, Cancel):
                 self._cancel(number)
+            elif isinstance(message, SocketOpen) and self.server.app is not None and number not in self.tasks:
+                inbox = self.sockets[number] = asyncio.Queue()  # (now: the events that follow in this read)
+                inbox.put_nowait({"type": "websocket.connect"})
+                self._start(number, self._socket(number, message.scope, inbox))
+            elif isinstance(message, SocketEvent):
+                if (inbox := self.sockets.get(number)) is not None:  # (else its route returned: nobody reads it)
+                    inbox.put_nowait(message.event)
             else:
                 log.error("the front sent what an engine does not take (kind %d): closing its connection", kind)
                 self.transport.close()
@@ -149,8 +180,18 @@ class _EngineSide(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        for number in list(self.tasks):  # the front went away: nobody reads these streams
-            self._cancel(number)
+        for inbox in self.sockets.values():  # the front went away: its sessions' clients with it
+            inbox.put_nowait({"type": "websocket.disconnect", "code": 1006})
+        for number in list(self.tasks):  # nobody reads these streams
+            if number not in self.sockets:
+                self._cancel(number)
+
+    def close_sockets(self, code: int) -> None:
+        """Closes every relayed session now (the front closes its client with `code`; the route sees the client
+        gone)."""
+        for number, inbox in self.sockets.items():
+            self.out.send(pack_message(number, SocketEvent({"type": "websocket.close", "code": code, "reason": ""})))
+            inbox.put_nowait({"type": "websocket.disconnect", "code": code})
 
     def _start(self, number: int, work: Coroutine[Any, Any, None]) -> None:
         task = self.tasks[number] = asyncio.get_running_loop().create_task(work)
@@ -184,6 +225,25 @@ class _EngineSide(asyncio.Protocol):
         for number, speech in zip(request.numbers, speeches):
             self.streams[number] = speech.stream  # (before its task runs: a Cancel meanwhile finds it)
             self._start(number, self._send(number, speech))
+
+    async def _socket(self, number: int, scope: dict, inbox: asyncio.Queue) -> None:
+        """A WebSocket session the front accepted, run by the app's route on the events the front sends (`inbox`,
+        a websocket.connect first, as a server's); the route's events go back as they come. A route that fails
+        ends the session as uvicorn ends it, with 1011."""
+        out = self.out
+
+        async def send(event: dict) -> None:  # (a function: the app's middleware looks for a transport on a method's
+            out.send(pack_message(number, SocketEvent(event)))  # object, and this link's is not the client's)
+
+        code = 1000
+        try:
+            await self.server.app({**scope, "state": {}, "extensions": {}}, inbox.get, send)
+        except Exception:
+            log.exception("a WebSocket session from the front failed")
+            code = 1011
+        finally:
+            del self.sockets[number]
+            out.send(pack_message(number, SocketEvent({"type": SOCKET_END, "code": code})))
 
     async def _send(self, number: int, speech: Speech) -> None:
         """An accepted request's audio, then its end."""
@@ -222,6 +282,7 @@ class CoreClient(asyncio.Protocol):
     def __init__(self):
         self.parser, self.numbers = Parser(), itertools.count()
         self.streams: dict[int, RemoteStream] = {}
+        self.sockets: dict[int, RemoteSocket] = {}
         self.closed = False
 
     @classmethod
@@ -262,6 +323,16 @@ class CoreClient(asyncio.Protocol):
             raise
         return [Speech(s, a.input_tokens, a.sample_rate) for s, a in zip(streams, accepted)]
 
+    def open_socket(self, scope: dict) -> RemoteSocket:
+        """A WebSocket session (its ASGI `scope`, `socket_scope`) run by the engine's route: its events to and from
+        it (`RemoteSocket`)."""
+        if self.closed:
+            raise CoreUnavailable("the engine's connection is closed")
+        socket = RemoteSocket(self, next(self.numbers) & 0xFFFFFFFF)
+        self.sockets[socket.number] = socket
+        self.transport.write(pack_message(socket.number, SocketOpen(scope)))
+        return socket
+
     def _open(self, request_id: str) -> RemoteStream:
         if self.closed:
             raise CoreUnavailable("the engine's connection is closed")
@@ -275,8 +346,10 @@ class CoreClient(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         for kind, number, payload in self.parser.feed(data):
             stream = self.streams.get(number)
-            if stream is None:  # cancelled here: what was under way when the engine heard of it
-                continue
+            if stream is None:
+                if (socket := self.sockets.get(number)) is not None:
+                    socket.events.put_nowait(decode(payload).event)  # type: ignore[union-attr]
+                continue  # (else cancelled here: what was under way when the engine heard of it)
             if kind == AUDIO:
                 stream.queue.put_nowait(np.frombuffer(payload, dtype=np.float32))
                 continue
@@ -293,6 +366,8 @@ class CoreClient(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        for socket in self.sockets.values():
+            socket.events.put_nowait(None)
         for stream in list(self.streams.values()):
             stream.end(EngineError("the engine process went away mid-stream"),
                        accepted=CoreUnavailable("the engine process went away before it answered"))
@@ -334,3 +409,28 @@ class RemoteStream:
             self.client.streams.pop(self.number, None)
             if not self.client.closed:
                 self.client.transport.write(pack_message(self.number, Cancel()))
+
+
+class RemoteSocket:
+    """A WebSocket session run by an engine process's route (`CoreClient.open_socket`): `send` gives it the client's
+    ASGI events, `events` holds its own as they come (None: the engine went away), `close` forgets it."""
+
+    def __init__(self, client: CoreClient, number: int):
+        self.client, self.number = client, number
+        self.events: asyncio.Queue = asyncio.Queue()
+
+    def send(self, event: dict) -> None:
+        if not self.client.closed:
+            self.client.transport.write(pack_message(self.number, SocketEvent(event)))
+
+    def close(self) -> None:
+        self.client.sockets.pop(self.number, None)
+
+
+def socket_scope(scope: dict, request_id: str) -> dict:
+    """What of a WebSocket's ASGI scope the engine's route is given (`SCOPE_KEYS`), the front's request id in its
+    x-request-id header (the engine logs the session under it)."""
+    out = {key: scope[key] for key in SCOPE_KEYS if key in scope}
+    out["headers"] = [(k, v) for k, v in scope.get("headers", []) if k != b"x-request-id"]
+    out["headers"].append((b"x-request-id", request_id.encode("latin-1")))
+    return out

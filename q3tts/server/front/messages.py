@@ -2,6 +2,10 @@
 `EngineCoreOutputs` and mini-sglang's `message/`: one dataclass per message, the body inside `Speak` the
 `SpeechRequest` the front validated (the engine process reads it as it is: parsed and validated once).
 
+A WebSocket session crosses as its ASGI events (`SocketOpen`, then `SocketEvent`s both ways): the front speaks the
+WebSocket protocol with the client and the engine process runs the session's route on those events, with no
+WebSocket (and no HTTP) between the two.
+
 On the socket a message is pickled: both ends are this package, in processes of one user, behind a socket only that
 user can reach (link.py). The audio, the one message of the hot path, is not one of these: its float32 bytes cross
 as they are (link.AUDIO).
@@ -38,6 +42,23 @@ class SpeakAll:
 @dataclass(frozen=True)
 class Cancel:
     """Front -> engine: the client went away; free the request's row."""
+
+
+@dataclass(frozen=True)
+class SocketOpen:
+    """Front -> engine: a WebSocket session the front accepted, run by the engine's own routes as if it had come to
+    its HTTP port (`scope`: what of the ASGI scope crosses, `link.socket_scope`); its events follow."""
+
+    scope: dict
+
+
+@dataclass(frozen=True)
+class SocketEvent:
+    """Either way, one ASGI event of a session of `SocketOpen`: the client's (websocket.receive, websocket.disconnect)
+    to the engine, its app's (websocket.accept, websocket.send, websocket.close, and `SOCKET_END` once the app
+    returned) to the front."""
+
+    event: dict
 
 
 @dataclass(frozen=True)
@@ -84,8 +105,8 @@ class Failed:
     message: str
 
 
-Message = Speak | SpeakAll | Cancel | Accepted | Refused | Finished | Failed
-MESSAGES = (Speak, SpeakAll, Cancel, Accepted, Refused, Finished, Failed)
+Message = Speak | SpeakAll | Cancel | SocketOpen | SocketEvent | Accepted | Refused | Finished | Failed
+MESSAGES = (Speak, SpeakAll, Cancel, SocketOpen, SocketEvent, Accepted, Refused, Finished, Failed)
 
 
 def encode(message: Message) -> bytes:
