@@ -36,6 +36,8 @@ KINDS = {  # the name's benchmark -> what it measures (bench/README.md has the c
     "live-text": "bench/live_text.py: live text against sentence cuts, first audio after the first word and "
                  "final-text latency",
     "dialogue": "bench/dialogue.py: a dialogue's turns at once against one turn and against one by one (CPU)",
+    "ws-relay": "bench/ws_relay_cpu.py: the CPU a live-text WebSocket session costs the front and its engine "
+                "process, old tree against new",
 }
 MISSING_FIELDS = {  # written before the benchmark recorded its card and commit: from the commit that added the file
     "2026-12-02-audio-fidelity-cpu.json": {"card": "CPU (2 cores)", "commit": "146e9a2"},
