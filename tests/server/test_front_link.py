@@ -248,3 +248,35 @@ def test_a_websocket_session_runs_on_the_engines_app(tmp_path):
         assert seen["d"][-1] == {"type": "websocket.disconnect", "code": 1012}
 
     asyncio.run(run())
+
+
+def test_a_client_that_floods_a_relayed_session_loses_it(tmp_path, monkeypatch):
+    """Client events pile up unread (a route that reads slower than its client sends): past MAX_UNREAD_EVENTS the
+    front is told to close the session with 1008 and the route, once it has read what came, sees its client gone;
+    nothing more is kept for it."""
+    monkeypatch.setattr("q3tts.server.front.link.MAX_UNREAD_EVENTS", 50)
+    reading, got = asyncio.Event(), []
+
+    async def app(scope, receive, send):
+        await reading.wait()
+        while (event := await receive())["type"] != "websocket.disconnect":
+            got.append(event)
+        got.append(event)
+
+    async def run():
+        server = CoreServer(None, str(tmp_path / "engine.sock"), app)
+        await server.start()
+        client = await CoreClient.connect(server.path)
+        socket = client.open_socket(socket_scope({"type": "websocket", "path": "/x", "headers": []}, "flood"))
+        for i in range(200):
+            socket.send({"type": "websocket.receive", "text": str(i)})
+        closed = await asyncio.wait_for(socket.events.get(), 5)
+        assert closed["type"] == "websocket.close" and closed["code"] == 1008
+        reading.set()
+        assert (await asyncio.wait_for(socket.events.get(), 5))["type"] == SOCKET_END
+        assert got[0]["type"] == "websocket.connect" and got[-1] == {"type": "websocket.disconnect", "code": 1008}
+        assert [e["text"] for e in got[1:-1]] == [str(i) for i in range(49)]  # (the connect is the 50th unread)
+        client.close()
+        await server.drain(1)
+
+    asyncio.run(run())

@@ -53,6 +53,9 @@ MESSAGE, AUDIO = range(2)  # a typed message (messages.py), a stream's PCM
 HEADER = struct.Struct("<BII")  # kind, stream number, payload bytes
 CONNECT_TIMEOUT_S = 5.0
 SOCKET_END = "q3tts.socket.end"  # a relayed session's last event: its route returned (`code`: how the front closes)
+# A relayed session's client events its route has not read yet, at most: a client that sends faster than its route
+# reads (a TCP connection's buffers would have held it back) loses the session (1008) instead of growing them.
+MAX_UNREAD_EVENTS = 65536
 # What of a WebSocket's ASGI scope crosses to the engine (not the app, the router, the transport or the state)
 SCOPE_KEYS = ("type", "asgi", "http_version", "scheme", "path", "raw_path", "root_path", "query_string", "headers",
               "subprotocols", "client", "server")
@@ -172,7 +175,7 @@ class _EngineSide(asyncio.Protocol):
                 self._start(number, self._socket(number, message.scope, inbox))
             elif isinstance(message, SocketEvent):
                 if (inbox := self.sockets.get(number)) is not None:  # (else its route returned: nobody reads it)
-                    inbox.put_nowait(message.event)
+                    self._to_route(number, inbox, message.event)
             else:
                 log.error("the front sent what an engine does not take (kind %d): closing its connection", kind)
                 self.transport.close()
@@ -185,6 +188,18 @@ class _EngineSide(asyncio.Protocol):
         for number in list(self.tasks):  # nobody reads these streams
             if number not in self.sockets:
                 self._cancel(number)
+
+    def _to_route(self, number: int, inbox: asyncio.Queue, event: dict) -> None:
+        unread = inbox.qsize()
+        if unread < MAX_UNREAD_EVENTS:
+            inbox.put_nowait(event)
+        elif unread == MAX_UNREAD_EVENTS:  # (once: the route sees its client gone after what it has)
+            log.warning("a WebSocket session from the front sent %d messages its route had not read: closed",
+                        unread)
+            reason = "messages sent faster than the server reads them"
+            self.out.send(pack_message(number, SocketEvent({"type": "websocket.close", "code": 1008,
+                                                            "reason": reason})))
+            inbox.put_nowait({"type": "websocket.disconnect", "code": 1008})
 
     def close_sockets(self, code: int) -> None:
         """Closes every relayed session now (the front closes its client with `code`; the route sees the client
