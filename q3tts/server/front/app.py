@@ -376,14 +376,13 @@ async def _relay(backend: Backend, websocket: WebSocket) -> None:
         log.error("engine %d (%s) could not take a WebSocket session: %s", backend.index, backend.device, e)
         raise errors.engine_failed(f"engine {backend.index} could not take the session") from e
     send_timeout_s = websocket.app.state.config.send_timeout_s
-    engine_ended = False
+    engine_ended, client_code = False, 1006  # (1006: the client did not close; it stopped reading, or the front stops)
 
     async def client_to_engine() -> None:
-        while True:
-            event = await websocket.receive()
+        nonlocal client_code
+        while (event := await websocket.receive())["type"] != "websocket.disconnect":
             socket.send(event)
-            if event["type"] == "websocket.disconnect":
-                return
+        client_code = event.get("code", 1000)
 
     async def engine_to_client() -> None:
         nonlocal engine_ended
@@ -411,7 +410,7 @@ async def _relay(backend: Backend, websocket: WebSocket) -> None:
         for task in tasks:
             task.cancel()
         if not engine_ended:  # (the client left, stopped reading or failed a send, or the front stops: the route
-            socket.send({"type": "websocket.disconnect", "code": 1006})  # ends and frees its row)
+            socket.send({"type": "websocket.disconnect", "code": client_code})  # ends and frees its row)
         socket.close()
     ended = await asyncio.gather(*tasks, return_exceptions=True)
     if isinstance(ended[1], errors.APIError):

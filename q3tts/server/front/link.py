@@ -196,17 +196,17 @@ class _EngineSide(asyncio.Protocol):
         elif unread == MAX_UNREAD_EVENTS:  # (once: the route sees its client gone after what it has)
             log.warning("a WebSocket session from the front sent %d messages its route had not read: closed",
                         unread)
-            reason = "messages sent faster than the server reads them"
-            self.out.send(pack_message(number, SocketEvent({"type": "websocket.close", "code": 1008,
-                                                            "reason": reason})))
-            inbox.put_nowait({"type": "websocket.disconnect", "code": 1008})
+            self._close_socket(number, inbox, 1008, "messages sent faster than the server reads them")
 
     def close_sockets(self, code: int) -> None:
-        """Closes every relayed session now (the front closes its client with `code`; the route sees the client
-        gone)."""
+        """Closes every relayed session now."""
         for number, inbox in self.sockets.items():
-            self.out.send(pack_message(number, SocketEvent({"type": "websocket.close", "code": code, "reason": ""})))
-            inbox.put_nowait({"type": "websocket.disconnect", "code": code})
+            self._close_socket(number, inbox, code)
+
+    def _close_socket(self, number: int, inbox: asyncio.Queue, code: int, reason: str = "") -> None:
+        """The front closes the session's client with `code`; the route, after what it has, sees its client gone."""
+        self.out.send(pack_message(number, SocketEvent({"type": "websocket.close", "code": code, "reason": reason})))
+        inbox.put_nowait({"type": "websocket.disconnect", "code": code})
 
     def _start(self, number: int, work: Coroutine[Any, Any, None]) -> None:
         task = self.tasks[number] = asyncio.get_running_loop().create_task(work)
