@@ -188,7 +188,8 @@ def test_a_closed_event_loop_does_not_stop_the_engine(tts, reference, engine):
 
     kept = loop.run_until_complete(start_and_leave())
     loop.close()
-    wait_until(lambda: engine.num_running == 0)
+    # (its row goes before its stream is ended, in one boundary: wait for both, not the row count alone)
+    wait_until(lambda: kept.channel.finished and engine.num_running == 0)
     assert engine.healthy and kept.channel.finish_reason == "cancelled"
     assert_close(submit(engine, tts, 3, True).read_all(), alone(reference, 3, True))
 
