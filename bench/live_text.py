@@ -10,6 +10,9 @@ session, from the caller's side (p50 and p95 over sessions and runs):
   final_text_latency_ms: the end of the text -> the first audio chunk after it (tts-bench's "final text to first
   playable": how long the listener waits once the LLM is done);
   final_text_to_done_ms: the end of the text -> the last audio.
+`--prompts combined separate`: each setting twice on the same engine, with the prompts that sessions ask for at once
+built together (`combined`: TTS.prepare's PromptCombiner, the default) and each built alone (`separate`: the
+tree before it, `prepare_many([request])` per session), the row's "prompts" field saying which.
 Prints a table and writes JSON in the shared results format (bench/results/, /work/shared/bench/RESULTS.md).
 
     python bench/live_text.py --model tiny --runs 3 --out bench/results/2026-12-02-live-text-cpu.json
@@ -127,12 +130,18 @@ def main() -> None:
         tts = TTS.from_pretrained(args.model, device=device)
     kwargs = {"speaker": "ryan", "language": "english", "seed": 1}
     list(tts.stream("Warm up.", **kwargs, max_new_tokens=4))
-    rows = [measure(tts, mode, interval, args.runs, sessions, kwargs)
-            for sessions in args.sessions for interval in args.intervals for mode in ("live", "sentence_cut")]
-    print(f"{'sessions':>8} {'mode':<14}{'word every':>12}{'first audio after 1st word':>30}{'final-text latency':>22}"
-          f"{'final text -> done':>22}")
+    rows = []
+    for prompts in args.prompts:
+        if prompts == "separate":
+            tts.prepare = lambda request: tts.prepare_many([request])[0]
+        else:
+            vars(tts).pop("prepare", None)
+        rows += [{**measure(tts, mode, interval, args.runs, sessions, kwargs), "prompts": prompts}
+                 for sessions in args.sessions for interval in args.intervals for mode in args.modes]
+    print(f"{'prompts':<10}{'sessions':>8} {'mode':<14}{'word every':>12}{'first audio after 1st word':>30}"
+          f"{'final-text latency':>22}{'final text -> done':>22}")
     for r in rows:
-        print(f"{r['batch']:>8} {r['mode']:<14}{r['word_interval_ms']:>9.0f} ms"
+        print(f"{r['prompts']:<10}{r['batch']:>8} {r['mode']:<14}{r['word_interval_ms']:>9.0f} ms"
               f"{r['first_audio_after_first_word_ms_p50']:>27.1f} ms"
               f"{r['final_text_latency_ms_p50']:>19.1f} ms{r['final_text_to_done_ms_p50']:>19.1f} ms")
     if args.out:
@@ -154,6 +163,9 @@ if __name__ == "__main__":
     parser.add_argument("--intervals", type=float, nargs="+", default=[10.0, 100.0], help="ms between words")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1], help="sessions at once (started together)")
+    parser.add_argument("--modes", nargs="+", default=["live", "sentence_cut"], choices=["live", "sentence_cut"])
+    parser.add_argument("--prompts", nargs="+", default=["combined"], choices=["combined", "separate"],
+                        help="prompts asked for at once built together (combined) or each alone (separate)")
     parser.add_argument("--out", default=None, help="the JSON result file")
     args = parser.parse_args()
     main()

@@ -1,10 +1,11 @@
 """`EngineHost`: a loaded model's one engine, built on first use, and the way requests get onto it (prompts built
-on a CUDA stream of their own, then submitted). `TTS` is one; every entry point, the drop-in's included, submits
-through these methods."""
+on a CUDA stream of their own, those asked for by several threads at once in one batch, then submitted). `TTS` is
+one; every entry point, the drop-in's included, submits through these methods."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Self
 
 import torch
@@ -33,6 +34,7 @@ class EngineHost:
         self._engine: Engine | None = None
         self._engine_lock = threading.Lock()
         self._prompt_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._prompts = PromptCombiner(lambda requests: self.prepare_many(requests))  # (looked up per call)
 
     @property
     def engine(self) -> Engine:
@@ -77,8 +79,10 @@ class EngineHost:
         return self.engine.context_limit()
 
     def prepare(self, request: Request) -> Prompt:
-        """The request's prompt embeddings (see `prepare_many`)."""
-        return self.prepare_many([request])[0]
+        """The request's prompt embeddings (see `prepare_many`), built with those that other threads ask for
+        meanwhile (`PromptCombiner`: 64 live sessions whose first words come together build their prompts in a
+        few batches, not one after another)."""
+        return self._prompts.build(request)
 
     def prepare_many(self, requests: list[Request]) -> list[Prompt]:
         """The requests' prompt embeddings, built together (`q3tts.request.prompt.build_prompts`: in bf16/fp16 their
@@ -115,3 +119,86 @@ class EngineHost:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class PromptCombiner:
+    """`prepare_many` for requests that come one at a time from many threads: a thread whose request arrives while
+    a batch is being built waits, and the first of those waiting then builds every request that arrived meanwhile
+    (one batch, one synchronization of the prompt stream) and hands each thread its prompt; a lone request is
+    built at once, in its own thread. A batch that fails is built again request by request, so that one bad
+    request fails alone. (`q3tts.server.service.PromptBatcher` is the same rule for an event loop's requests.)"""
+
+    def __init__(self, prepare_many: Callable[[list[Request]], list[Prompt]]):
+        self._prepare_many = prepare_many
+        self._lock = threading.Lock()
+        self._waiting: list[_Wanted] = []
+        self._building = False
+
+    def build(self, request: Request) -> Prompt:
+        wanted = _Wanted(request)
+        with self._lock:
+            self._waiting.append(wanted)
+            leads, self._building = not self._building, True
+        if not leads:
+            try:
+                wanted.ready.wait()  # (set when its prompt is built, or when it is to build the next batch)
+            except BaseException:  # (interrupted, Ctrl-C in the main thread: it leaves, its turn passes on)
+                self._leave(wanted)
+                raise
+        if wanted.outcome is None:
+            self._build_next()
+        if isinstance(wanted.outcome, BaseException):
+            raise wanted.outcome
+        return wanted.outcome
+
+    def _build_next(self) -> None:
+        """Builds every request waiting (this thread's among them), then wakes the first to arrive since, to build
+        the next batch."""
+        with self._lock:
+            batch, self._waiting = self._waiting, []
+        requests, outcomes = [w.request for w in batch], None
+        try:
+            try:
+                outcomes = self._prepare_many(requests)
+            except Exception as e:
+                outcomes = [e] if len(batch) == 1 else [_outcome(self._prepare_many, r) for r in requests]
+        except BaseException as e:  # (interrupted: the batch's other threads must not wait for ever)
+            outcomes = [e] * len(batch)
+            raise
+        finally:
+            with self._lock:
+                for w, outcome in zip(batch, outcomes):
+                    w.outcome = outcome
+                    w.ready.set()
+                self._pass_on()
+
+
+    def _leave(self, wanted: _Wanted) -> None:
+        with self._lock:
+            if wanted in self._waiting:
+                self._waiting.remove(wanted)
+            if wanted.ready.is_set() and wanted.outcome is None:  # (it was to build the next batch)
+                self._pass_on()
+
+    def _pass_on(self) -> None:
+        """The first request waiting builds the next batch; none: the next to come does. Call with the lock."""
+        if self._waiting:
+            self._waiting[0].ready.set()
+        else:
+            self._building = False
+
+
+class _Wanted:
+    """One thread's request in `PromptCombiner`: its prompt (or error) once built."""
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.ready = threading.Event()
+        self.outcome: Prompt | BaseException | None = None
+
+
+def _outcome(prepare_many: Callable[[list[Request]], list[Prompt]], request: Request) -> Prompt | Exception:
+    try:
+        return prepare_many([request])[0]
+    except Exception as e:
+        return e

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("q3tts.server")
 _ids = itertools.count()
 PREPARE_THREADS = 2
+LIVE_START_THREADS = 32  # (they wait in TTS.prepare's batches: see Preparation)
 T = TypeVar("T")
 HTTP_NAMES = {"text": "input", "instruct": "instructions", "speaker": "voice"}  # Python argument -> HTTP field
 HTTP_VALUES = {"x_vector_only_mode=False": "x_vector_only_mode=false",  # a Python value in JSON's spelling
@@ -239,12 +240,16 @@ class Preparation:
     """Where requests are validated and their prompts built, off the event loop: on two threads of the service's own,
     not asyncio's default pool (up to 32 threads): every thread that holds the interpreter delays the engine thread's
     next frame (on a GPU they keep no OpenMP teams: each would slow the other's CPU ops); the prompts of requests
-    that arrive together are built in one batch (`PromptBatcher`)."""
+    that arrive together are built in one batch (`PromptBatcher`). A live request's appends until its prompt is
+    built run on threads of their own, as many as sessions start together (up to 32): the append that completes a
+    prompt builds it through `TTS.prepare`, which builds the prompts that threads ask for meanwhile in one batch,
+    so those threads wait there and do not hold the interpreter (on two threads, a burst of sessions would build
+    its prompts one after another)."""
 
     def __init__(self, tts: TTS, config: ServerConfig):
         self.tts, self.config = tts, config
-        self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="q3tts-prepare",
-                                           initializer=one_cpu_thread_on_gpu, initargs=(tts.device,))
+        self._workers = _threads(PREPARE_THREADS, "q3tts-prepare", tts)
+        self._live_starts = _threads(LIVE_START_THREADS, "q3tts-live-start", tts)
         self._prompts = PromptBatcher(lambda requests: self.in_worker(self.tts.prepare_many, requests))
 
     async def prepare(self, text: str, s: SpeechSettings, choice: VoiceChoice,
@@ -259,11 +264,11 @@ class Preparation:
             raise api_error(e) from e
 
     async def feed_live(self, live: LiveRequest, method: Callable[..., None], *args: Any) -> None:
-        """`method(*args)` of a live request (its append or end): in a worker thread while the request's prompt is
-        still to be built (the text token that completes it builds it: device work, kept off the event loop as
+        """`method(*args)` of a live request (its append or end): in a thread of its own while the request's prompt
+        is still to be built (the text token that completes it builds it: device work, kept off the event loop as
         `prepare` keeps it), inline once it is built (then an append only tokenizes)."""
         if not live.started:
-            await self.in_worker(method, *args)
+            await asyncio.get_running_loop().run_in_executor(self._live_starts, method, *args)
         else:
             method(*args)
 
@@ -273,11 +278,16 @@ class Preparation:
 
     def close(self) -> None:
         self._workers.shutdown(wait=False)
+        self._live_starts.shutdown(wait=False)
 
     def _requests(self, text: str, s: SpeechSettings, choice: VoiceChoice, seed: int | None) -> list[Request]:
         return self.tts.pieces(text, speaker=choice.speaker, voice=choice.voice, instruct=choice.instruct,
                                language=choice.language, non_streaming_mode=s.non_streaming_mode, seed=seed,
                                runaway_guard=self.config.runaway_guard, **s.sampling())
+
+
+def _threads(n: int, name: str, tts: TTS) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(n, thread_name_prefix=name, initializer=one_cpu_thread_on_gpu, initargs=(tts.device,))
 
 
 class PromptBatcher:

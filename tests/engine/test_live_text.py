@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -194,3 +195,45 @@ def test_parked_rows_are_preempted_and_come_back_exactly(tmp_path_factory):
         np.testing.assert_array_equal(got, want)
     assert tts.engine.runner.kv.num_free == tts.engine.runner.kv.num_blocks - 1
     tts.close()
+
+
+def test_live_requests_started_together_give_their_own_codes(models, monkeypatch):
+    """Their first words come together from four threads: their prompts are built in one batch after the first
+    (api/engine_host.py, PromptCombiner), and each request's codes are those it gives alone."""
+    tts, voice = models["custom_voice"]
+    batches, hold = [], threading.Event()
+    original = tts.prepare_many
+
+    def prepare_many(requests):
+        batches.append(len(requests))
+        if hold.is_set() and len(batches) == 1:  # (the first of the threads started together: the others come)
+            deadline = time.monotonic() + 10
+            while len(tts._prompts._waiting) < 3:
+                assert time.monotonic() < deadline, "timed out"
+                time.sleep(0.002)
+        return original(requests)
+
+    monkeypatch.setattr(tts, "prepare_many", prepare_many)
+    texts = [f"Live request number {i}." for i in range(4)]
+    start = threading.Barrier(len(texts))
+
+    def run(i: int, together: bool) -> np.ndarray:
+        request = tts.live(max_new_tokens=8, seed=i, **voice)
+        stream = iter(request)  # (submitted now: its row waits for the first words)
+        if together:
+            start.wait()
+        request.append(texts[i])
+        request.end()
+        for _ in stream:
+            pass
+        return np.stack(request.stream.frames.channel.codes)
+
+    alone = [run(i, False) for i in range(len(texts))]
+    assert batches == [1] * len(texts)
+    batches.clear()
+    hold.set()
+    with ThreadPoolExecutor(len(texts)) as pool:
+        together = list(pool.map(lambda i: run(i, True), range(len(texts))))
+    assert batches == [1, 3]
+    for a, b in zip(alone, together):
+        np.testing.assert_array_equal(a, b)

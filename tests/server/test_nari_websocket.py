@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -70,6 +71,34 @@ def test_live_text_session_speaks_the_whole_texts_audio(server):
     assert done["type"] == "response.done" and done["stop_reason"] == "stop"
     assert done["request_id"] == started["request_id"] and done["audio_chunks"] > 0
     np.testing.assert_allclose(pcm_samples(audio), expected, atol=2)
+
+
+def test_sessions_started_together_build_their_prompts_in_one_batch(server, monkeypatch):
+    """Four sessions' first words at once: the appends that build their prompts wait in one batch (q3tts.api's
+    PromptCombiner, on threads of their own: server/service.py Preparation), not one after another on the two
+    prepare threads; each session's audio is the one it gives alone."""
+    tts = server.app.state.service.tts
+    expected = np.concatenate([c.pcm for c in tts.stream(
+        TEXT, speaker="ryan", language="english", seed=9, max_new_tokens=16, non_streaming_mode=False,
+        runaway_guard=server.config.runaway_guard, pcm_format="int16")])
+    batches, original = [], tts.prepare_many
+
+    def prepare_many(requests):
+        batches.append(len(requests))
+        if len(batches) == 1:  # (the first session's prompt: the others come meanwhile)
+            deadline = time.monotonic() + 20
+            while len(tts._prompts._waiting) < 3:
+                assert time.monotonic() < deadline, "timed out: the other sessions' prompts are not waiting"
+                time.sleep(0.005)
+        return original(requests)
+
+    monkeypatch.setattr(tts, "prepare_many", prepare_many)
+    with ThreadPoolExecutor(4) as pool:
+        spoken = list(pool.map(lambda _: speak(server, [TEXT]), range(4)))
+    assert batches == [1, 3]
+    for events, audio, code in spoken:
+        assert code == 1000 and events[-1]["type"] == "response.done"
+        np.testing.assert_allclose(pcm_samples(audio), expected, atol=2)
 
 
 def test_cancel_ends_the_response(server):
