@@ -119,22 +119,31 @@ def test_fused_linear_split_over_k(monkeypatch, split):
     torch.testing.assert_close(squares.sum(0), residual.pow(2).sum(-1), rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("tiles", [(1, 64, 4, 3), (2, 128, 2, 2), (8, 256, 8, 4)]
-                         + sorted(set(linear.GEMV_TILES.values()) | set(linear.GEMV_TWO_ROW_TILES.values())))
+GEMV_TILE_LIST = [(1, 64, 4, 3), (2, 128, 2, 2), (8, 256, 8, 4)] + sorted(
+    set(linear.GEMV_TILES.values()) | set(linear.GEMV_TWO_ROW_TILES.values()))
+
+
+@pytest.mark.parametrize("tiles", GEMV_TILE_LIST)
 def test_gemv_with_each_tile(monkeypatch, tiles):
     """The matrix-vector kernel computes the same product with every tile shape, for one row and two: the
     measured ones and a few small ones the interpreter can run (K a multiple of the K tile or not, N not a
-    multiple of the N tile), every fused neighbour, the norm of each row its own."""
+    multiple of the N tile), every fused neighbour, the norm of each row its own. Each tile runs every shape and
+    every fused neighbour, not all their pairs (the interpreter's time): the pairs rotate with the tile, so that
+    the tiles together run them all."""
     monkeypatch.setattr(linear, "_gemv_tiles", lambda *args: tiles)
     dtype = DTYPES[-1]
     g = torch.Generator(DEVICE).manual_seed(11)
-    for M, K in [(M, K) for M in range(1, linear.GEMV_MAX_ROWS + 1) for K in (2 * tiles[1], tiles[1] + 40)]:
+    shapes = [(M, K) for M in range(1, linear.GEMV_MAX_ROWS + 1) for K in (2 * tiles[1], tiles[1] + 40)]
+    neighbours = ("swiglu", "norm", "residual", "plain", "fp32_out", "norm_fp32_out")
+    turn = GEMV_TILE_LIST.index(tiles)
+    for i, name in enumerate(neighbours):
+        M, K = shapes[(i + turn) % len(shapes)]
         w = (0.1 * torch.randn(2 * 37, K, device=DEVICE, generator=g)).to(dtype)
         x = torch.randn(M, K, device=DEVICE, generator=g) * torch.tensor([1.0, 30.0][:M], device=DEVICE)[:, None]
         norm = (1 + 0.1 * torch.randn(K, device=DEVICE, generator=g)).to(dtype)
-        for kwargs, inputs in ((dict(norm=norm, eps=1e-6, swiglu=True), x), (dict(norm=norm, eps=1e-6), x),
-                               (dict(residual=torch.randn(M, 74, device=DEVICE, generator=g)), x.to(dtype)),
-                               ({}, x.to(dtype)), (dict(fp32_out=True), x.to(dtype)),
-                               (dict(norm=norm, eps=1e-6, fp32_out=True), x)):
-            out = linear.fused_linear(inputs, w, **kwargs)
-            close(out, twin(monkeypatch, linear.fused_linear, inputs, w, **kwargs), dtype)
+        kwargs, inputs = {"swiglu": (dict(norm=norm, eps=1e-6, swiglu=True), x), "norm": (dict(norm=norm, eps=1e-6), x),
+                          "residual": (dict(residual=torch.randn(M, 74, device=DEVICE, generator=g)), x.to(dtype)),
+                          "plain": ({}, x.to(dtype)), "fp32_out": (dict(fp32_out=True), x.to(dtype)),
+                          "norm_fp32_out": (dict(norm=norm, eps=1e-6, fp32_out=True), x)}[name]
+        out = linear.fused_linear(inputs, w, **kwargs)
+        close(out, twin(monkeypatch, linear.fused_linear, inputs, w, **kwargs), dtype)
