@@ -62,6 +62,12 @@ def mixed_embedding(named: list[tuple[str, Any, float]], param: str) -> tuple[to
     if len(sizes) > 1 or len(model_sizes) > 1:
         raise RequestError(f"{param}: the voices are for different model sizes (embedding sizes {sizes}): blend "
                            "voices made with one model", param)
-    total = math.fsum(float(w) for _, _, w in named)
-    mixed = sum(v.ref_spk_embedding.reshape(-1).to("cpu", torch.float64) * (float(w) / total) for _, v, w in named)
+    weights = [float(w) for _, _, w in named]
+    try:
+        total = math.fsum(weights)
+    except OverflowError:  # (each finite, their sum past the largest float: the same ratios, scaled down)
+        weights = [w / max(weights) for w in weights]
+        total = math.fsum(weights)
+    mixed = sum(v.ref_spk_embedding.reshape(-1).to("cpu", torch.float64) * (w / total)
+                for (_, v, _), w in zip(named, weights))
     return mixed.float().contiguous(), next(iter(model_sizes), None)

@@ -125,6 +125,8 @@ def test_a_blend_is_the_weighted_mean_of_the_embeddings(pair, tmp_path):
     a.save(tmp_path / "a.voice")
     assert torch.equal(Voice.blend({str(tmp_path / "a.voice"): 1, b: 0.5}).ref_spk_embedding, expected)
     assert torch.equal(Voice.blend({a: 3}).ref_spk_embedding, a.ref_spk_embedding)
+    huge = Voice.blend({a: 1e308, b: 1e308}).ref_spk_embedding  # (finite weights whose sum is not: the same ratio)
+    torch.testing.assert_close(huge, Voice.blend({a: 1, b: 1}).ref_spk_embedding, rtol=1e-6, atol=0)
 
 
 def test_a_blend_speaks_and_keys_the_prefix_cache_on_the_mix(base, pair):

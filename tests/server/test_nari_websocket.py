@@ -115,6 +115,23 @@ def test_cancel_ends_the_response(server):
     server.wait_idle()
 
 
+def test_cancel_after_the_text_ends_stops_the_audio(server):
+    """A listener who interrupts: response.cancel after input_text.end, while the audio plays out, stops it."""
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps({**START, "max_new_tokens": 400}))
+        ws.recv(timeout=30)
+        ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "A long answer to be cut short."}))
+        ws.send(json.dumps({"type": "input_text.end", "sequence": 1}))
+        while not isinstance(ws.recv(timeout=30), bytes):  # (the first audio)
+            pass
+        ws.send(json.dumps({"type": "response.cancel"}))
+        events, audio = events_until_close(ws)
+        assert events[-1]["type"] == "response.done" and events[-1]["stop_reason"] == "cancelled", events[-1]
+        assert ws.close_code == 1000
+    server.wait_idle()
+
+
 def test_disconnect_frees_the_row(server):
     with session(server) as ws:
         ws.recv(timeout=30)
@@ -132,7 +149,9 @@ def test_disconnect_frees_the_row(server):
       {"type": "input_text.append", "sequence": 0, "text": "again "}], "invalid_sequence", 1008),
     ([{"type": "input_text.append", "sequence": 0, "text": "x" * 201}], "input_too_large", 1009),
     ([{"type": "input_text.append", "sequence": 0, "text": "Hi "}, {"type": "input_text.end", "sequence": 1},
-      {"type": "input_text.append", "sequence": 2, "text": "late"}], None, 1000),
+      {"type": "input_text.append", "sequence": 2, "text": "late"}], "invalid_state", 1008),
+    ([{"type": "input_text.append", "sequence": 0, "text": "Hi "}, {"type": "input_text.end", "sequence": 1},
+      {"type": "nonsense"}], "unknown_event", 1008),
     ([{"type": "input_text.end", "sequence": 0}], "invalid_request", 1008),
     ([{"type": "nonsense"}], "unknown_event", 1008),
     ([{"type": "input_text.append", "sequence": 0, "text": ""}], "invalid_request", 1008),
@@ -145,10 +164,7 @@ def test_bad_input_is_an_error_event(server, events, code, close):
         for event in events:
             ws.send(json.dumps(event))
         got, _ = events_until_close(ws)
-        if code is None:  # text after the end: the session had ended, the late text is never read
-            assert got[-1]["type"] == "response.done"
-        else:
-            assert got[-1]["type"] == "error" and got[-1]["error"]["code"] == code, got[-1]
+        assert got[-1]["type"] == "error" and got[-1]["error"]["code"] == code, got[-1]
         assert ws.close_code == close
     server.wait_idle()
 

@@ -393,6 +393,31 @@ def test_websocket_bad_message_mid_session(server):
     assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "invalid_request_error"
 
 
+def test_websocket_text_after_input_done_is_refused_not_dropped(server):
+    """q3tts's protocol: the session ends once the text before input.done is spoken; text sent meanwhile is an
+    error event, not silently lost."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        for message in ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED,
+                         "max_new_tokens": 40}, {"type": "input.text", "text": "Hello there."}, {"type": "input.done"},
+                        {"type": "input.text", "text": "These words come too late."}):
+            ws.send(json.dumps(message))
+        events, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    assert events[-1]["type"] == "error" and "after input.done" in events[-1]["error"]["message"], events[-1]
+    assert events[-1]["error"]["param"] == "type"
+
+
+@pytest.mark.parametrize("segmentation", ["live", "sentence"])
+def test_websocket_a_session_with_no_words_is_refused(server, segmentation):
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        for message in ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "segmentation": segmentation},
+                        {"type": "input.text", "text": "   "}, {"type": "input.done"}):
+            ws.send(json.dumps(message))
+        events, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    assert events[-1]["type"] == "error" and "text is empty" in events[-1]["error"]["message"], events[-1]
+
+
 def _sessions_counted(url: str) -> dict[str, float]:
     """q3tts_requests_total of the WebSocket route, by status."""
     text = httpx.get(url + "/metrics").text

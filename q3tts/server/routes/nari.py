@@ -89,6 +89,8 @@ class NariSession:
             await self.websocket.send_json({"type": "session.created", "protocol": PROTOCOL,
                                             "audio": self.audio_format})
             stop_reason = await self._events()
+            if stop_reason == "stop" and self.audio is not None:
+                stop_reason = await self._play_out()
             chunks = await self.audio if self.audio is not None else 0
             await self.websocket.send_json({"type": "response.done", "request_id": self.request_id,
                                             "stop_reason": stop_reason, "audio_chunks": chunks})
@@ -131,6 +133,25 @@ class NariSession:
                 return "cancelled"
             else:
                 raise ProtocolError("unknown_event", f"unsupported event type {str(kind)[:40]!r}")
+
+    async def _play_out(self) -> str:
+        """After input_text.end: the audio plays out while the client's events are still read, so that a
+        response.cancel stops it (a listener who interrupts) and anything else is refused as out of order, not
+        dropped unread. Returns the stop reason."""
+        receiving = asyncio.ensure_future(self._receive())
+        try:
+            await asyncio.wait({self.audio, receiving}, return_when=asyncio.FIRST_COMPLETED)
+            if not receiving.done():
+                return "stop"
+            kind = receiving.result().get("type")
+            if kind == "response.cancel":
+                self.live.cancel()
+                return "cancelled"
+            if kind in ("request.start", "input_text.append", "input_text.end"):
+                raise ProtocolError("invalid_state", f"{kind} after input_text.end")
+            raise ProtocolError("unknown_event", f"unsupported event type {str(kind)[:40]!r}")
+        finally:
+            receiving.cancel()
 
     async def _receive(self) -> dict[str, Any]:
         message = await self.websocket.receive()

@@ -266,11 +266,12 @@ class StreamSession:
         return session
 
     async def run(self) -> None:
-        """Reads text and speaks segments concurrently; the first failure of either ends both."""
+        """Reads text and speaks segments concurrently; the first failure of either ends both, and the session
+        ends once the speaking does (q3tts: messages after input.done are still read meanwhile, and refused)."""
         reader = asyncio.create_task(self._read())
         speaker = asyncio.create_task(self._speak_all())
         try:
-            done, _ = await asyncio.wait({reader, speaker}, return_when=asyncio.FIRST_EXCEPTION)
+            done, _ = await asyncio.wait({reader, speaker}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()
             await speaker
@@ -281,16 +282,22 @@ class StreamSession:
     # ---- reading ------------------------------------------------------------------------------------------
 
     async def _read(self) -> None:
+        ended = False
         while True:
             message = await _receive_json(self.websocket)
             kind = message.get("type")
+            if ended:  # (q3tts: the rest is being spoken)
+                raise errors.bad_request(f"{quote(kind)} after input.done: the session ends once its text is "
+                                         "spoken (open another for more)", param="type")
             if kind == "input.text":
                 await self._text(message.get("text"))
             elif kind == "input.done":
+                if self.is_q3tts and not self.utterance_open:  # (as HTTP refuses an empty input)
+                    raise errors.bad_request("the session's text is empty: send input.text with words before "
+                                             "input.done", param="text")
                 await self._end_utterance()
                 self.items.put_nowait(SESSION_END if self.is_q3tts else UTTERANCE_END)
-                if self.is_q3tts:
-                    return
+                ended = self.is_q3tts
             elif kind == "input.flush" and self.is_q3tts:
                 if self.segmenter is not None:  # (live: the text is spoken as it comes already)
                     self._queue(self.segmenter.flush())
