@@ -1,8 +1,8 @@
 """Per-request context as plain ASGI middleware (no buffering, so streams and disconnects pass through):
 an `x-request-id` on every response (an incoming one is honoured when it is sane), the request counter (HTTP
-requests and WebSocket sessions, each once), a last-resort 500 in the standard error shape for failures before a
-response started, and one line for a request the server cancelled (at the drain timeout) instead of uvicorn's
-traceback."""
+requests and WebSocket sessions, each once), a 415 for a compressed request body, a last-resort 500 in the
+standard error shape for failures before a response started, and one line for a request the server cancelled (at
+the drain timeout) instead of uvicorn's traceback."""
 
 from __future__ import annotations
 
@@ -115,6 +115,11 @@ class RequestContextMiddleware:
                 self._count(scope, message["status"])
             await send(message)
 
+        encoding = Headers(scope=scope).get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):  # (read as if plain, a gzip body would fail as "not UTF-8")
+            error = APIError(415, f"Content-Encoding {encoding!r} is not supported: send the body uncompressed",
+                             code="unsupported_content_encoding")
+            return await error.response()(scope, receive, send_with_id)
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:

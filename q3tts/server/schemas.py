@@ -339,6 +339,9 @@ class StreamConfig(SpeechSettings):
             raise errors.bad_request("stream_audio, split_granularity and text_input_mode are vLLM-Omni's session "
                                      "settings; a q3tts session streams one audio stream and cuts text at sentences "
                                      "and clauses", param="protocol")
+        if self.split_granularity is not None and "text_input_mode" in self.model_fields_set:
+            raise errors.bad_request("split_granularity and text_input_mode are two names of one setting: send one",
+                                     param="text_input_mode")
         cuts = self.split_granularity is not None or "text_input_mode" in self.model_fields_set
         if self.segmentation == "live" and (self.non_streaming_mode or cuts):
             field = "non_streaming_mode" if self.non_streaming_mode else "split_granularity / text_input_mode"

@@ -372,6 +372,8 @@ def test_websocket_audio_seconds_are_the_seconds_delivered(server, speed):
     ({"type": "session.config", "protocol": "q3tts", "voice": "nobody"}, "voice_not_found"),
     ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "temperature": -1}, "invalid_value"),
     ({"type": "something.else"}, "invalid_value"),
+    ({"type": "session.config", "voice": "ryan", "split_granularity": "sentence", "text_input_mode": "buffered"},
+     "invalid_value"),  # (two names of one setting: neither is dropped silently)
 ])
 def test_websocket_bad_config_gets_an_error_event(server, first, code):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:

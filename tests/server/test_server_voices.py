@@ -4,6 +4,7 @@ reference audio."""
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import json
 
@@ -165,6 +166,24 @@ def test_unreadable_audio_and_duplicate_names(server, reference_wav):
     assert _upload(server, reference_wav, x_vector_only_mode="true", name="twin").status_code == 201
     duplicate = _upload(server, reference_wav, x_vector_only_mode="true", name="twin")
     assert duplicate.status_code == 409 and duplicate.json()["error"]["code"] == "voice_exists"
+
+
+@pytest.mark.parametrize("name, says", [("default", "means no voice"), (" carl ", "starts or ends with a space"),
+                                         ("   ", "starts or ends with a space")])
+def test_a_name_no_request_could_select_is_refused(server, reference_wav, name, says):
+    refused = _upload(server, reference_wav, x_vector_only_mode="true", name=name)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "name", refused.text
+    assert says in refused.json()["error"]["message"]
+
+
+def test_a_compressed_body_is_refused_not_misread(server):
+    """(Read as if plain, a gzip body failed as "not valid UTF-8"; a plain one labelled gzip was taken.)"""
+    body = json.dumps({"input": "Hi.", "voice": "ryan"}).encode()
+    for data in (gzip.compress(body), body):
+        response = httpx.post(server.url + "/v1/audio/speech", content=data, timeout=60,
+                              headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert response.status_code == 415, response.text
+        assert response.json()["error"]["code"] == "unsupported_content_encoding"
 
 
 def test_audio_that_decodes_to_too_many_samples_is_refused(server):

@@ -23,6 +23,7 @@ from ...request.voice_blend import is_mix
 from .. import errors
 from ..body import parse_json
 from ..service import SpeechService
+from ..voice_choice import PLACEHOLDER_VOICES
 from ..voice_store import VoiceStoreError
 
 router = APIRouter()  # authentication: guard.py
@@ -102,8 +103,7 @@ async def create_voice(request: Request, file: Annotated[UploadFile | None, File
     file = file or audio_sample
     if x_vector_only_mode is None:  # (OpenAI's request has no transcript: the speaker embedding alone)
         x_vector_only_mode = openai_shape and not ref_text
-    if name is not None and not _NAME.fullmatch(name):
-        raise errors.bad_request("name: 1-64 letters, digits, spaces, '.', '_' or '-'", param="name")
+    _check_name(name)
     if ref_text is not None and len(ref_text) > service.config.max_ref_text_chars:
         raise errors.bad_request(f"ref_text is {len(ref_text)} characters; this server accepts at most "
                                  f"{service.config.max_ref_text_chars}", param="ref_text", code="too_long")
@@ -119,6 +119,21 @@ async def create_voice(request: Request, file: Annotated[UploadFile | None, File
     return {**entry.to_json(), "object": "audio.voice", "type": "audio_sample"} if openai_shape else entry.to_json()
 
 
+def _check_name(name: str | None) -> None:
+    """A stored voice's name, one a request can select it by: not a placeholder for no voice, no space around it
+    (a request's `voice` is matched as sent)."""
+    if name is None:
+        return
+    if not _NAME.fullmatch(name):
+        raise errors.bad_request("name: 1-64 letters, digits, spaces, '.', '_' or '-'", param="name")
+    if name != name.strip():
+        raise errors.bad_request(f"name {quote(name)} starts or ends with a space: a request could not select it",
+                                 param="name")
+    if name in PLACEHOLDER_VOICES:
+        raise errors.bad_request(f"name {quote(name)} means no voice in a request's `voice`: choose another",
+                                 param="name")
+
+
 @router.post("/v1/audio/voices/combine", status_code=201)
 async def combine_voices(request: Request, name: str | None = None) -> dict:
     """Kokoro-FastAPI's voice combination: the JSON body is a mix of stored voices ("a(2)+b(1)") or a list of
@@ -129,8 +144,7 @@ async def combine_voices(request: Request, name: str | None = None) -> dict:
     if service.resolver.kind != "base":
         raise errors.bad_request(f"voice blends mix cloned voices, which needs a Base checkpoint; this one is "
                                  f"{service.task_type}", param="voices")
-    if name is not None and not _NAME.fullmatch(name):
-        raise errors.bad_request("name: 1-64 letters, digits, spaces, '.', '_' or '-'", param="name")
+    _check_name(name)
     voice = await service.resolver.named.mixed(mix, "voices")
     try:
         entry = await asyncio.to_thread(service.voices.add, voice, name or mix)
