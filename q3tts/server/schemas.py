@@ -274,9 +274,14 @@ class SpeechSettings(PeerFields):
     @field_validator("voice_aliases")
     @classmethod
     def _alias_names(cls, aliases: dict | None) -> dict | None:
+        seen: dict[str, str] = {}
         for name, target in (aliases or {}).items():
             if not 0 < len(name) <= 256 or (isinstance(target, str) and not 0 < len(target) <= 256):
                 raise PydanticCustomError("invalid_value", f"{quote(name)}: names and voices are 1-256 characters")
+            if name.lower() in seen:  # (else the one given last would win, the other dropped)
+                raise PydanticCustomError("invalid_value", f"{quote(seen[name.lower()])} and {quote(name)} are one "
+                                          "name (names match in any case): give it once")
+            seen[name.lower()] = name
         return aliases
 
     @property

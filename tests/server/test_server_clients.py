@@ -233,6 +233,7 @@ def test_fields_of_other_apis_are_accepted(server, body):
     ({"references": [{"audio": "AAAA"}]}, "references", "invalid_value"),  # cloning, on a CustomVoice checkpoint
     ({"speaker_embedding": [0.5]}, "speaker_embedding", "invalid_value"),
     ({"normalization_options": {"normalise": True}}, "normalization_options.normalise", "invalid_value"),
+    ({"voice_aliases": {"narr": "ryan", "NARR": "vivian"}}, "voice_aliases", "invalid_value"),  # (one name twice)
 ])
 def test_what_no_api_has_or_q3tts_cannot_do_is_a_400_naming_it(server, body, param, code):
     _refused(_post(server, **{"voice": "ryan", **body}), 400, param, code)
