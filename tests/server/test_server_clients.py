@@ -131,6 +131,10 @@ def test_the_voice_list_has_the_aliases_and_the_default(server):
     assert aliases == {**SPEAKERS, **OVERRIDE, "boss": "uncle_fu"} and listed["default_voice"] == "aiden"
     assert [v["type"] for v in listed["data"]] == ["preset"] * 9 and listed["uploaded_voices"] == []
     assert {"vivian", "alloy", "boss"} <= set(listed["voices"])
+    for voice in listed["data"]:  # (each listed voice can be fetched by its id; a preset cannot be deleted)
+        assert httpx.get(f"{server.url}/v1/audio/voices/{voice['id']}").json() == voice
+    refused = httpx.delete(server.url + "/v1/audio/voices/vivian")
+    assert refused.status_code == 400 and "preset" in refused.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("model", [*typing.get_args(SpeechModel), "tts-1-hd-1106", "gpt-4o-mini-tts-2026-03-20",

@@ -41,8 +41,7 @@ async def list_voices(request: Request) -> dict:
     (voice_aliases.py); `voices` (the names of all of those) and `uploaded_voices`: the lists of vLLM-Omni's,
     SGLang-Omni's and Kokoro-FastAPI's answer."""
     service: SpeechService = request.app.state.service
-    presets = [{"id": name, "object": "voice", "type": "preset", "name": name}
-               for name in service.tts.get_supported_speakers()]
+    presets = [_preset(name) for name in service.tts.get_supported_speakers()]
     stored = [entry.to_json() for entry in await asyncio.to_thread(service.voices.list)]
     aliases = service.resolver.listing()
     names = [v["name"] for v in presets + stored] + [a["name"] for a in aliases["aliases"]]
@@ -119,6 +118,10 @@ async def create_voice(request: Request, file: Annotated[UploadFile | None, File
     return {**entry.to_json(), "object": "audio.voice", "type": "audio_sample"} if openai_shape else entry.to_json()
 
 
+def _preset(name: str) -> dict:
+    return {"id": name, "object": "voice", "type": "preset", "name": name}
+
+
 def _check_name(name: str | None) -> None:
     """A stored voice's name, one a request can select it by: not a placeholder for no voice, no space around it
     (a request's `voice` is matched as sent)."""
@@ -171,14 +174,20 @@ async def get_voice(voice_id: str, request: Request) -> dict:
         found = await asyncio.to_thread(request.app.state.service.voices.get, voice_id)
     except VoiceStoreError as e:
         raise errors.APIError(500, str(e), type=errors.SERVER, param="voice_id", code="voice_unreadable") from None
-    if found is None:
-        raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
-    return found[0].to_json()
+    if found is not None:
+        return found[0].to_json()
+    if voice_id in request.app.state.service.tts.get_supported_speakers():  # (listed beside the stored ones)
+        return _preset(voice_id)
+    raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
 
 
 @router.delete("/v1/audio/voices/{voice_id}")
 async def delete_voice(voice_id: str, request: Request) -> dict:
-    entry = await asyncio.to_thread(request.app.state.service.voices.delete, voice_id)
+    service: SpeechService = request.app.state.service
+    entry = await asyncio.to_thread(service.voices.delete, voice_id)
+    if entry is None and voice_id in service.tts.get_supported_speakers():
+        raise errors.bad_request(f"{quote(voice_id)} is one of the checkpoint's preset speakers: only stored voices "
+                                 "can be deleted", param="voice_id")
     if entry is None:
         raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
     return {"id": entry.id, "object": "audio.voice.deleted", "deleted": True}  # OpenAI's VoiceDeleted
