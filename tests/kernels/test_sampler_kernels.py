@@ -25,9 +25,9 @@ def _params() -> list[SamplingParams]:
 
 
 # (a test each: the interpreter took ~30-60 s over a trial of 16 rows; trial 2, a second nonzero offset beside
-# trial 1's, dropped)
+# trial 1's, dropped, and trial 0, zero counters and offset: trial 1's nonzero ones run the same code)
 @pytest.mark.slow(reason="the sampling kernel in the Triton interpreter, a trial each (tests/SLOW.md)")
-@pytest.mark.parametrize("trial", [0, 1, 3])
+@pytest.mark.parametrize("trial", [1, 3])
 @pytest.mark.parametrize("with_processors", [False, True])
 def test_sampling_kernel_matches_twin(monkeypatch, with_processors, trial):
     """The kernel draws the twin's tokens: greedy, temperature, top-k (with and without ties at the boundary: trial
