@@ -172,7 +172,6 @@ class PromptCombiner:
                     w.ready.set()
                 self._pass_on()
 
-
     def _leave(self, wanted: _Wanted) -> None:
         with self._lock:
             if wanted in self._waiting:
