@@ -80,7 +80,10 @@ def test_sse_and_a_default_voice_for_turns_that_name_none(server):
     ([TURNS[0], {"voice": "ryan", "input": "Hi.", "pause": 11}], 400, "turns.1.pause", ""),
     ([{"voice": "ryan", "input": "Hi.", "speakr": "x"}], 400, "turns.0.speakr", ""),
     ([{"voice": "ryan"}], 400, "turns.0.input", ""),
-    ([{"voice": "ryan", "speaker": "vivian", "input": "Hi."}], 400, "speaker", "another name for voice"),
+    ([{"voice": "ryan", "speaker": "vivian", "input": "Hi."}], 400, "turns[0].speaker", "turn 0: speaker is another"),
+    ([TURNS[0], {"voice": "ryan", "input": "Hi.", "text": "x"}], 400, "turns[1].text", "turn 1: text is another"),
+    ([TURNS[0], {"voice": "ryan", "input": "Hi.", "instruct": "x", "instructions": "y"}], 400,
+     "turns[1].instruct", "turn 1: instruct is another"),
     ([TURNS[0], {"voice": "ryan", "input": "Hi.", "language": "klingon"}], 400, "turns[1].language", "turn 1: "),
     ([], 400, "turns", ""),
 ])
@@ -91,6 +94,20 @@ def test_bad_turns_are_refused_naming_the_turn(server, turns, status, param, say
     error = response.json()["error"]
     assert error["param"] == param and says in error["message"], error
     assert _submitted(server) == submitted  # (no turn before the bad one was queued, even briefly)
+
+
+@pytest.mark.parametrize("defaults, status, param", [
+    ({"language": "xx"}, 400, "language"),
+    ({"voice": "nobody"}, 404, "voice"),
+    ({"instructions": "a" * 2001}, 400, "instructions"),
+])
+def test_a_bad_default_is_named_as_the_body_sent_it(server, defaults, status, param):
+    """A top-level default that turn 0 takes is the body's field, not turns[0]'s (the turn did not send it)."""
+    response = _post(server, turns=[{"input": "Hi."}, {"voice": "ryan", "input": "Hi."}],
+                     **{"voice": "vivian", **defaults})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and not error["message"].startswith("turn "), error
 
 
 def test_a_front_serves_dialogues_as_one_process_does(tmp_path_factory):

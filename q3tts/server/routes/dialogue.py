@@ -49,8 +49,6 @@ class DialogueTurn(Strict):
         data = dict(data)
         for alias, name in TURN_ALIASES.items():
             if alias in data:
-                if name in data:
-                    raise errors.bad_request(f"{alias} is another name for {name}: send one of them", param=alias)
                 data[name] = data.pop(alias)
         return data
 
@@ -59,6 +57,19 @@ class DialogueRequest(SpeechSettings):
     model: str | None = None
     turns: list[DialogueTurn] = Field(min_length=1, max_length=MAX_TURNS)
     stream_format: Literal["audio", "sse"] = "audio"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_each(cls, data: Any) -> Any:
+        # Here, not in DialogueTurn: only the request knows which turn it is, for the error's param.
+        turns = data.get("turns") if isinstance(data, dict) else None
+        for i, turn in enumerate(turns if isinstance(turns, list) else []):
+            sent = turn.keys() if isinstance(turn, dict) else set()
+            both = [alias for alias, name in TURN_ALIASES.items() if {alias, name} <= sent]
+            if both:
+                raise errors.bad_request(f"turn {i}: {both[0]} is another name for {TURN_ALIASES[both[0]]}: send one "
+                                         "of them", param=f"turns[{i}].{both[0]}")
+        return data
 
 
 class DialogueStream:
@@ -92,7 +103,7 @@ async def create_dialogue(request: Request) -> StreamingResponse:
     try:  # (every turn checked and prepared before any is submitted)
         speeches: list[Speech] = await speaker.speak_all(turns, request_id)
     except RefusedAt as e:
-        raise _renamed(e.index, e.error) from None
+        raise _renamed(body.turns[e.index], e.index, e.error) from None
     rate = speeches[0].sample_rate
     pauses = [round(t.pause * rate) for t in body.turns]
     stream = DialogueStream([s.stream for s in speeches], pauses, request_id)
@@ -119,12 +130,16 @@ def _turn_request(body: DialogueRequest, i: int) -> SpeechRequest:
     try:
         return SpeechRequest.model_validate(data)
     except ValidationError as e:
-        raise _renamed(i, errors.from_validation(e)) from None
+        raise _renamed(turn, i, errors.from_validation(e)) from None
     except errors.APIError as e:
-        raise _renamed(i, e) from None
+        raise _renamed(turn, i, e) from None
 
 
-def _renamed(i: int, e: errors.APIError) -> errors.APIError:
-    """The error as turn i's: "turn 2: ...", param turns[2].<field>."""
+def _renamed(turn: DialogueTurn, i: int, e: errors.APIError) -> errors.APIError:
+    """The error as turn i's: "turn 2: ...", param turns[2].<field>; one about a default the body sent (its
+    `voice`, say, for a turn that names none) stays the body's field, as sent."""
+    field = (e.param or "").split(".")[0]
+    if field and getattr(turn, field, None) is None:  # (None: the turn takes the body's; see _turn_request)
+        return e
     e.message, e.param = f"turn {i}: {e.message}", f"turns[{i}].{e.param}" if e.param else f"turns[{i}]"
     return e
