@@ -384,6 +384,32 @@ def test_websocket_bad_config_gets_an_error_event(server, first, code):
     assert set(events[0]["error"]) == {"message", "type", "param", "code"}
 
 
+@pytest.mark.parametrize("first, sent", [
+    ({"type": "input.text", "text": "Hi."}, "'input.text'"),  # (its `text` is no session.config field)
+    ({"type": "input.done"}, "'input.done'"),
+    ({"voice": "ryan"}, "one with no type"),
+])
+def test_websocket_a_first_message_other_than_the_config_is_refused_for_its_type(server, first, sent):
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps(first))
+        events, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    error = events[0]["error"]
+    assert error["param"] == "type" and error["message"] == f"the first message must be session.config, not {sent}"
+
+
+def test_websocket_q3tts_refuses_a_second_config_as_out_of_order(server):
+    config = {"type": "session.config", "protocol": "q3tts", "voice": "ryan", "max_new_tokens": 4}
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps(config))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        ws.send(json.dumps(config))
+        events, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    error = events[-1]["error"]
+    assert error["param"] == "type" and error["message"].startswith("session.config is sent once, first"), error
+
+
 def test_websocket_bad_message_mid_session(server):
     with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
         ws.send(json.dumps({"type": "session.config", "protocol": "q3tts",

@@ -257,6 +257,10 @@ class StreamSession:
         except asyncio.TimeoutError:
             raise errors.APIError(408, f"no session.config message within {timeout:g} s of connecting",
                                   code="request_timeout") from None
+        kind = message.get("type")
+        if kind != "session.config":  # (before its fields: those of another message do not matter)
+            sent = "one with no type" if kind is None else quote(kind)
+            raise errors.bad_request(f"the first message must be session.config, not {sent}", param="type")
         session = cls(websocket, service, await _setup(service, message))
         if session.is_q3tts:
             setup = session.setup
@@ -303,6 +307,9 @@ class StreamSession:
                     self._queue(self.segmenter.flush())
             elif kind == "session.config" and not self.is_q3tts:
                 await self._reconfigure(message)
+            elif kind == "session.config":  # (q3tts: one generation per session, configured before it starts)
+                raise errors.bad_request("session.config is sent once, first: open another session for other "
+                                         "settings", param="type")
             elif kind == "session.close" and not self.is_q3tts:
                 await self.live_text.end()  # (live: the text received is spoken)
                 self.items.put_nowait(SESSION_END)  # (text not yet cut into segments is dropped)
