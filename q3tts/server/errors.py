@@ -123,6 +123,7 @@ def install_handlers(app: FastAPI, on_error: Callable[[str | None], None] = lamb
 
     @app.exception_handler(HTTPException)
     async def on_http(request: Request, exc: HTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        # 400: the body could not be parsed (a multipart form with no boundary, say), before any route read it.
+        code = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         kind = INVALID_REQUEST if exc.status_code < 500 else SERVER
         return respond(APIError(exc.status_code, str(exc.detail), type=kind, code=code, headers=exc.headers))

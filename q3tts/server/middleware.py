@@ -23,6 +23,7 @@ from .metrics import ServerMetrics
 log = logging.getLogger("q3tts.server")
 HEADER = "x-request-id"
 _SANE_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+BODY_TAIL_BYTES = 256  # room for a closing boundary (at most 70 characters) and a short epilogue after it
 SERVICE_RESTART = 1012  # the close code of the WebSocket sessions open at SIGTERM (uvicorn closes them at once)
 
 
@@ -120,6 +121,8 @@ class RequestContextMiddleware:
             error = APIError(415, f"Content-Encoding {encoding!r} is not supported: send the body uncompressed",
                              code="unsupported_content_encoding")
             return await error.response()(scope, receive, send_with_id)
+        if Headers(scope=scope).get("content-type", "").lower().startswith("multipart/"):
+            receive = _noting_the_tail(scope, receive)
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
@@ -170,6 +173,20 @@ class RequestContextMiddleware:
         route = scope.get("route")
         path = getattr(route, "path", None) or "unmatched"
         self.metrics.requests.labels(path, scope.get("method", "WS"), str(status)).inc()
+
+
+def _noting_the_tail(scope: Scope, receive: Receive) -> Receive:
+    """`receive`, keeping the body's last bytes in the scope's state (`body_tail`): the form parser ends a cut-off
+    multipart body without a word (its unfinished part left out), and only its missing closing boundary tells."""
+    state = scope.setdefault("state", {})
+    state["body_tail"] = b""
+
+    async def receive_noting_tail() -> Message:
+        message = await receive()
+        if message["type"] == "http.request":
+            state["body_tail"] = (state["body_tail"] + message.get("body", b""))[-BODY_TAIL_BYTES:]
+        return message
+    return receive_noting_tail
 
 
 def _client_close_code(code: int) -> int | str:

@@ -169,7 +169,7 @@ class PeerFields(Strict):
     ignore_eos: Annotated[bool, only(_empty, "generation ends at the model's end of speech or at max_new_tokens; "
                                              "set max_new_tokens")] = False
     return_download_link: Annotated[bool, only(_empty, "q3tts keeps no files to download")] = False
-    return_timing: Annotated[bool, only(_empty, "q3tts keeps no files to download")] = False
+    return_timing: Annotated[bool, only(_empty, "timestamps are not supported: q3tts returns the audio alone")] = False
     allow_voice_tags: Annotated[bool, only(_empty, "one voice per request: [voice:name] tags are not "
                                                    "supported")] = False
     ssml: Annotated[bool, only(_empty, "the model reads plain text, not SSML")] = False

@@ -148,6 +148,28 @@ def test_an_upload_that_is_no_form_is_415(server, reference_wav):
         assert "multipart form" in response.json()["error"]["message"] and kind in response.json()["error"]["message"]
 
 
+def test_an_unreadable_or_cut_off_form_says_so(server, reference_wav):
+    """A form with no boundary has a code like every error; one cut off mid-file is incomplete, not "send the
+    recording as file" (the file part was sent)."""
+    url = server.url + "/v1/audio/voices"
+    error = httpx.post(url, content=b"xx", headers={"content-type": "multipart/form-data"}).json()["error"]
+    assert error["code"] == "invalid_body", error
+    part = b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n' + reference_wav
+    cut = httpx.post(url, content=part[:1000], headers={"content-type": "multipart/form-data; boundary=B"})
+    assert cut.status_code == 400 and cut.json()["error"]["code"] == "incomplete_form", cut.text
+    assert "incomplete" in cut.json()["error"]["message"]
+    whole = httpx.post(url, content=part + b'\r\n--B\r\nContent-Disposition: form-data; name="x_vector_only_mode"'
+                       b'\r\n\r\ntrue\r\n--B--\r\n', headers={"content-type": "multipart/form-data; boundary=B"},
+                       timeout=60)
+    assert whole.status_code == 201, whole.text
+
+
+def test_return_timing_says_timestamps_are_not_supported(server):
+    response = httpx.post(server.url + "/v1/audio/speech", json={"input": "Hi.", "return_timing": True}, timeout=60)
+    error = response.json()["error"]
+    assert error["param"] == "return_timing" and "timestamps are not supported" in error["message"], error
+
+
 def test_upload_booleans_are_true_or_false(server, reference_wav):
     for flag, expected in (("true", True), ("false", False), ("True", True)):
         created = _upload(server, reference_wav, x_vector_only_mode=flag, ref_text="Hello, this is my voice.")

@@ -12,6 +12,7 @@ embedding alone (x_vector_only_mode), as vLLM-Omni does. `consent` (OpenAI's con
 from __future__ import annotations
 
 import asyncio
+import email.message
 import re
 from typing import Annotated
 
@@ -58,6 +59,8 @@ async def strict_form(request: Request) -> None:
         sent = f"Content-Type {quote(media_type)}" if media_type else "no Content-Type"
         raise errors.APIError(415, f"a voice upload is a multipart form (curl -F file=@voice.wav -F ref_text=...); "
                                    f"this one came with {sent}", code="unsupported_media_type")
+    if media_type == "multipart/form-data":
+        _check_complete(request)
     form = await request.form()
     names = [name for name, _ in form.multi_items()]
     for name in names:
@@ -89,6 +92,18 @@ async def strict_form(request: Request) -> None:
     if flag is not None and (not isinstance(flag, str) or flag.lower() not in ("true", "false")):
         shown = quote(flag) if isinstance(flag, str) else "a file"
         raise errors.bad_request(f"x_vector_only_mode must be true or false, not {shown}", param="x_vector_only_mode")
+
+
+def _check_complete(request: Request) -> None:
+    """A multipart body ends with its closing boundary; without it the client's upload was cut off (the form
+    parser leaves the unfinished part out, which would read as a field not sent)."""
+    header = email.message.Message()
+    header["content-type"] = request.headers["content-type"]
+    boundary = str(header.get_param("boundary") or "").encode()
+    tail = request.scope.get("state", {}).get("body_tail")  # (None: no RequestContextMiddleware noted it)
+    if boundary and tail is not None and b"--" + boundary + b"--" not in tail:
+        raise errors.bad_request("the multipart form is incomplete: its closing boundary never came (was the "
+                                 "upload cut off?)", code="incomplete_form")
 
 
 @router.post("/v1/audio/voices", status_code=201, dependencies=[Depends(strict_form)])
