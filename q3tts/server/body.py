@@ -31,7 +31,7 @@ def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
     except UnicodeDecodeError as e:
         raise errors.bad_request(f"the request body is not valid UTF-8 (at byte {e.start})",
                                  code="invalid_encoding") from None
-    data = parse_json(text, "the request body is ")
+    data = parse_json(text.removeprefix("\ufeff"), "the request body is ")  # (a BOM, as JSON parsers commonly skip it)
     if not isinstance(data, dict):
         raise errors.bad_request(f"the request body must be a JSON object, not {json_type(data)}")
     try:

@@ -90,6 +90,8 @@ def from_validation(exc: Exception, model: type[BaseModel] | None = None) -> API
     param = ".".join(loc) or None
     code = {"missing": "missing", "unsupported": "unsupported"}.get(first.get("type"), "invalid_value")
     message = first.get("msg", "invalid value")
+    if first.get("type") == "model_type":  # (pydantic names the class: "or instance of DialogueTurn")
+        message = "Input should be a JSON object"
     if first.get("type") == "extra_forbidden" and len(loc) == 1 and model is not None:
         known = sorted({name for key, info in model.model_fields.items() for name in (key, info.alias) if name})
         sent = str(first["loc"][-1])

@@ -182,6 +182,15 @@ def test_bad_start_and_missing_subprotocol(server):
         assert ws.close_code == 1002
 
 
+def test_an_over_long_number_is_invalid_json_without_pythons_advice(server):
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps(START)[:-1] + ', "sequence": 1' + "0" * 5000 + "}")
+        got, _ = events_until_close(ws)
+    message = got[-1]["error"]["message"]
+    assert got[-1]["error"]["code"] == "invalid_event" and "sys." not in message and "4300" in message, message
+
+
 def test_the_server_does_not_deflate_websocket_messages(server):
     """PCM does not compress and the events are small: per-message deflate would only cost a zlib pass over every
     message on both sides (the websockets client offers it by default; the server declines)."""

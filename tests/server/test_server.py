@@ -301,6 +301,21 @@ def test_a_key_sent_twice_is_refused(server):
         assert f"the key '{key}' appears more than once" in error["message"], error
 
 
+def test_a_body_that_starts_with_a_byte_order_mark_is_read(server):
+    """JSON parsers commonly skip a UTF-8 BOM; it was "Unexpected UTF-8 BOM (decode using utf-8-sig)"."""
+    body = json.dumps({"input": TEXT, "voice": "ryan", "max_new_tokens": MAX_NEW, "response_format": "pcm"})
+    response = httpx.post(server.url + "/v1/audio/speech", content=b"\xef\xbb\xbf" + body.encode(),
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 200 and len(pcm_samples(response.content)) == frames(MAX_NEW) * FRAME
+
+
+def test_an_object_field_is_called_a_json_object(server):
+    """Not pydantic's "a valid dictionary or instance of KokoroNormalization" (a class the client never sees)."""
+    response = httpx.post(server.url + "/v1/audio/speech", json={"input": "Hi.", "normalization_options": 5})
+    error = response.json()["error"]
+    assert error["message"] == "normalization_options: Input should be a JSON object", error
+
+
 def test_json_with_a_charset_is_json(server):
     body = json.dumps({"input": TEXT, "voice": "ryan", "max_new_tokens": MAX_NEW, "response_format": "pcm"})
     response = httpx.post(server.url + "/v1/audio/speech", content=body.encode(),

@@ -86,6 +86,7 @@ def test_sse_and_a_default_voice_for_turns_that_name_none(server):
      "turns[1].instruct", "turn 1: instruct is another"),
     ([TURNS[0], {"voice": "ryan", "input": "Hi.", "language": "klingon"}], 400, "turns[1].language", "turn 1: "),
     ([], 400, "turns", ""),
+    (["hi"], 400, "turns.0", "turns.0: Input should be a JSON object"),
 ])
 def test_bad_turns_are_refused_naming_the_turn(server, turns, status, param, says):
     submitted = _submitted(server)

@@ -162,7 +162,8 @@ class NariSession:
         try:
             event = json.loads(message["text"])
         except ValueError as e:
-            raise ProtocolError("invalid_event", f"invalid JSON: {e}") from e
+            # (split: an over-long integer's message ends in advice to the server's programmer, not the client)
+            raise ProtocolError("invalid_event", f"invalid JSON: {str(e).split(';')[0]}") from e
         if not isinstance(event, dict):
             raise ProtocolError("invalid_event", "an event is a JSON object")
         return event
