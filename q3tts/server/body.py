@@ -18,12 +18,7 @@ M = TypeVar("M", bound=BaseModel)
 
 def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
     """`raw` as a `model`, or the APIError that says what is wrong with it."""
-    media_type = (content_type or "").split(";")[0].strip().lower()
-    if media_type != "application/json" and not (media_type.startswith("application/") and
-                                                 media_type.endswith("+json")):
-        sent = f"Content-Type {quote(media_type)}" if media_type else "no Content-Type"
-        raise errors.APIError(415, f"the request body must be JSON (Content-Type: application/json); this one came "
-                                   f"with {sent}", code="unsupported_media_type")
+    check_json_type(content_type)
     if not raw.strip():
         raise errors.bad_request("the request body is empty; send a JSON object", code="empty_body")
     try:
@@ -38,6 +33,16 @@ def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise errors.from_validation(e, model) from None
+
+
+def check_json_type(content_type: str | None) -> None:
+    """A 415 unless the Content-Type is JSON's (application/json, or application/...+json)."""
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    if media_type != "application/json" and not (media_type.startswith("application/") and
+                                                 media_type.endswith("+json")):
+        sent = f"Content-Type {quote(media_type)}" if media_type else "no Content-Type"
+        raise errors.APIError(415, f"the request body must be JSON (Content-Type: application/json); this one came "
+                                   f"with {sent}", code="unsupported_media_type")
 
 
 def parse_json(text: str, what: str = "") -> Any:

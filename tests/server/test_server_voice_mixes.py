@@ -223,6 +223,17 @@ def test_combine_refusals(server, stored, body, query, status, param, says):
     assert error["param"] == param and says in error["message"], error
 
 
+def test_combine_reads_only_json_and_one_name(server, stored):
+    """As /v1/audio/speech: a body that is not labelled JSON is a 415; a second ?name= is refused (the last one
+    was kept, silently)."""
+    url = server.url + "/v1/audio/voices/combine"
+    plain = httpx.post(url + "?name=tp", content=b'["amy", "bob"]', headers={"content-type": "text/plain"})
+    assert plain.status_code == 415 and plain.json()["error"]["code"] == "unsupported_media_type", plain.text
+    twice = httpx.post(url + "?name=first&name=second", json=["amy", "bob"], timeout=60)
+    assert twice.status_code == 400 and twice.json()["error"]["param"] == "name", twice.text
+    assert httpx.get(server.url + "/v1/audio/voices/second").status_code == 404
+
+
 def test_combine_needs_a_base_checkpoint(tmp_path):
     custom = load_tiny("tiny", tmp_path)
     with ServerThread(ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False), custom) as other:

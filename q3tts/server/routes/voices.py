@@ -22,7 +22,7 @@ from starlette.datastructures import UploadFile as StarletteUploadFile
 from ...errors import quote
 from ...request.voice_blend import is_mix
 from .. import errors
-from ..body import parse_json
+from ..body import check_json_type, parse_json
 from ..service import SpeechService
 from ..voice_choice import PLACEHOLDER_VOICES
 from ..voice_store import VoiceStoreError
@@ -158,6 +158,9 @@ async def combine_voices(request: Request, name: str | None = None) -> dict:
     their names (equal weights). The blend (voice_blend.py) is stored as a new voice named `name` (query), else
     the mix as sent; answered with the stored voice and Kokoro's `voice` (its name) and `voices` (every name)."""
     service: SpeechService = request.app.state.service
+    check_json_type(request.headers.get("content-type"))
+    if len(request.query_params.getlist("name")) > 1:  # (FastAPI keeps the last one, silently)
+        raise errors.bad_request("name is sent more than once; send it once", param="name")
     mix = _mix(parse_json((await request.body()).decode(errors="replace"), "the request body is "))
     if service.resolver.kind != "base":
         raise errors.bad_request(f"voice blends mix cloned voices, which needs a Base checkpoint; this one is "
