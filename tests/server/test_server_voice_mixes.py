@@ -207,6 +207,14 @@ def test_combine_stores_the_blend_as_a_voice(server, stored):
     assert httpx.get(server.url + "/v1/audio/voices/pair").json()["id"] == listed["id"]
 
 
+def test_a_blend_has_one_type_wherever_it_is_read(server, stored):
+    """combine answered "blend" and GET and the list "cloned" (the store keeps no such difference)."""
+    made = httpx.post(server.url + "/v1/audio/voices/combine?name=trio", json=["amy", "bob"], timeout=60).json()
+    fetched = httpx.get(server.url + "/v1/audio/voices/trio").json()
+    listed = next(v for v in httpx.get(server.url + "/v1/audio/voices").json()["data"] if v.get("name") == "trio")
+    assert made["type"] == fetched["type"] == listed["type"] == "cloned", (made, fetched, listed)
+
+
 @pytest.mark.parametrize("body, query, status, param, says", [
     ({"voices": ["amy"]}, "", 400, "voices", "a JSON string such as"),
     ([], "", 400, "voices", "a JSON string such as"),

@@ -172,7 +172,8 @@ async def combine_voices(request: Request, name: str | None = None) -> dict:
     except ValueError as e:
         raise errors.APIError(409, f"{e}: pass another ?name=", param="name", code="voice_exists") from e
     names = [v.name for v in await asyncio.to_thread(service.voices.list)]
-    return {**entry.to_json(), "type": "blend", "voice": entry.name, "voices": names}
+    # (type "cloned", as GET and the list report it: the store does not keep that a voice was blended)
+    return {**entry.to_json(), "voice": entry.name, "voices": names}
 
 
 def _mix(body: object) -> str:
