@@ -11,5 +11,5 @@ PYTHONPATH=/tmp/site:$PWD python3 bench/tts_bench/build_ckpt.py --out /tmp/ckpt/
 log "live text and sentence cuts, prompts each alone then together"
 PYTHONPATH=/tmp/site:$PWD timeout ${LIVE_S:-300} python3 bench/live_text.py --model /tmp/ckpt/1.7B-CustomVoice \
   --device cuda --runs ${RUNS:-2} --sessions 1 64 --intervals 10 100 --prompts separate combined \
-  --out "$OUT/live-prompts-h200.json" 2>&1
+  --out "$OUT/live-text-prompts-h200.json" 2>&1
 log "done"

@@ -84,6 +84,11 @@ class EngineHost:
         few batches, not one after another)."""
         return self._prompts.build(request)
 
+    @property
+    def num_prompts_waiting(self) -> int:
+        """Prompts that threads wait for while a batch is being built (`prepare`)."""
+        return self._prompts.num_waiting
+
     def prepare_many(self, requests: list[Request]) -> list[Prompt]:
         """The requests' prompt embeddings, built together (`q3tts.request.prompt.build_prompts`: in bf16/fp16 their
         text is projected in one call) on a CUDA stream of their own (so that they do not queue behind the frames the
@@ -131,11 +136,16 @@ class PromptCombiner:
     def __init__(self, prepare_many: Callable[[list[Request]], list[Prompt]]):
         self._prepare_many = prepare_many
         self._lock = threading.Lock()
-        self._waiting: list[_Wanted] = []
+        self._waiting: list[WantedPrompt] = []
         self._building = False
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting for the next batch (the one being built not counted)."""
+        return len(self._waiting)
+
     def build(self, request: Request) -> Prompt:
-        wanted = _Wanted(request)
+        wanted = WantedPrompt(request)
         with self._lock:
             self._waiting.append(wanted)
             leads, self._building = not self._building, True
@@ -172,7 +182,7 @@ class PromptCombiner:
                     w.ready.set()
                 self._pass_on()
 
-    def _leave(self, wanted: _Wanted) -> None:
+    def _leave(self, wanted: WantedPrompt) -> None:
         with self._lock:
             if wanted in self._waiting:
                 self._waiting.remove(wanted)
@@ -187,7 +197,7 @@ class PromptCombiner:
             self._building = False
 
 
-class _Wanted:
+class WantedPrompt:
     """One thread's request in `PromptCombiner`: its prompt (or error) once built."""
 
     def __init__(self, request: Request):

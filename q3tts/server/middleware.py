@@ -25,6 +25,7 @@ HEADER = "x-request-id"
 _SANE_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 BODY_TAIL_BYTES = 256  # room for a closing boundary (at most 70 characters) and a short epilogue after it
 SERVICE_RESTART = 1012  # the close code of the WebSocket sessions open at SIGTERM (uvicorn closes them at once)
+RELAYED = "relayed_by_front"  # (scope state) a session an engine process runs for the front, which logs its end
 
 
 def request_id_of(scope: Scope) -> str:
@@ -165,7 +166,7 @@ class RequestContextMiddleware:
         finally:
             status = status or _unclosed_status(scope, accepted, failed)
             self._count(scope, status)
-            if status == SERVICE_RESTART:
+            if status == SERVICE_RESTART and not scope["state"].get(RELAYED):
                 log.warning("WebSocket %s [%s]: closed with %d, the server is shutting down", scope["path"],
                             request_id, SERVICE_RESTART)
 

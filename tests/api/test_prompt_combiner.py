@@ -37,7 +37,7 @@ class FakeBuilder:
 
 def waiting(combiner: PromptCombiner, n: int) -> None:
     deadline = time.monotonic() + 10
-    while len(combiner._waiting) < n:
+    while combiner.num_waiting < n:
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.002)
 
@@ -81,14 +81,14 @@ def test_an_interrupted_waiter_passes_its_turn_on(monkeypatch):
 
     made = []
 
-    class Wanted(engine_host._Wanted):
+    class Wanted(engine_host.WantedPrompt):
         def __init__(self, request):
             super().__init__(request)
             if request == "gone":
                 self.ready = Interrupted()
             made.append(request)
 
-    monkeypatch.setattr(engine_host, "_Wanted", Wanted)
+    monkeypatch.setattr(engine_host, "WantedPrompt", Wanted)
     with ThreadPoolExecutor(4) as pool:
         first = pool.submit(combiner.build, "a")
         while not builder.batches:

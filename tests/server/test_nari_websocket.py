@@ -87,7 +87,7 @@ def test_sessions_started_together_build_their_prompts_in_one_batch(server, monk
         batches.append(len(requests))
         if len(batches) == 1:  # (the first session's prompt: the others come meanwhile)
             deadline = time.monotonic() + 20
-            while len(tts._prompts._waiting) < 3:
+            while tts.num_prompts_waiting < 3:
                 assert time.monotonic() < deadline, "timed out: the other sessions' prompts are not waiting"
                 time.sleep(0.005)
         return original(requests)

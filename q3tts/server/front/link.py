@@ -31,6 +31,7 @@ import numpy as np
 from ...engine import EngineError
 from ...engine.stream import END
 from .. import errors
+from ..middleware import RELAYED
 from ..schemas import SpeechRequest
 from ..speech import RefusedAt, Speaker, Speech, SpeechStream
 from .messages import (
@@ -252,7 +253,7 @@ class _EngineSide(asyncio.Protocol):
 
         code = 1000
         try:
-            await self.server.app({**scope, "state": {}, "extensions": {}}, inbox.get, send)
+            await self.server.app({**scope, "state": {RELAYED: True}, "extensions": {}}, inbox.get, send)
         except Exception:
             log.exception("a WebSocket session from the front failed")
             code = 1011
