@@ -315,6 +315,7 @@ def check_audio(ours: np.ndarray, official: np.ndarray, exact: np.ndarray, label
     assert diff <= max(TOL, AUDIO_BOUND * official_error), (diff, official_error)
 
 
+@pytest.mark.slow(reason="a set's first case runs the official package on the whole set (tests/SLOW.md)")
 @pytest.mark.filterwarnings("ignore:this 0.6B CustomVoice checkpoint ignores `instruct`")  # (a case asks so)
 @pytest.mark.parametrize("path", ["engine", "reference"])
 @pytest.mark.parametrize(("name", "index"), ALL_CASES, ids=[f"{n}-{i}" for n, i in ALL_CASES])

@@ -63,6 +63,7 @@ def console_errors(driver) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
+@pytest.mark.slow(reason="a real browser plays a streamed answer (tests/SLOW.md)")
 def test_playground_streams_speech(browser, tmp_path):
     """The page loads without console errors, lists the speakers, streams a request's audio into the page (first
     audio before the whole clip is done) and offers it for download."""
