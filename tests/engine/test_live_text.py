@@ -207,10 +207,7 @@ def test_live_requests_started_together_give_their_own_codes(models, monkeypatch
     def prepare_many(requests):
         batches.append(len(requests))
         if hold.is_set() and len(batches) == 1:  # (the first of the threads started together: the others come)
-            deadline = time.monotonic() + 10
-            while tts.num_prompts_waiting < 3:
-                assert time.monotonic() < deadline, "timed out"
-                time.sleep(0.002)
+            wait_until(lambda: tts.num_prompts_waiting >= 3, 10)
         return original(requests)
 
     monkeypatch.setattr(tts, "prepare_many", prepare_many)

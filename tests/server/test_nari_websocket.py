@@ -16,6 +16,7 @@ from websockets.sync.client import connect  # noqa: E402
 
 from q3tts.server.config import ServerConfig  # noqa: E402
 from q3tts.tiny import tiny_checkpoint  # noqa: E402
+from tests.engine.test_live_text import wait_until  # noqa: E402
 from tests.server.harness import ServerThread, events_until_close, load_tiny, pcm_samples  # noqa: E402
 
 TEXT = "Hello world, this is live text."
@@ -86,10 +87,7 @@ def test_sessions_started_together_build_their_prompts_in_one_batch(server, monk
     def prepare_many(requests):
         batches.append(len(requests))
         if len(batches) == 1:  # (the first session's prompt: the others come meanwhile)
-            deadline = time.monotonic() + 20
-            while tts.num_prompts_waiting < 3:
-                assert time.monotonic() < deadline, "timed out: the other sessions' prompts are not waiting"
-                time.sleep(0.005)
+            wait_until(lambda: tts.num_prompts_waiting >= 3, 20)  # (the other sessions' prompts wait)
         return original(requests)
 
     monkeypatch.setattr(tts, "prepare_many", prepare_many)
