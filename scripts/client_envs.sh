@@ -44,15 +44,20 @@ build() {
   echo "$stamp" > "$env/.ready"
 }
 
+# The environments are built side by side (a build is mostly downloads and disk); any failure fails the script.
+builds=()
 mkdir -p "$ROOT"
-build pipecat "$PYTHON"
-build livekit "$PYTHON"
+build pipecat "$PYTHON" & builds+=($!)
+build livekit "$PYTHON" & builds+=($!)
 PY312=$(find_python312)
-if [ -z "$PY312" ]; then
+if [ -n "$PY312" ]; then
+  build wyoming "$PY312" & builds+=($!)
+  # nari-labs/benchmarks is not on PyPI and GitHub is not reachable from CI: its tts_bench package is vendored at a
+  # pinned commit (tests/clients/vendor/tts_bench/VENDORED.md); its files are part of the stamp.
+  build tts-bench "$PY312" tests/clients/vendor/tts_bench & builds+=($!)
+else
   echo "client_envs: no Python 3.12 (set PYTHON312): wyoming and tts-bench are not built" >&2
-  exit 0
 fi
-build wyoming "$PY312"
-# nari-labs/benchmarks is not on PyPI and GitHub is not reachable from CI: its tts_bench package is vendored at a
-# pinned commit (tests/clients/vendor/tts_bench/VENDORED.md); its files are part of the stamp.
-build tts-bench "$PY312" tests/clients/vendor/tts_bench
+failed=0
+for pid in "${builds[@]}"; do wait "$pid" || failed=1; done
+exit $failed
