@@ -92,6 +92,8 @@ def from_validation(exc: Exception, model: type[BaseModel] | None = None) -> API
     message = first.get("msg", "invalid value")
     if first.get("type") == "model_type":  # (pydantic names the class: "or instance of DialogueTurn")
         message = "Input should be a JSON object"
+    if first.get("type") == "extra_forbidden":  # (pydantic's "Extra inputs are not permitted")
+        message = "unknown field"
     if first.get("type") == "extra_forbidden" and len(loc) == 1 and model is not None:
         known = sorted({name for key, info in model.model_fields.items() for name in (key, info.alias) if name})
         sent = str(first["loc"][-1])

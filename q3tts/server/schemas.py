@@ -17,7 +17,16 @@ import math
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from ..errors import RequestError, quote
@@ -87,6 +96,20 @@ def check_embedding(value: object) -> object:
     return value
 
 
+def by_json_type(members: dict[str, Any], what: str) -> BeforeValidator:
+    """A union read as its member for the value's JSON type (`members`: json_type's name -> type), so that an error is
+    that member's, at the field: pydantic's own union reports every member's failure, each under the member's name
+    ("voice_aliases.n.str: Input should be a valid string" for an object whose `rate` is out of range)."""
+    adapters = {kind: TypeAdapter(member) for kind, member in members.items()}
+
+    def check(value: Any) -> Any:
+        adapter = adapters.get(json_type(value))
+        if adapter is None:
+            raise PydanticCustomError("invalid_value", f"must be {what}, not {json_type(value)}")
+        return adapter.validate_python(value, strict=True)  # (its ValidationError's errors: at this field)
+    return BeforeValidator(check)
+
+
 def only(is_noop: Callable[[Any], bool], why: str) -> AfterValidator:
     """A field accepted only at the value that asks for nothing; any other is refused saying why."""
     def check(value: Any) -> Any:
@@ -107,11 +130,24 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def check_rate_range(value: object) -> object:
+    """A number out of `rate`'s range, refused naming the range (pydantic names only the bound it passed)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not MIN_SPEED <= value <= MAX_SPEED:
+        raise PydanticCustomError("invalid_value", f"must be from {MIN_SPEED:g} to {MAX_SPEED:g} (it multiplies "
+                                  "speed)")
+    return value
+
+
 class KokoroAlias(Strict):
     """Kokoro-FastAPI's `voice_aliases` target with a pace: {"voice": ..., "rate": ...}."""
 
     voice: str = Field(min_length=1, max_length=256)
-    rate: float | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
+    rate: Annotated[float | None, BeforeValidator(check_rate_range)] = Field(None, ge=MIN_SPEED, le=MAX_SPEED,
+                                                                            allow_inf_nan=False)
+
+
+AliasTarget = Annotated[str | KokoroAlias, by_json_type({"a string": str, "an object": KokoroAlias},
+                                                        'a voice (a string) or {"voice": ..., "rate": ...}')]
 
 
 class Reference(Strict):
@@ -211,7 +247,7 @@ class SpeechSettings(PeerFields):
     speaker_embedding: Annotated[list[float] | None, BeforeValidator(check_embedding)] = Field(
         None, min_length=1, max_length=8192)
     x_vector_only_mode: bool = False
-    voice_aliases: dict[str, str | KokoroAlias] | None = Field(None, max_length=64)  # Kokoro: this request's own
+    voice_aliases: dict[str, AliasTarget] | None = Field(None, max_length=64)  # Kokoro: this request's own
     non_streaming_mode: bool | None = None
     # Codec frames + 1 (12.5 frames per second); at least 2, so that every response holds audio (N gives at most
     # N - 1 frames, as the official API).

@@ -243,6 +243,23 @@ def test_what_no_api_has_or_q3tts_cannot_do_is_a_400_naming_it(server, body, par
     _refused(_post(server, **{"voice": "ryan", **body}), 400, param, code)
 
 
+@pytest.mark.parametrize("target, param, says", [
+    ({"voice": "ryan", "rate": 5}, "voice_aliases.n.rate", "must be from 0.25 to 4"),
+    ({"voice": "ryan", "rate": "2"}, "voice_aliases.n.rate", "Input should be a valid number"),
+    ({"rate": 2}, "voice_aliases.n.voice", "Field required"),
+    ({"voice": "ryan", "x": 1}, "voice_aliases.n.x", "unknown field"),
+    (5, "voice_aliases.n", 'must be a voice (a string) or {"voice": ..., "rate": ...}, not a number'),
+    (["ryan"], "voice_aliases.n", "not an array"),
+    ("", "voice_aliases", "names and voices are 1-256 characters"),
+])
+def test_a_bad_alias_is_refused_for_its_own_fault(server, target, param, says):
+    """The alias of the value's JSON type is checked, at the field: pydantic's union named its members
+    ("voice_aliases.n.str: Input should be a valid string" for an object whose rate was out of range)."""
+    error = _refused(_post(server, voice="n", voice_aliases={"n": target}), 400, param)
+    assert error["message"] == f"{param}: {says}" or says in error["message"], error
+    assert "str" not in error["param"] and "KokoroAlias" not in error["message"], error
+
+
 def test_stream_true_gets_raw_audio_and_sse_when_asked(server):
     assert _post(server, voice="ryan", stream=True).headers["content-type"] == "audio/pcm"
     sse = _post(server, voice="ryan", stream=True, stream_format="sse")
