@@ -14,7 +14,8 @@ service.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -23,6 +24,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     TypeAdapter,
     field_validator,
     model_validator,
@@ -150,6 +153,9 @@ AliasTarget = Annotated[str | KokoroAlias, by_json_type({"a string": str, "an ob
                                                         'a voice (a string) or {"voice": ..., "rate": ...}')]
 
 
+REFERENCE_AUDIO_KEYS = ("audio_path", "ref_audio", "audio", "data")
+
+
 class Reference(Strict):
     """An item of `references` (vLLM-Omni's and SGLang-Omni's voice-cloning form): the same as `ref_audio` (one of
     the audio keys: an http(s) URL, a data: URL or base64 audio) and `ref_text`."""
@@ -165,12 +171,19 @@ class Reference(Strict):
 
     @property
     def source(self) -> str | None:
-        given = [v for v in (self.audio_path, self.ref_audio, self.audio, self.data) if v is not None]
+        key = self.audio_key
+        value = getattr(self, key) if key is not None else None
+        if value is not None and key == "data" and self.media_type and not value.startswith("data:"):
+            return f"data:{self.media_type};base64,{value}"
+        return value
+
+    @property
+    def audio_key(self) -> str | None:
+        """Which of the audio keys the client sent (None: none)."""
+        given = [key for key in REFERENCE_AUDIO_KEYS if getattr(self, key) is not None]
         if len(given) > 1:
             raise errors.bad_request("a reference takes one of audio_path, ref_audio, audio and data",
                                      param="references")
-        if given and self.data is not None and self.media_type and not given[0].startswith("data:"):
-            return f"data:{self.media_type};base64,{given[0]}"
         return given[0] if given else None
 
 
@@ -262,14 +275,17 @@ class SpeechSettings(PeerFields):
     subtalker_temperature: float | None = Field(None, gt=0, allow_inf_nan=False)
     subtalker_top_k: int | None = Field(None, ge=0)
     subtalker_top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    _sent_as: dict[str, str] = PrivateAttr(default_factory=dict)  # field -> the other API's name the client sent
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _other_names(cls, data: Any) -> Any:
+    def _other_names(cls, data: Any, handler: ModelWrapValidatorHandler[SpeechSettings]) -> SpeechSettings:
         """Other APIs' names and nulls as this API's fields (before validation, so that errors name the field the
-        client sent): `speaker` -> `voice`, `instruct` -> `instructions`, null -> the default."""
+        client sent): `speaker` -> `voice`, `instruct` -> `instructions`, null -> the default. The names sent are
+        kept, for the errors of later checks (`names_as_sent`)."""
         if not isinstance(data, dict):
-            return data
+            return handler(data)
+        sent_as: dict[str, str] = {}
         data = {k: v for k, v in data.items() if not (v is None and k in NULL_IS_DEFAULT and k in cls.model_fields)}
         for alias, name in ALIASES.items():
             if alias not in data:
@@ -281,10 +297,12 @@ class SpeechSettings(PeerFields):
                 raise errors.bad_request(f"{alias} must be a string, not {json_type(value)}", param=alias)
             if data.get(name) is not None:
                 raise errors.bad_request(f"{alias} is another name for {name}: send one of them", param=alias)
-            data[name] = value
+            data[name], sent_as[name] = value, alias
         if data.get("lang_code") is not None and data.get("language") is not None:
             raise errors.bad_request("lang_code is Kokoro's name for language: send one of them", param="lang_code")
-        return data
+        settings = handler(data)
+        settings._sent_as = sent_as
+        return settings
 
     @model_validator(mode="after")
     def _rate_of_format(self) -> SpeechSettings:
@@ -323,6 +341,32 @@ class SpeechSettings(PeerFields):
     @property
     def voice_id(self) -> str | None:
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+    def sent_name(self, name: str) -> str:
+        """A field's name as the client sent it: the other API's name it came by (`instruct`), or the key of
+        `references` that gave ref_audio or ref_text (`references.0.audio_path`)."""
+        if self.references and name in ("ref_audio", "ref_text"):
+            key = self.references[0].audio_key if name == "ref_audio" else "text"
+            return f"references.0.{key}" if key is not None else "references.0"
+        return self._sent_as.get(name, name)
+
+    def name_fields(self, sent_as: dict[str, str]) -> None:
+        """The names the client sent these fields by, where they came from elsewhere (a dialogue's turn)."""
+        self._sent_as = {**self._sent_as, **sent_as}
+
+    @contextmanager
+    def names_as_sent(self) -> Iterator[None]:
+        """An APIError raised inside names its field as the client sent it (`sent_name`), in `param` and at the
+        start of its message ("instructions is 2001 characters" -> "instruct is ...")."""
+        try:
+            yield
+        except errors.APIError as e:
+            sent = self.sent_name(e.param) if e.param else None
+            if sent is not None and sent != e.param:
+                if e.message.startswith(f"{e.param} "):
+                    e.message = sent + e.message[len(e.param):]
+                e.param = sent
+            raise
 
     @property
     def reference(self) -> tuple[str | None, str | None]:

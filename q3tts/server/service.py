@@ -141,7 +141,8 @@ class SpeechService(EngineKeeper):
 
     async def resolve_voice(self, s: SpeechSettings) -> VoiceChoice:
         """The voice and language a request asks for, in the server's terms (voice_choice.py)."""
-        return await self.resolver.resolve(s)
+        with s.names_as_sent():
+            return await self.resolver.resolve(s)
 
     async def create_voice(self, source: str | bytes, ref_text: str | None, x_vector_only: bool,
                            param: str) -> Voice:
@@ -153,14 +154,15 @@ class SpeechService(EngineKeeper):
         c = self.config
         ref_audio_limit = 2048 if (s.reference[0] or "").startswith(("http://", "https://")) \
             else c.max_upload_bytes * 4 // 3 + 64  # base64 or a data: URL
-        for param, value, limit in (("input", text, c.max_input_chars),
-                                    ("instructions", s.instructions, c.max_instructions_chars),
-                                    ("ref_text", s.reference[1], c.max_ref_text_chars),
-                                    ("voice", s.voice_id, c.max_voice_chars),
-                                    ("ref_audio", s.reference[0], ref_audio_limit)):
-            if value is not None and len(value) > limit:
-                raise errors.bad_request(f"{param} is {len(value)} characters; this server accepts at most {limit}",
-                                         param=param, code="input_too_long" if param == "input" else "too_long")
+        lengths = (("input", text, c.max_input_chars), ("instructions", s.instructions, c.max_instructions_chars),
+                   ("ref_text", s.reference[1], c.max_ref_text_chars), ("voice", s.voice_id, c.max_voice_chars),
+                   ("ref_audio", s.reference[0], ref_audio_limit))
+        with s.names_as_sent():
+            for param, value, limit in lengths:
+                if value is not None and len(value) > limit:
+                    raise errors.bad_request(f"{param} is {len(value)} characters; this server accepts at most "
+                                             f"{limit}", param=param,
+                                             code="input_too_long" if param == "input" else "too_long")
 
     def live(self, s: SpeechSettings, choice: VoiceChoice, seed: int, max_text_wait_s: float,
              pcm_format: str = "float32") -> LiveRequest:
@@ -172,7 +174,8 @@ class SpeechService(EngineKeeper):
                                  max_text_wait_s=max_text_wait_s, runaway_guard=self.config.runaway_guard,
                                  **s.sampling())
         except RequestError as e:
-            raise api_error(e) from e
+            with s.names_as_sent():
+                raise api_error(e) from e
 
     async def speak(self, body: SpeechRequest, request_id: str) -> Speech:
         """A speech request checked, prepared and submitted: no audio is made before all of it passes."""
@@ -200,17 +203,19 @@ class SpeechService(EngineKeeper):
         return speeches
 
     async def _checked(self, body: SpeechRequest) -> PreparedSpeech:
-        """The request checked and prepared (its prompts fit the engine), not submitted."""
+        """The request checked and prepared (its prompts fit the engine), not submitted; errors name the fields as
+        the client sent them."""
         self.check_limits(body, body.input)
         self.check_ready()
         self.check_model(body.model)
         choice = await self.resolve_voice(body)
-        job = await self.preparation.prepare(body.input, body, choice)
-        try:
-            for request, prompt in zip(job.requests, job.prompts):  # (a long input's later pieces too)
-                self.engine.check_prompt(prompt, request.params)
-        except RequestError as e:
-            raise api_error(e) from e
+        with body.names_as_sent():
+            job = await self.preparation.prepare(body.input, body, choice)
+            try:
+                for request, prompt in zip(job.requests, job.prompts):  # (a long input's later pieces too)
+                    self.engine.check_prompt(prompt, request.params)
+            except RequestError as e:
+                raise api_error(e) from e
         return job
 
     def submit(self, job: PreparedSpeech, request_id: str) -> RequestStream | PieceStream:

@@ -135,6 +135,9 @@ class VoiceResolver:
 
     async def _base_voice(self, s: SpeechSettings, name: str | None) -> Voice:
         ref_audio, ref_text = s.reference
+        if s.references and ref_audio is None:
+            raise errors.bad_request("references.0: the reference has no audio: give it one of audio_path, "
+                                     "ref_audio, audio and data", param="references.0", code="missing")
         if s.speaker_embedding is not None:
             if name is not None or ref_audio is not None:
                 raise errors.bad_request("speaker_embedding is the voice itself: send it without `voice` or "

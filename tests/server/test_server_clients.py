@@ -329,6 +329,30 @@ def test_speaker_embedding_and_references_clone_inline(base_server, base_tts, re
     _refused(_post(base_server, references=[{"audio": "AAAA"}], ref_audio="AAAA"), 400, "references")
 
 
+@pytest.mark.parametrize("body, param, says", [
+    ({"references": [{}]}, "references.0", "the reference has no audio"),
+    ({"references": [{"text": "Hello."}]}, "references.0", "the reference has no audio"),
+    ({"references": [{"audio_path": "/etc/passwd"}]}, "references.0.audio_path",
+     "references.0.audio_path must be an http(s) URL, a data: URL or base64-encoded audio"),
+    ({"references": [{"data": "http://example.com/a.wav"}]}, "references.0.data", "URLs are turned off"),
+    ({"ref_audio": "/etc/passwd"}, "ref_audio", "ref_audio must be an http(s) URL"),
+    ({"instruct": "Happy."}, "instruct", "Base checkpoints take no instructions"),
+    ({"instructions": "Happy."}, "instructions", "Base checkpoints take no instructions"),
+])
+def test_base_errors_name_the_field_as_sent(base_server, body, param, says):
+    """A reference in `references` is named as its item and key, an alias (`instruct`) as the client spelled it
+    (they were ref_audio, instructions, and `voice` for a reference with no audio)."""
+    error = _refused(_post(base_server, **body), 400, param)
+    assert says in error["message"], error
+
+
+def test_a_websocket_session_names_the_alias_it_was_sent(base_server):
+    with connect(base_server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "instruct": "Happy.", "max_new_tokens": MAX_NEW}))
+        (error,) = _until(ws, "error")
+    assert error["error"]["param"] == "instruct" and "no instructions" in error["message"], error
+
+
 def test_a_default_voice_from_a_recording(base_tts, reference_wav, tmp_path):
     """`--default-voice ref.wav`: cloned at start-up; OpenAI's names without a stored voice of theirs, and requests
     that name none, speak in it."""

@@ -85,6 +85,10 @@ def test_sse_and_a_default_voice_for_turns_that_name_none(server):
     ([TURNS[0], {"voice": "ryan", "input": "Hi.", "instruct": "x", "instructions": "y"}], 400,
      "turns[1].instruct", "turn 1: instruct is another"),
     ([TURNS[0], {"voice": "ryan", "input": "Hi.", "language": "klingon"}], 400, "turns[1].language", "turn 1: "),
+    ([TURNS[0], {"voice": "ryan", "text": ""}], 400, "turns[1].text", "turn 1: text "),  # (it was input)
+    ([TURNS[0], {"speaker": "nobody", "input": "Hi."}], 404, "turns[1].speaker", "turn 1: "),
+    ([TURNS[0], {"voice": "ryan", "input": "Hi.", "instruct": "a" * 2001}], 400, "turns[1].instruct",
+     "turn 1: instruct is 2001 characters"),
     ([], 400, "turns", ""),
     (["hi"], 400, "turns.0", "turns.0: Input should be a JSON object"),
 ])
@@ -101,6 +105,7 @@ def test_bad_turns_are_refused_naming_the_turn(server, turns, status, param, say
     ({"language": "xx"}, 400, "language"),
     ({"voice": "nobody"}, 404, "voice"),
     ({"instructions": "a" * 2001}, 400, "instructions"),
+    ({"instruct": "a" * 2001}, 400, "instruct"),  # (as sent: it was instructions)
 ])
 def test_a_bad_default_is_named_as_the_body_sent_it(server, defaults, status, param):
     """A top-level default that turn 0 takes is the body's field, not turns[0]'s (the turn did not send it)."""

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, ValidationError, model_validator
 
 from ...request.dialogue import MAX_PAUSE_S
 from .. import errors
@@ -40,17 +40,20 @@ class DialogueTurn(Strict):
     instructions: str | None = None
     language: str | None = None
     pause: float = Field(0.0, ge=0, le=MAX_PAUSE_S, allow_inf_nan=False)  # seconds of silence after the turn
+    _sent_as: dict[str, str] = PrivateAttr(default_factory=dict)  # field -> the other name the client sent
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _other_names(cls, data: Any) -> Any:
+    def _other_names(cls, data: Any, handler: ModelWrapValidatorHandler[DialogueTurn]) -> DialogueTurn:
         if not isinstance(data, dict):
-            return data
+            return handler(data)
         data = dict(data)
-        for alias, name in TURN_ALIASES.items():
-            if alias in data:
-                data[name] = data.pop(alias)
-        return data
+        sent_as = {name: alias for alias, name in TURN_ALIASES.items() if alias in data}
+        for name, alias in sent_as.items():
+            data[name] = data.pop(alias)
+        turn = handler(data)
+        turn._sent_as = sent_as
+        return turn
 
 
 class DialogueRequest(SpeechSettings):
@@ -128,17 +131,22 @@ def _turn_request(body: DialogueRequest, i: int) -> SpeechRequest:
     own = {"voice": turn.voice, "instructions": turn.instructions, "language": turn.language}
     data = {**settings, **{k: v for k, v in own.items() if v is not None}, "input": turn.input}
     try:
-        return SpeechRequest.model_validate(data)
+        request = SpeechRequest.model_validate(data)
     except ValidationError as e:
         raise _renamed(turn, i, errors.from_validation(e)) from None
     except errors.APIError as e:
         raise _renamed(turn, i, e) from None
+    # Later errors name a field as the client sent it: the turn's, else the body's default
+    defaults = {name: body.sent_name(name) for name in ("voice", "instructions") if own[name] is None}
+    request.name_fields({**defaults, **turn._sent_as})
+    return request
 
 
 def _renamed(turn: DialogueTurn, i: int, e: errors.APIError) -> errors.APIError:
     """The error as turn i's: "turn 2: ...", param turns[2].<field>; one about a default the body sent (its
     `voice`, say, for a turn that names none) stays the body's field, as sent."""
     field = (e.param or "").split(".")[0]
+    field = TURN_ALIASES.get(field, field)  # (as the client sent it: `text`, say)
     if field and getattr(turn, field, None) is None:  # (None: the turn takes the body's; see _turn_request)
         return e
     e.message, e.param = f"turn {i}: {e.message}", f"turns[{i}].{e.param}" if e.param else f"turns[{i}]"
