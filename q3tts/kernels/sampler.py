@@ -167,8 +167,8 @@ if triton is not None:
         not); every pass drops at least rest or the new hi from (lo, hi), and it stops once that holds none. The
         same cut as testing every bit of the key (32 reductions): ~7-8 passes over 2,048 or 3,072 probabilities
         after top-k 50, ~10 for the slowest of 64 rows; ~13 without top-k (~16). One reduction of three (tl.reduce)
-        rather than three (tl.sum, max, min): faster on the GPU (docs/perf-notes.md, entry 99), ~8x slower in
-        Triton's CPU interpreter."""
+        rather than three (tl.sum, max, min): faster on the GPU (docs/perf-notes.md, entry 99); Triton's CPU
+        interpreter runs it an element at a time (the tests run it as a tree: tests/kernels/conftest.py)."""
         lo = tl.zeros([], tl.float32)
         hi = tl.max(probs, axis=0)
         rest = lo  # (a bound, not yet a present value: the first pass finds them)

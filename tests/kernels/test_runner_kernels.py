@@ -9,7 +9,6 @@ import torch
 triton = pytest.importorskip("triton")
 
 from q3tts.kernels import attention, linear, norm  # noqa: E402
-from q3tts.kernels.sampler import sample_tokens  # noqa: E402
 from q3tts.sampling import SamplingParams  # noqa: E402
 from tests.kernels.twins import DEVICE, twin  # noqa: E402
 
@@ -52,9 +51,6 @@ def test_the_runner_on_the_fused_products(monkeypatch, tmp_path, kind, part):
         from q3tts.engine.runner import codec_stream, model_runner
         for module in (decoder, model_runner, codec_stream):
             monkeypatch.setattr(module, "add_rmsnorm", add_rmsnorm)
-        # The sampling kernel (its top-k search over every codebook entry, a program a row) was 40% of the engine
-        # part's time: the frames draw on its twin here (the kernel against it: tests/kernels/test_sampler_kernels.py)
-        monkeypatch.setattr(frame_step, "sample_tokens", lambda *a, **k: twin(monkeypatch, sample_tokens, *a, **k))
     runner = ModelRunner(tts.model, EngineConfig(max_rows=2, max_context=128, block_size=16, max_trailing=64))
     runner.decode_modes = {"decode": True, "fused": True}
     runner.cp_input_tables = runner.prepare_cp_input_tables()
