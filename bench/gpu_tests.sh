@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# One device call for the tests that need a GPU: tests/gpu (Q3TTS_GPU_TESTS=1: the graph-captured fast path and its
+# numerics) and tests/kernels on CUDA (every Triton kernel compiled and run against its PyTorch twin, where CI runs
+# them in Triton's interpreter). Carry .gpuwhl (pytest).
+#   COMMIT=<short hash> bash bench/gpu_tests.sh          (OUT=$OUT on the device machine)
+# Knobs: GPU_TESTS_S=300 KERNEL_TESTS_S=300.
+WHEEL_DIRS=.gpuwhl source "$(dirname "$0")/device_call.sh" /tmp/gpu_tests gpu_tests.txt
+log "commit ${COMMIT:-?}: GPU tests"
+PYTHONPATH=/tmp/site:$PWD Q3TTS_GPU_TESTS=1 timeout ${GPU_TESTS_S:-300} python3 -m pytest -q -p no:cacheprovider \
+  tests/gpu -rs 2>&1 | tail -25
+log "kernel tests on CUDA"
+PYTHONPATH=/tmp/site:$PWD timeout ${KERNEL_TESTS_S:-300} python3 -m pytest -q -p no:cacheprovider tests/kernels -rs \
+  --durations=10 2>&1 | tail -40
+log "done"
