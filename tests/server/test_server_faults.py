@@ -352,7 +352,7 @@ def test_streams_cut_at_the_drain_timeout_end_in_one_line(tmp_path, front):
 def test_soak(tmp_path, front):
     """A few minutes of mixed traffic (full streams, SSE, clients that leave, bad requests): the memory and open
     files of the server's processes (a front's engine process too) stay flat."""
-    seconds = float(os.environ.get("Q3TTS_SOAK_SECONDS", "60"))
+    seconds = float(os.environ.get("Q3TTS_SOAK_SECONDS", "30"))
     with serve(tmp_path, "--max-running", "4", front=front) as (url, proc):
         pids = [proc.pid, *children(proc.pid)]
         assert len(pids) == (2 if front else 1)
