@@ -10,7 +10,12 @@ export OUT T0=${T0:-$(date +%s)}
 exec > >(tee -a "$OUT/${2:-log.txt}") 2>&1
 log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 wheels=()
-for dir in ${WHEEL_DIRS:-.benchwhl .gpuwhl}; do wheels+=("$dir"/*.whl); done
+declare -A seen  # (a wheel in two of the folders once: pip refuses the same package twice)
+for dir in ${WHEEL_DIRS:-.benchwhl .gpuwhl}; do
+  for wheel in "$dir"/*.whl; do
+    if [ -z "${seen[${wheel##*/}]:-}" ]; then seen[${wheel##*/}]=1; wheels+=("$wheel"); fi
+  done
+done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "${wheels[@]}" || exit 1
 export PYTHONUNBUFFERED=1
