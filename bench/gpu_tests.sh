@@ -4,7 +4,7 @@
 # them in Triton's interpreter). Carry .gpuwhl (pytest) and .benchwhl (the server's packages: without them the
 # server's GPU test is skipped).
 #   COMMIT=<short hash> bash bench/gpu_tests.sh          (OUT=$OUT on the device machine)
-# Knobs: GPU_TESTS_S=480 KERNEL_TESTS_S=300, GPU_TESTS_ARGS (more pytest arguments, e.g. -k memory), KERNELS=1 (0:
+# Knobs: GPU_TESTS_S=480 KERNEL_TESTS_S=300, GPU_TESTS_ARGS (more pytest arguments, split at spaces: -x, say), KERNELS=1 (0:
 # tests/gpu alone).
 WHEEL_DIRS=$(ls -d .gpuwhl .benchwhl 2>/dev/null | tr '\n' ' ') source "$(dirname "$0")/device_call.sh" /tmp/gpu_tests \
   gpu_tests.txt
