@@ -81,6 +81,8 @@ def main() -> None:
     parser.add_argument("--rates-one", default="40,60,80,100")
     parser.add_argument("--rates-many", default="80,120,160,200")
     parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0,
+                        help="seconds at 4 requests/s before the first rate of each server, not counted (0: none)")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--client", choices=("httpx", "openai"), default="httpx",
                         help="send the requests as raw HTTP (httpx) or through the openai package")
@@ -97,7 +99,7 @@ def main() -> None:
                                    ("many", ["--devices", args.many], args.rates_many)):
         with server(args.model, placement, flags, args.logs / f"serve-{name}.log") as url:
             measured = http_rates(url, [float(r) for r in rates.split(",")], args.duration, args.clients,
-                                  args.client)
+                                  args.client, args.warmup)
         rows += measured
         found[measured[0]["gpus"]] = capacity(measured, args.ttfa_ms)
     one, many = found.values()

@@ -216,16 +216,18 @@ def http_records(url: str, model: str, voice: str, rate: float, duration: float,
     return [{**r, "client_gc_s": longest[0]} for r in records]
 
 
-def http_rates(url: str, rates: list[float], duration: float, clients: int = 1, client: str = "httpx"
-               ) -> list[dict]:
+def http_rates(url: str, rates: list[float], duration: float, clients: int = 1, client: str = "httpx",
+               warmup_s: float = 2.0) -> list[dict]:
     """Each rate offered by `clients` processes (rate / clients each: still Poisson), so that one Python event
     loop parsing every stream does not become the bottleneck being measured. `client`: httpx (the speech
-    request as raw HTTP) or openai (the same through the openai package, its own overhead included)."""
+    request as raw HTTP) or openai (the same through the openai package, its own overhead included). First
+    `warmup_s` seconds at 4 requests/s, not counted (0: none)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     model, voice, engines = asyncio.run(http_setup(url))
-    http_records(url, model, voice, 4.0, 2.0, 0, client)  # warm-up
+    if warmup_s > 0:
+        http_records(url, model, voice, 4.0, warmup_s, 0, client)
     rows = []
     with ProcessPoolExecutor(clients, mp_context=multiprocessing.get_context("fork")) as pool:
         for rate in rates:
