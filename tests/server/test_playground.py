@@ -76,7 +76,7 @@ def test_playground_streams_speech(browser, tmp_path):
         assert "ryan" in browser.execute_script("return window.q3tts.voices")
         text = browser.find_element(By.ID, "text")
         text.clear()
-        text.send_keys("Hello from the browser, streaming as it is generated.")
+        text.send_keys("Hello from the browser.")  # (short: a random model runs to the runaway guard's limit)
         browser.execute_script("document.getElementById('voice').value = 'serena'")
         browser.find_element(By.ID, "speak").click()
         wait_for(browser, "window.q3tts.rtf !== null", timeout=300)
