@@ -30,8 +30,9 @@ def test_scale_out_measures_one_engine_then_two(tmp_path):
     out = tmp_path / "result.json"
     run = subprocess.run(
         [sys.executable, str(REPO / "bench" / "scale_out.py"), "--model", str(model), "--one", "cpu",
-         "--many", "cpu,cpu", "--rates-one", "1", "--rates-many", "1", "--duration", "2", "--warmup", "0", "--clients", "2",
-         "--ttfa-ms", "60000", "--serve-flags", "--max-running 4 --log-level warning --no-runaway-guard",
+         "--many", "cpu,cpu", "--rates-one", "1", "--rates-many", "1", "--duration", "2", "--warmup", "0",
+         "--clients", "2", "--ttfa-ms", "60000",
+         "--serve-flags", "--max-running 4 --log-level warning --no-runaway-guard",
          "--logs", str(tmp_path), "--out", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(out.read_text())
