@@ -154,6 +154,7 @@ AliasTarget = Annotated[str | KokoroAlias, by_json_type({"a string": str, "an ob
 
 
 REFERENCE_AUDIO_KEYS = ("audio_path", "ref_audio", "audio", "data")
+REFERENCE_AUDIO_CHOICE = f"one of {', '.join(REFERENCE_AUDIO_KEYS[:-1])} and {REFERENCE_AUDIO_KEYS[-1]}"
 
 
 class Reference(Strict):
@@ -182,7 +183,7 @@ class Reference(Strict):
         """Which of the audio keys the client sent (None: none)."""
         given = [key for key in REFERENCE_AUDIO_KEYS if getattr(self, key) is not None]
         if len(given) > 1:
-            raise errors.bad_request("a reference takes one of audio_path, ref_audio, audio and data",
+            raise errors.bad_request(f"a reference takes {REFERENCE_AUDIO_CHOICE}",
                                      param="references")
         return given[0] if given else None
 

@@ -27,7 +27,7 @@ from . import errors
 from .config import ServerConfig
 from .languages import kokoro_language, model_language
 from .named_voices import NamedVoices
-from .schemas import TASK_TYPES, SpeechSettings
+from .schemas import REFERENCE_AUDIO_CHOICE, TASK_TYPES, SpeechSettings
 from .voice_aliases import OPENAI_VOICES, VoiceAliases
 from .voice_store import VoiceStore
 
@@ -136,8 +136,8 @@ class VoiceResolver:
     async def _base_voice(self, s: SpeechSettings, name: str | None) -> Voice:
         ref_audio, ref_text = s.reference
         if s.references and ref_audio is None:
-            raise errors.bad_request("references.0: the reference has no audio: give it one of audio_path, "
-                                     "ref_audio, audio and data", param="references.0", code="missing")
+            raise errors.bad_request(f"references.0: the reference has no audio: give it {REFERENCE_AUDIO_CHOICE}",
+                                     param="references.0", code="missing")
         if s.speaker_embedding is not None:
             if name is not None or ref_audio is not None:
                 raise errors.bad_request("speaker_embedding is the voice itself: send it without `voice` or "
