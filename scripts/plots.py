@@ -79,7 +79,7 @@ def rows(data: dict, **match) -> list[dict]:
 
 def decode_batch(out: Path) -> None:
     """q3tts's frame time at each batch size, both sizes, beside faster-qwen3-tts (batch 1 only) in the same run."""
-    name = "2026-12-03-decode-peers-h200.json"
+    name = "2026-12-04-decode-peers-h200.json"
     data = load(name)
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.4), sharey=True)
     for ax, size in zip(axes, ("0.6B-Base", "1.7B-Base")):
