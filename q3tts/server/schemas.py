@@ -133,23 +133,25 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-def check_rate_range(value: object) -> object:
-    """A number out of `rate`'s range, refused naming the range (pydantic names only the bound it passed)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and not MIN_SPEED <= value <= MAX_SPEED:
-        raise PydanticCustomError("invalid_value", f"must be from {MIN_SPEED:g} to {MAX_SPEED:g} (it multiplies "
-                                  "speed)")
-    return value
+def speed_range(why: str = "") -> BeforeValidator:
+    """A number out of the speed's range, refused naming the range (pydantic names only the bound it passed)."""
+    def check(value: object) -> object:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not MIN_SPEED <= value <= MAX_SPEED:
+            raise PydanticCustomError("invalid_value", f"must be from {MIN_SPEED:g} to {MAX_SPEED:g}{why}")
+        return value
+    return BeforeValidator(check)
 
 
 class KokoroAlias(Strict):
     """Kokoro-FastAPI's `voice_aliases` target with a pace: {"voice": ..., "rate": ...}."""
 
-    voice: str = Field(min_length=1, max_length=256)
-    rate: Annotated[float | None, BeforeValidator(check_rate_range)] = Field(None, ge=MIN_SPEED, le=MAX_SPEED,
+    voice: AliasVoice
+    rate: Annotated[float | None, speed_range(" (it multiplies speed)")] = Field(None, ge=MIN_SPEED, le=MAX_SPEED,
                                                                             allow_inf_nan=False)
 
 
-AliasTarget = Annotated[str | KokoroAlias, by_json_type({"a string": str, "an object": KokoroAlias},
+AliasVoice = Annotated[str, Field(min_length=1, max_length=256)]
+AliasTarget = Annotated[str | KokoroAlias, by_json_type({"a string": AliasVoice, "an object": KokoroAlias},
                                                         'a voice (a string) or {"voice": ..., "rate": ...}')]
 
 
@@ -181,11 +183,15 @@ class Reference(Strict):
     @property
     def audio_key(self) -> str | None:
         """Which of the audio keys the client sent (None: none)."""
+        return next((key for key in REFERENCE_AUDIO_KEYS if getattr(self, key) is not None), None)
+
+    @model_validator(mode="after")
+    def _one_audio(self) -> Reference:
         given = [key for key in REFERENCE_AUDIO_KEYS if getattr(self, key) is not None]
-        if len(given) > 1:
-            raise errors.bad_request(f"a reference takes {REFERENCE_AUDIO_CHOICE}",
-                                     param="references")
-        return given[0] if given else None
+        if len(given) > 1:  # (at references.<i>, where pydantic places it)
+            raise PydanticCustomError("invalid_value", f"a reference takes {REFERENCE_AUDIO_CHOICE}, not "
+                                      f"{' and '.join(given)} together")
+        return self
 
 
 class KokoroNormalization(Strict):
@@ -249,7 +255,7 @@ class SpeechSettings(PeerFields):
     instructions: str | None = None  # -> instruct (style on 1.7B CustomVoice, the voice itself on VoiceDesign)
     response_format: AudioFormat = "mp3"
     sample_rate: int | None = Field(None, ge=MIN_SAMPLE_RATE, le=MAX_SAMPLE_RATE)  # None: the model's (24 kHz)
-    speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
+    speed: Annotated[float, speed_range()] = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
     volume_multiplier: float = Field(1.0, ge=0, le=10, allow_inf_nan=False)  # Kokoro-FastAPI
     task_type: TaskType | None = None
     language: str = "auto"  # a name, ISO 639 code or BCP-47 tag (languages.py)
@@ -330,9 +336,9 @@ class SpeechSettings(PeerFields):
     @classmethod
     def _alias_names(cls, aliases: dict | None) -> dict | None:
         seen: dict[str, str] = {}
-        for name, target in (aliases or {}).items():
-            if not 0 < len(name) <= 256 or (isinstance(target, str) and not 0 < len(target) <= 256):
-                raise PydanticCustomError("invalid_value", f"{quote(name)}: names and voices are 1-256 characters")
+        for name in aliases or {}:
+            if not 0 < len(name) <= 256:  # (a voice's length: AliasTarget's, at voice_aliases.<name>)
+                raise PydanticCustomError("invalid_value", f"{quote(name)}: names are 1-256 characters")
             if name.lower() in seen:  # (else the one given last would win, the other dropped)
                 raise PydanticCustomError("invalid_value", f"{quote(seen[name.lower()])} and {quote(name)} are one "
                                           "name (names match in any case): give it once")

@@ -250,7 +250,8 @@ def test_what_no_api_has_or_q3tts_cannot_do_is_a_400_naming_it(server, body, par
     ({"voice": "ryan", "x": 1}, "voice_aliases.n.x", "unknown field"),
     (5, "voice_aliases.n", 'must be a voice (a string) or {"voice": ..., "rate": ...}, not a number'),
     (["ryan"], "voice_aliases.n", "not an array"),
-    ("", "voice_aliases", "names and voices are 1-256 characters"),
+    ("", "voice_aliases.n", "String should have at least 1 character"),
+    ("r" * 257, "voice_aliases.n", "String should have at most 256 characters"),
 ])
 def test_a_bad_alias_is_refused_for_its_own_fault(server, target, param, says):
     """The alias of the value's JSON type is checked, at the field: pydantic's union named its members
@@ -258,6 +259,17 @@ def test_a_bad_alias_is_refused_for_its_own_fault(server, target, param, says):
     error = _refused(_post(server, voice="n", voice_aliases={"n": target}), 400, param)
     assert error["message"] == f"{param}: {says}" or says in error["message"], error
     assert "str" not in error["param"] and "KokoroAlias" not in error["message"], error
+
+
+@pytest.mark.parametrize("speed", [5, 0.1])
+def test_a_speed_out_of_range_is_refused_naming_the_range(server, speed):
+    error = _refused(_post(server, voice="ryan", speed=speed), 400, "speed")
+    assert error["message"] == "speed: must be from 0.25 to 4", error
+
+
+def test_an_alias_name_of_the_wrong_length_is_refused(server):
+    error = _refused(_post(server, voice="ryan", voice_aliases={"": "ryan"}), 400, "voice_aliases")
+    assert "names are 1-256 characters" in error["message"], error
 
 
 def test_stream_true_gets_raw_audio_and_sse_when_asked(server):
@@ -335,6 +347,7 @@ def test_speaker_embedding_and_references_clone_inline(base_server, base_tts, re
     ({"references": [{"audio_path": "/etc/passwd"}]}, "references.0.audio_path",
      "references.0.audio_path must be an http(s) URL, a data: URL or base64-encoded audio"),
     ({"references": [{"data": "http://example.com/a.wav"}]}, "references.0.data", "URLs are turned off"),
+    ({"references": [{"audio": "AAAA", "data": "AAAA"}]}, "references.0", "not audio and data together"),
     ({"ref_audio": "/etc/passwd"}, "ref_audio", "ref_audio must be an http(s) URL"),
     ({"instruct": "Happy."}, "instruct", "Base checkpoints take no instructions"),
     ({"instructions": "Happy."}, "instructions", "Base checkpoints take no instructions"),
