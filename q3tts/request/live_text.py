@@ -4,9 +4,10 @@ The whole-text prompt tokenizes "<|im_start|>assistant\\n{text}<|im_end|>..." in
 tokens, then the pre-tokenizer's regex split, then BPE within each piece. BPE never crosses a piece, the regex has
 no look-behind, and a piece that is not the last one of the text so far ends before the text does, so only the
 last piece can still change (grow, or split) when text is appended: everything before the start of the last piece
-tokenizes now exactly as it will in the whole text, and is released. At `end()` the rest is. The released ids
-are thus `encode(assistant_text(whole))[3:-5]` whatever the chunking (tests/unit/test_live_text.py proves it on
-random texts cut at random places, one character at a time included).
+tokenizes now exactly as it will in the whole text, and is released. One tokenizer pass an append gives both the
+ids and the pieces they came from (`TextTokenizer.encode_pieces`: the encoding's words). At `end()` the rest is. The
+released ids are thus `encode(assistant_text(whole))[3:-5]` whatever the chunking (tests/unit/test_live_text.py
+proves it on random texts cut at random places, one character at a time included).
 
 Three details keep the cut exact: text is kept NFC-normalized as it grows (NFC(NFC(a) + b) == NFC(a + b)), and a
 cut is made only before a character that composes with nothing before it; a piece is an added token where the
@@ -17,43 +18,30 @@ and its 3 tokens are not released.
 
 from __future__ import annotations
 
-import re
+import bisect
 import unicodedata
 import weakref
 
-from tokenizers import Regex, pre_tokenizers
-
-from .text_tokenizer import PRETOKENIZE_REGEX, ROLE_PREFIX, TextTokenizer
+from .text_tokenizer import ROLE_PREFIX, TextTokenizer
 
 HEADER_TOKENS = 3  # "<|im_start|>assistant\n" (TextTokenizer checks it)
 
 
 class Pieces:
-    """How a tokenizer cuts text into pieces before BPE: its added tokens, then the pre-tokenizer's regex. Built once
-    per tokenizer (`pieces_of`) and shared by its live requests (a WebSocket server opens one per session)."""
+    """The beginnings of a tokenizer's added tokens, which a text's tail may still grow into. Built once per tokenizer
+    (`pieces_of`) and shared by its live requests (a WebSocket server opens one per session)."""
 
     def __init__(self, added_contents: list[str]):
-        self.split = pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated")
-        added = sorted(added_contents, key=len, reverse=True)
-        self.added = re.compile("|".join(map(re.escape, added))) if added else None
-        self.prefixes = frozenset(content[:i] for content in added for i in range(1, len(content)))
+        self.prefixes = frozenset(content[:i] for content in added_contents for i in range(1, len(content)))
         self.longest_prefix = max(map(len, self.prefixes), default=0)
-
-    def starts(self, text: str) -> list[int]:
-        """The start of every pre-token piece of `text`: added tokens are pieces, the regex splits the rest."""
-        starts, at = [], 0
-        spans = [m.span() for m in self.added.finditer(text)] if self.added else []
-        for start, end in [*spans, (len(text), len(text))]:
-            if start > at:
-                starts += [at + a for _, (a, _) in self.split.pre_tokenize_str(text[at:start])]
-            if end > start:
-                starts.append(start)
-            at = end
-        return starts
+        self.firsts = frozenset(prefix[0] for prefix in self.prefixes)
 
     def held_tail(self, text: str) -> int:
         """The length of the longest tail of `text` that an added token starts with (it may still become one)."""
-        return next((n for n in range(min(self.longest_prefix, len(text)), 0, -1) if text[-n:] in self.prefixes), 0)
+        tail = text[-self.longest_prefix:] if self.longest_prefix else ""
+        if not any(first in tail for first in self.firsts):  # (the usual case: no tail can start one)
+            return 0
+        return next((n for n in range(len(tail), 0, -1) if tail[-n:] in self.prefixes), 0)
 
 
 _PIECES: weakref.WeakKeyDictionary[TextTokenizer, Pieces] = weakref.WeakKeyDictionary()
@@ -85,29 +73,31 @@ class LiveText:
             raise ValueError("text appended after the end")
         self.num_chars += len(text)
         self._pending = unicodedata.normalize("NFC", self._pending + text)
-        cut = self._last_cut()
-        return self._release(cut) if cut else []
+        ids, starts = self._tokenizer.encode_pieces(self._pending)  # (one pass: its pieces cut it)
+        cut = self._last_cut(starts)
+        return self._release(ids[:bisect.bisect_left(starts, cut)], cut) if cut else []
 
     def end(self) -> list[int]:
         """No more text: returns the tokens still held."""
         self.ended = True
-        return self._release(len(self._pending))
+        return self._release(self._tokenizer.encode(self._pending), len(self._pending))
 
-    def _release(self, cut: int) -> list[int]:
-        ids = self._tokenizer.encode(self._pending[:cut])
+    def _release(self, ids: list[int], cut: int) -> list[int]:
+        """The ids of the pending text up to `cut` are final: released, but for the header's."""
         self._pending = self._pending[cut:]
         drop, self._header = min(self._header, len(ids)), self._header - min(self._header, len(ids))
         ids = ids[drop:]
         self.num_tokens += len(ids)
         return ids
 
-    def _last_cut(self) -> int:
-        """Where the last piece of the pending text starts (0: nowhere to cut yet), moved back to a place no later
-        text can change: before any tail that could become an added token, at a character that composes with
-        nothing before it."""
+    def _last_cut(self, starts: list[int]) -> int:
+        """Where the last piece of the pending text starts (0: nowhere to cut yet; `starts`: each token's piece's
+        start), moved back to a place no later text can change: before any tail that could become an added token,
+        at a character that composes with nothing before it. The ids of the pieces before it are the same as those
+        of the text up to it (BPE never crosses a piece)."""
         text = self._pending
         limit = len(text) - self._pieces.held_tail(text)
-        return next((start for start in reversed(self._pieces.starts(text))
+        return next((start for start in reversed(dict.fromkeys(starts))
                      if 0 < start <= limit and _stable_at(text, start)), 0)
 
 

@@ -69,6 +69,17 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_pieces(self, text: str) -> tuple[list[int], list[int]]:
+        """`encode(text)` and, for each id, where in `text` its piece starts (the pre-token it was cut from: an added
+        token, or a split of the pre-tokenizer; characters, for text that is NFC already)."""
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        starts, word, start = [], None, 0
+        for w, (a, _) in zip(encoding.word_ids, encoding.offsets):
+            if w != word:  # (a new piece; ids without one, if any, are taken as one piece: no cut among them)
+                word, start = w, a
+            starts.append(start)
+        return encoding.ids, starts
+
     def added_contents(self) -> list[str]:
         """The added tokens' strings (split out of any text before the pre-tokenizer)."""
         return [token.content for token in self._tok.get_added_tokens_decoder().values()]
