@@ -142,15 +142,17 @@ def speed_range(why: str = "") -> BeforeValidator:
     return BeforeValidator(check)
 
 
+AliasVoice = Annotated[str, Field(min_length=1, max_length=256)]
+
+
 class KokoroAlias(Strict):
     """Kokoro-FastAPI's `voice_aliases` target with a pace: {"voice": ..., "rate": ...}."""
 
     voice: AliasVoice
-    rate: Annotated[float | None, speed_range(" (it multiplies speed)")] = Field(None, ge=MIN_SPEED, le=MAX_SPEED,
-                                                                            allow_inf_nan=False)
+    rate: Annotated[float | None, speed_range(" (it multiplies speed)")] = Field(
+        None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
 
 
-AliasVoice = Annotated[str, Field(min_length=1, max_length=256)]
 AliasTarget = Annotated[str | KokoroAlias, by_json_type({"a string": AliasVoice, "an object": KokoroAlias},
                                                         'a voice (a string) or {"voice": ..., "rate": ...}')]
 
