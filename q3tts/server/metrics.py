@@ -83,6 +83,8 @@ class _EngineCollector:
                 (m, "q3tts_engine_errors", "Engine failures", "errors"),
                 (prefixes, "q3tts_prefix_cache_hits", "Prompts whose voice prefix was reused", "hits"),
                 (prefixes, "q3tts_prefix_cache_misses", "Prompts whose voice prefix was computed", "misses"),
+                (prefixes, "q3tts_prefix_cache_declined", "Voice prefixes computed and not kept: seen once, with the "
+                 "cache full", "declined"),
                 (codec, "q3tts_codec_references_reused", "In-context streams whose codec state after the reference "
                  "was copied", "references_reused"),
                 (codec, "q3tts_codec_references_decoded", "In-context streams whose reference the codec decoded",

@@ -3,6 +3,8 @@ the prompts themselves, mode by mode), cached and uncached requests give identic
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -276,3 +278,56 @@ def test_new_voices_heads_computed_together(cache, ref_wav, dtype):
         with torch.no_grad():
             for spec, got in zip(specs, together):
                 assert torch.equal(got.parts[0], spec_head(tts, spec)), (name, spec.language, spec.speaker)
+
+
+def test_a_full_cache_keeps_a_voice_the_second_time_it_is_seen():
+    """While an entry fits, a missed key is wanted at once; once it would push entries out, a key is wanted only at
+    its second miss, so one-off voices neither evict those in use nor cost the copy."""
+    kv = lambda: torch.zeros(2, 10, 2, 4)  # 640 bytes each of k and v
+    prefixes = PrefixCache(max_bytes=2 * 2 * 640)
+    for key in "ab":
+        assert prefixes.wants(key, 2 * 640)
+        prefixes.put(key, kv(), kv())
+    assert not prefixes.wants("c", 2 * 640) and not prefixes.wants("d", 2 * 640)  # full: seen once, declined
+    assert list(prefixes.entries) == ["a", "b"] and prefixes.declined == 2
+    assert prefixes.wants("c", 2 * 640)  # its second miss
+    prefixes.put("c", kv(), kv())
+    assert list(prefixes.entries) == ["b", "c"]
+    assert not prefixes.wants("c", 2 * 640)  # (evicted later, it starts over as seen once)
+
+
+def test_one_off_voices_do_not_evict_the_voice_in_use(cache, ref_wav):
+    """An engine whose prefix cache holds one x-vector voice's prefix, not two: requests with new voices, each seen
+    once, leave that voice's prefix cached (its next request a hit, with the same codes); a new voice's second
+    request is kept in its place."""
+    from q3tts.request.voice import Voice
+
+    def codes(tts: TTS, voice: Voice) -> np.ndarray:
+        stream = tts.submit(tts.request(TEXTS[0], voice=voice, language="english", seed=1, **GREEDY))
+        stream.read_all()
+        return np.stack(stream.channel.codes)
+
+    with load("tiny-base", cache, 0.01) as probe:  # one x-vector prefix's bytes
+        used = probe.create_voice(str(ref_wav), x_vector_only=True)
+        codes(probe, used)
+        entry = probe.engine.runner.prefix_cache.bytes
+    with load("tiny-base", cache, 1.5 * entry / 2**30) as tts:
+        prefixes, hidden = tts.engine.runner.prefix_cache, tts.config.talker_config.hidden_size
+        codes = functools.partial(codes, tts)
+
+        def new_voice() -> Voice:
+            return Voice(ref_code=None, ref_spk_embedding=torch.randn(hidden), x_vector_only_mode=True,
+                         icl_mode=False, model_size=tts.config.tts_model_size)
+
+        first = codes(used)
+        assert len(prefixes.entries) == 1 and (prefixes.hits, prefixes.misses) == (0, 1)
+        for _ in range(3):
+            codes(new_voice())
+        assert prefixes.declined == 3 and (prefixes.hits, len(prefixes.entries)) == (0, 1)
+        assert np.array_equal(codes(used), first) and prefixes.hits == 1
+        twice = new_voice()
+        codes(twice)
+        codes(twice)  # its second miss: kept, the other pushed out
+        assert prefixes.declined == 4 and len(prefixes.entries) == 1
+        codes(twice)
+        assert prefixes.hits == 2

@@ -81,7 +81,8 @@ class Prefill:
                 continue
             hit = self.prefix_cache.get(prompt.prefix_key)
             if hit is None:
-                if all(p.prefix_key != prompt.prefix_key for _, p in store):
+                if all(p.prefix_key != prompt.prefix_key for _, p in store) and self.prefix_cache.wants(
+                        prompt.prefix_key, prompt.prefix_len * self.kv_bytes_per_block // self.config.block_size):
                     store.append((row, prompt))
                 continue
             hits.append((row, *hit))

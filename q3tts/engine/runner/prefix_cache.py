@@ -22,6 +22,8 @@ from collections import OrderedDict
 
 import torch
 
+SEEN_ONCE_KEYS = 4096  # the keys `wants` remembers as missed once (the oldest forgotten first)
+
 
 class PrefixCache:
     """Least recently used first out within `max_bytes`, counted by storage: entries made together as views of
@@ -33,7 +35,25 @@ class PrefixCache:
         self.entries: OrderedDict[str | bytes, tuple[torch.Tensor, ...]] = OrderedDict()
         self.bytes = 0
         self.hits = self.misses = 0
+        self.declined = 0  # entries `wants` turned down (seen once, with the budget full)
         self._storages: dict[int, list[int]] = {}  # storage address -> [bytes, entries holding it]
+        self._seen_once: OrderedDict[str | bytes, None] = OrderedDict()
+
+    def wants(self, key: str | bytes, nbytes: int) -> bool:
+        """Whether an entry of about `nbytes` for `key`, just missed, is worth keeping: while it fits beside what is
+        kept, always; once it would push entries out, only for a key missed before (among the last SEEN_ONCE_KEYS
+        turned down), so that voices seen once (a new reference every request) neither evict the voices in use nor
+        cost the copy that keeps them."""
+        if self.bytes + nbytes <= self.max_bytes:
+            return True
+        if key in self._seen_once:  # (its second miss: kept, pushing the least recently used out)
+            del self._seen_once[key]
+            return True
+        self._seen_once[key] = None
+        if len(self._seen_once) > SEEN_ONCE_KEYS:
+            self._seen_once.popitem(last=False)
+        self.declined += 1
+        return False
 
     def get(self, key: str | bytes) -> tuple[torch.Tensor, ...] | None:
         """The tensors kept for `key` (the talker's: keys and values [layers, positions, kv heads, head dim] of a
