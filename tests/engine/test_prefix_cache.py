@@ -331,3 +331,18 @@ def test_one_off_voices_do_not_evict_the_voice_in_use(cache, ref_wav):
         assert prefixes.declined == 4 and len(prefixes.entries) == 1
         codes(twice)
         assert prefixes.hits == 2
+
+
+def test_a_full_codec_cache_keeps_a_reference_the_second_time_it_is_seen(cache, ref_wav):
+    """The codec's cache of decoder states after in-context references follows the same rule: with room for one
+    state, a second reference seen once is decoded and not kept (the first stays), and kept when seen again."""
+    with load("tiny-base", cache, 0) as tts:
+        ref = tts.create_voice(str(ref_wav), "Good morning.").ref_code
+        codec = tts.engine.codec
+        codec.references = PrefixCache(int(1.5 * codec._row_bytes()))
+        other = torch.roll(ref, 1, 0)  # (another reference: its frames in another order)
+        for refs, kept in (([ref], 1), ([other], 1), ([ref], 1), ([other, other], 1)):
+            codec.start(list(range(len(refs))), refs)
+            assert len(codec.references.entries) == kept
+        assert codec.references.declined == 1 and codec.references_decoded == 3
+        assert tensor_digest(other) in codec.references.entries  # its second time: kept, pushing the first out

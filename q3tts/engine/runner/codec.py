@@ -70,8 +70,10 @@ class CodecRunner:
                     self.references_decoded += 1
                     audio = self.stream.decode_rows([first], ref.T[None])
                     last = audio[0, -1:].to(torch.float32, copy=True)  # (kept: not a view of the whole audio)
-                    kept = (*(t[first].clone() for t in state), last)
-                    if self.references is not None:
+                    keep = self.references is not None and self.references.wants(key, self._row_bytes())
+                    # (not kept: this call's other rows copy the first's state as it is now, in stream order)
+                    kept = (*(t[first].clone() if keep else t[first] for t in state), last)
+                    if keep:
                         self.references.put(key, *kept)
                 if voice_rows:
                     set_rows(state, voice_rows, list(kept[:len(state)]))
@@ -94,6 +96,10 @@ class CodecRunner:
         if moves:
             with self._on_codec_stream():
                 self._views().copy(moves)
+
+    def _row_bytes(self) -> int:
+        """One row's decoder state, in bytes."""
+        return sum(t[0].numel() * t.element_size() for t in self.stream.state.tensors())
 
     def _views(self) -> RowViews:
         if self._rows is None:
