@@ -323,7 +323,6 @@ def _say(args) -> int:
     """Everything that needs no model is checked first; then the model loads and the audio streams to the file
     (and with --play to the speakers) as it is generated."""
     import numpy as np
-    import soundfile as sf
 
     from ..request.builder import check_text
     from ..request.voice import Voice
@@ -331,11 +330,7 @@ def _say(args) -> int:
     if args.script is not None:
         return _say_script(args)
     text = check_text(_read_text(args))
-    to_stdout = args.output == "-"  # (a WAV file on standard output, for a pipe)
-    output = Path("out.wav") if to_stdout else _output_path(args.output)
-    if not sf.check_format(output.suffix[1:].upper()):
-        raise ValueError(f"-o {args.output}: the file's extension names no audio format that can be written; use "
-                         ".wav (or .flac, .ogg, .mp3 ...)")
+    output = _audio_output(args.output)
     sampling = _sampling(args)
     engine = _engine_options(args, max_rows=2)
     config = _check_model(args)
@@ -362,47 +357,79 @@ def _say(args) -> int:
     if player is not None:
         player.stop()
     wav = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+    _write_audio(args.output, output, wav, tts.sample_rate)
+    print(f"wrote {'standard output' if output is None else args.output}: {len(wav) / tts.sample_rate:.2f} s of "
+          "audio" + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
+    return 0
+
+
+def _audio_output(output: str) -> Path | None:
+    """-o checked before any work: None for '-' (a WAV file on standard output, for a pipe), else the file's path,
+    whose extension must name a format soundfile can write."""
+    import soundfile as sf
+
+    if output == "-":
+        return None
+    path = _output_path(output)
+    if not sf.check_format(path.suffix[1:].upper()):
+        raise ValueError(f"-o {output}: the file's extension names no audio format that can be written; use "
+                         ".wav (or .flac, .ogg, .mp3 ...)")
+    return path
+
+
+def _write_audio(given: str, output: Path | None, wav, sample_rate: int) -> None:
+    """The audio to `output` (None: standard output, as 16-bit WAV), a failed write one error naming -o."""
+    import soundfile as sf
+
     try:
-        if to_stdout:
+        if output is None:
             data = io.BytesIO()
-            sf.write(data, wav, tts.sample_rate, format="WAV", subtype="PCM_16")
+            sf.write(data, wav, sample_rate, format="WAV", subtype="PCM_16")
             sys.stdout.buffer.write(data.getvalue())
             sys.stdout.flush()
         else:
-            sf.write(output, wav, tts.sample_rate)
+            sf.write(output, wav, sample_rate)
     except (sf.SoundFileError, OSError) as e:  # (a full disk, a file removed or locked since the check)
-        raise OSError(f"-o {args.output}: could not write the audio: {e}") from e
-    print(f"wrote {'standard output' if to_stdout else args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
-          + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
-    return 0
+        raise OSError(f"-o {given}: could not write the audio: {e}") from e
 
 
 def _say_script(args) -> int:
     """`say --script`: the turns checked before the model loads what it can, all generated at once."""
     import numpy as np
-    import soundfile as sf
 
     from ..request.dialogue import read_script
 
     if args.text is not None or args.file is not None:
         raise ValueError("--script is the whole dialogue: give no text or --file with it")
-    output = _output_path(args.output)
+    output = _audio_output(args.output)
     sampling, engine, config = _sampling(args), _engine_options(args, max_rows=64), _check_model(args)
     try:
         turns = read_script(args.script, config.tts_model_type)
     except OSError as e:
         raise ValueError(f"--script {args.script}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--script {args.script}: not UTF-8 text ({e})") from None
     for turn in turns:
         if isinstance(turn.voice, str) and not Path(turn.voice).is_file():
             beside = args.script.parent / turn.voice
             turn.voice = beside if beside.is_file() else beside.with_name(beside.name + ".voice")
     speaker = args.speaker if args.speaker is not None else _default_speaker(config)
     tts = _load(args, **engine)
-    frames = list(tts.stream_dialogue(turns, speaker=speaker, voice=args.voice, instruct=args.instruct,
-                                      language=args.language, seed=args.seed, **sampling))
+    stream = tts.stream_dialogue(turns, speaker=speaker, voice=args.voice, instruct=args.instruct,
+                                 language=args.language, non_streaming_mode=args.non_streaming_mode, seed=args.seed,
+                                 **sampling)
+    player = _player(tts.sample_rate) if args.play else None
+    frames = []
+    for frame in stream:
+        frames.append(frame)
+        if player is not None:
+            player.write(frame)
+    if player is not None:
+        player.stop()
     wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
-    sf.write(output, wav, tts.sample_rate)
-    print(f"wrote {args.output}: {len(turns)} turns, {len(wav) / tts.sample_rate:.2f} s of audio", file=sys.stderr)
+    _write_audio(args.output, output, wav, tts.sample_rate)
+    print(f"wrote {'standard output' if output is None else args.output}: {len(turns)} turns, "
+          f"{len(wav) / tts.sample_rate:.2f} s of audio", file=sys.stderr)
     return 0
 
 
