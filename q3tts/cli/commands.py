@@ -540,6 +540,12 @@ def _batch(args) -> int:
 
     if not args.jobs.is_file():
         raise FileNotFoundError(f"{args.jobs}: no such file")
+    try:  # (before the model loads: it is read again, line by line, once it has)
+        args.jobs.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{args.jobs}: not UTF-8 text ({e})") from None
+    if args.out_dir.exists() and not args.out_dir.is_dir():
+        raise FileExistsError(f"--out-dir {args.out_dir}: that is a file; give a folder (made if missing)")
     engine = _engine_options(args, max_rows=args.max_rows)
     _check_model(args)
     tts = _load(args, **engine)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import soundfile as sf
 
 from q3tts.cli import main
@@ -50,3 +51,17 @@ def test_batch_renders_resumes_and_reports(tmp_path, capsys, monkeypatch):
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps(JOBS[0]) + "\n")
     assert main(["batch", str(good), "--out-dir", str(tmp_path / "good"), "--model", "tiny"]) == 0
+
+
+def test_a_jobs_file_not_utf8_and_an_out_dir_that_is_a_file_are_refused_first(tmp_path, capsys, monkeypatch):
+    """(Both were refused after the model had loaded, in Python's words: "'utf-8' codec can't decode byte ...",
+    "[Errno 17] File exists: ...", naming neither the jobs file nor --out-dir.)"""
+    monkeypatch.setattr("q3tts.cli.commands._load", lambda *a, **k: pytest.fail("the model was loaded"))
+    jobs, latin1 = tmp_path / "jobs.jsonl", tmp_path / "latin1.jsonl"
+    jobs.write_text(json.dumps({"text": "Hi.", "speaker": "ryan"}) + "\n")
+    latin1.write_bytes(json.dumps({"text": "Caf\xe9.", "speaker": "ryan"}, ensure_ascii=False).encode("latin-1"))
+    assert main(["batch", str(latin1), "--out-dir", str(tmp_path / "out"), "--model", "tiny"]) == 1
+    assert capsys.readouterr().err.startswith(f"q3tts: error: {latin1}: not UTF-8 text")
+    assert main(["batch", str(jobs), "--out-dir", str(jobs), "--model", "tiny"]) == 1
+    assert capsys.readouterr().err == f"q3tts: error: --out-dir {jobs}: that is a file; give a folder (made if " \
+        "missing)\n"
