@@ -653,14 +653,14 @@ def _serve(args) -> int:
                               body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
                               lora=args.lora, **({"runaway_guard": None} if args.no_runaway_guard else {}))
     except ValueError as e:  # (the settings' names in its message -> this command's flags)
-        raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
+        raise ValueError(_serve_flags(str(e))) from None
     devices = engine_devices(args)
     model = _check_model(args, devices)  # (the engine starts in the server, where a failure would be a traceback)
     try:  # (what the aliases and the default voice name, against the checkpoint's speakers)
         VoiceAliases.for_checkpoint(model.tts_model_type, model.supported_speakers, config.voice_aliases,
                                     config.default_voice)
     except ValueError as e:
-        raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
+        raise ValueError(_serve_flags(str(e))) from None
     if devices:
         from ..server.front.app import serve_devices
 
@@ -668,6 +668,14 @@ def _serve(args) -> int:
     else:
         serve(config, log_level=args.log_level)
     return 0
+
+
+def _serve_flags(message: str) -> str:
+    """A server setting's message in `serve`'s flags, also a bare leading name ("port must be ..." -> "--port must
+    be ...": `renamed` takes only names with an underscore)."""
+    message = renamed(message, SERVE_FLAG_NAMES)
+    first = message.split(" ", 1)[0]
+    return SERVE_FLAG_NAMES[first] + message[len(first):] if first in SERVE_FLAG_NAMES else message
 
 
 def engine_devices(args) -> list[str]:

@@ -137,7 +137,7 @@ def test_say_reads_a_file_or_standard_input_and_plays_if_it_can(tmp_path, capsys
 
 
 @pytest.mark.parametrize("flag, value", [("--max-running", "0"), ("--max-body-bytes", "0"), ("--body-timeout", "0"),
-                                         ("--kv-cache-gb", "-1"), ("--max-waiting", "0")])
+                                         ("--kv-cache-gb", "-1"), ("--max-waiting", "0"), ("--port", "99999")])
 def test_serve_names_the_flag_at_fault(flag, value, capsys):
     """A bad setting stops `q3tts serve` before it loads anything, naming the flag (not the setting's Python name)."""
     assert main(["serve", "tiny", "--device", "cpu", flag, value]) == 1
