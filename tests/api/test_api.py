@@ -236,6 +236,7 @@ def test_bytes_and_base64_reference_audio(base, ref_wav):
     ({"do_sample": "yes"}, ValueError, "do_sample must be True or False"),
     ({"top_k": 2.5}, ValueError, "top_k must be an integer"),
     ({"seed": -1}, ValueError, "seed must be a non-negative integer"),
+    ({"seed": 2**63}, ValueError, r"seed must be a non-negative integer below 2\*\*63, got 9223372036854775808"),
     ({"temprature": 0.5}, TypeError, "unexpected generation arguments \\['temprature'\\] \\(did you mean "
                                      "`temperature`\\?\\)"),
     ({"speakr": "ryan"}, TypeError, "unexpected generation arguments \\['speakr'\\] \\(did you mean `speaker`"),
