@@ -22,7 +22,7 @@ import torch
 
 from ..config import GenerationConfig, ModelConfig
 from ..engine import EngineConfig
-from ..errors import RequestTypeError
+from ..errors import RequestTypeError, quote
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..models.speech_tokenizer import SpeechTokenizer
 from ..request.builder import Request, RequestBuilder, RunawayGuard
@@ -123,6 +123,9 @@ class TTS(OfficialAPI, EngineHost):
     def create_voice(self, ref_audio: Any, ref_text: str | None = None, x_vector_only: bool = False) -> Voice:
         """One voice from one reference recording (Base checkpoints); save it with `voice.save(path)`."""
         self.builder.require("base", "create_voice")
+        if isinstance(x_vector_only, str) or x_vector_only not in (True, False):  # ("no" would read as True)
+            raise RequestTypeError(f"x_vector_only must be True or False, got {quote(x_vector_only)}",
+                                   "x_vector_only")
         return clone_voices(self.speech_tokenizer, self.model.speaker_encoder, self.config, [ref_audio], [ref_text],
                             [x_vector_only])[0]
 

@@ -32,6 +32,14 @@ def cloned(base) -> Voice:
     return base.create_voice((speech_like(1.0, 24000, 3), 24000), x_vector_only=True)
 
 
+@pytest.mark.parametrize("value", ["no", None, 2])
+def test_create_voice_takes_x_vector_only_as_a_bool(base, value):
+    """(A string was read for its truth: x_vector_only="no" made an x-vector voice.)"""
+    with pytest.raises(RequestError, match=f"x_vector_only must be True or False, got {re.escape(repr(value))}") as e:
+        base.create_voice((speech_like(1.0, 24000, 3), 24000), "Hello.", x_vector_only=value)
+    assert e.value.param == "x_vector_only"
+
+
 def _audio(tts: TTS, voice, text: str = "Hello there.") -> np.ndarray:
     return tts.synthesize(text, voice=voice, seed=1, **GREEDY)
 
