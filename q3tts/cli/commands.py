@@ -341,7 +341,7 @@ def _say(args) -> int:
     _check_voice_flags(args, config, speaker, voice)
     tts = _load(args, **engine)
     if kind == "base" and voice is None:
-        voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
+        voice = _clone(tts, args)
     kwargs = dict(speaker=speaker, voice=voice, instruct=args.instruct, language=args.language,
                   non_streaming_mode=args.non_streaming_mode, seed=args.seed, **sampling)
     requests = tts.pieces(text, **kwargs)  # validated before anything runs
@@ -589,11 +589,23 @@ def _voice_create(args) -> int:
         return _voice_from_embedding(args, config)
     _check_reference_flags(args)
     tts = _load(args)
-    voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
+    voice = _clone(tts, args)
     voice.save(args.output)
     mode = "x-vector only" if voice.x_vector_only_mode else f"in-context, {voice.ref_code.shape[0]} reference frames"
     print(f"wrote {args.output} ({mode}, {size_name(tts.config.tts_model_size)})", file=sys.stderr)
     return 0
+
+
+def _clone(tts, args):
+    """The voice of --ref-audio; a recording that cannot be used is an error naming --ref-audio (and the file)."""
+    from ..errors import AudioError
+
+    try:
+        return tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
+    except AudioError as e:
+        message = _flag_message(e)
+        prefix = "--ref-audio " if message.startswith(args.ref_audio) else f"--ref-audio {args.ref_audio}: "
+        raise ValueError(prefix + message) from None
 
 
 def _voice_from_embedding(args, config) -> int:

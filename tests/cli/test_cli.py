@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
 
@@ -273,13 +274,18 @@ def test_a_command_without_its_subcommand_prints_its_own_help(command, capsys):
 
 def test_a_reference_file_name_keeps_its_spelling_in_errors(tmp_path, capsys):
     """Argument names in messages become flags, but not inside a path: a reference audio that cannot be read is
-    named as it was given."""
+    named as it was given, after the flag (`say` and `voice create` once named the file alone)."""
     bad = tmp_path / "ref_audio.wav"
     bad.write_bytes(b"not audio")
     assert main(["say", "Hello.", "--model", "tiny-base", "--ref-audio", str(bad), "--x-vector-only",
                  "--max-new-tokens", "3", "-o", str(tmp_path / "out.wav")]) == 1
     error = capsys.readouterr().err.splitlines()[-1]
-    assert error.startswith(f"q3tts: error: {bad}: not a readable audio file")
+    assert error.startswith(f"q3tts: error: --ref-audio {bad}: not a readable audio file")
+    sf.write(tmp_path / "silent.wav", np.zeros(16000, dtype=np.float32), 16000)
+    assert main(["voice", "create", "--model", "tiny-base", "--ref-audio", str(tmp_path / "silent.wav"),
+                 "--x-vector-only", "-o", str(tmp_path / "me.voice")]) == 1
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(f"q3tts: error: --ref-audio {tmp_path / 'silent.wav'}: "), error
 
 
 def test_serve_exits_1_in_one_line_when_the_model_does_not_load(tmp_path):
