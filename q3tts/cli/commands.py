@@ -299,11 +299,27 @@ def _load(args, **engine):
 def _check_model(args, devices: list[str | None] | None = None):
     """What can be checked before the model loads: --device (or each of `devices`), --dtype, and --model (its
     folder, config.json and whole safetensors files). Returns the checkpoint's ModelConfig."""
-    from ..api.loading import check_checkpoint, resolve_device, resolve_dtype
+    from ..api.loading import check_checkpoint, resolve_dtype
 
+    flag = next((f for f, given in (("--devices", getattr(args, "devices", None)),
+                                    ("--data-parallel", getattr(args, "data_parallel", None))) if given), "--device")
     for device in devices or [args.device]:
-        resolve_dtype(args.dtype, resolve_device(device))
+        resolved = _device(device, flag)
+        try:
+            resolve_dtype(args.dtype, resolved)
+        except ValueError as e:
+            raise ValueError(re.sub(r"^(unknown )?dtype ", r"\g<1>--dtype ", str(e))) from None
     return check_checkpoint(args.model)
+
+
+def _device(device: str | None, flag: str = "--device"):
+    """resolve_device, its error naming `flag` ("device 'mps' is not supported" -> "--device 'mps' is ...")."""
+    from ..api.loading import resolve_device
+
+    try:
+        return resolve_device(device)
+    except ValueError as e:
+        raise ValueError(re.sub(r"^(unknown )?device ", rf"\g<1>{flag} ", str(e))) from None
 
 
 def _engine_options(args, max_rows: int) -> dict:
@@ -700,9 +716,7 @@ def engine_devices(args) -> list[str]:
                              "or --data-parallel")
         return []
     if args.devices is None and args.data_parallel is None:
-        from ..api.loading import resolve_device
-
-        on_gpu = args.core_socket is None and resolve_device(args.device).type == "cuda"
+        on_gpu = args.core_socket is None and _device(args.device).type == "cuda"
         return [args.device or "cuda"] if on_gpu else []
     if args.data_parallel is not None:
         if args.data_parallel < 1:

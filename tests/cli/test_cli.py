@@ -177,10 +177,11 @@ def truncated_checkpoint(tmp_path) -> Path:
 
 @pytest.mark.parametrize("args, message", [
     (["/nonexistent"], "/nonexistent: no such checkpoint folder"),
-    (["tiny", "--dtype", "int8"], "dtype torch.int8 is not supported"),
-    (["tiny", "--device", "mps"], "device 'mps' is not supported"),
+    (["tiny", "--dtype", "int8"], "--dtype torch.int8 is not supported"),
+    (["tiny", "--dtype", "fp16"], "unknown --dtype 'fp16': use float32, bfloat16 or float16"),
+    (["tiny", "--device", "mps"], "--device 'mps' is not supported"),
     (["TRUNCATED"], "model.safetensors: not a readable safetensors file"),
-], ids=["no-folder", "int8", "mps", "truncated"])
+], ids=["no-folder", "int8", "fp16", "mps", "truncated"])
 def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, truncated_checkpoint, capsys,
                                                               monkeypatch):
     """(These once started the server, whose lifespan failed with uvicorn's traceback and exit 3.)"""
@@ -202,8 +203,9 @@ def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, tr
     (["--max-context", "5"], "--max-context must be an integer >= 64"),
     (["--temperature", "0"], "--temperature must be a finite number > 0"),
     (["--seed", "-1"], "--seed must be a non-negative integer"),
-    (["--device", "mps"], "device 'mps' is not supported"),
-    (["--device", "meta"], "device 'meta' is not supported"),
+    (["--device", "mps"], "--device 'mps' is not supported"),
+    (["--device", "meta"], "--device 'meta' is not supported"),
+    (["--device", "gpu"], "unknown --device 'gpu': use cpu, cuda or cuda:N"),
     (["--ref-audio", "me.wav"], "--ref-audio: voice cloning needs a Base checkpoint; this one is custom_voice"),
     (["--ref-text", "Hi.", "--x-vector-only"], "--ref-text and --x-vector-only: voice cloning needs a Base"),
     (["--model", "tiny-voice-design", "--instruct", "Calm.", "--x-vector-only"],
@@ -220,7 +222,7 @@ def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, tr
     (["--language", "klingon"], "unsupported language 'klingon'"),
     (["--model", "tiny-custom-voice-0.6b", "--instruct", "Whisper."], "this 0.6B CustomVoice checkpoint does not "
                                                                        "follow --instruct"),
-], ids=["max-new-tokens", "kv-cache", "max-context", "temperature", "seed", "mps", "meta", "ref-audio-on-custom",
+], ids=["max-new-tokens", "kv-cache", "max-context", "temperature", "seed", "mps", "meta", "gpu", "ref-audio-on-custom",
         "ref-text-on-custom", "x-vector-on-design", "voice-and-ref-audio", "voice-missing", "ref-audio-missing",
         "ref-text-missing", "speaker-on-base", "design-without-instruct", "language", "instruct-on-0.6b"])
 def test_say_refuses_before_loading_the_model(args, message, tmp_path, capsys, no_model_load):
