@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,12 @@ class TTS(OfficialAPI, EngineHost):
         talker and/or code predictor (a folder or hub id with adapter_config.json and adapter_model.safetensors),
         merged into the weights at load (`q3tts.models.lora`; peft is not needed)."""
         del attn_implementation, trust_remote_code, low_cpu_mem_usage
+        if not isinstance(pretrained_model_name_or_path, (str, PathLike)):
+            raise TypeError("pretrained_model_name_or_path must be a checkpoint folder, a hub id or a tiny model's "
+                            f"name (a str or Path), got {type(pretrained_model_name_or_path).__name__}")
+        if engine_config is not None and not isinstance(engine_config, EngineConfig):
+            raise TypeError(f"engine_config must be a q3tts.EngineConfig (EngineConfig(max_rows=...)), got "
+                            f"{type(engine_config).__name__}; or pass its settings as keywords (max_rows=...)")
         options = {k: v for k, v in dict(max_rows=max_rows, max_context=max_context, kv_cache_gb=kv_cache_gb,
                                          gpu_memory_utilization=gpu_memory_utilization).items() if v is not None}
         engine_config = replace(engine_config or EngineConfig(), **options)

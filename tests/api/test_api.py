@@ -189,6 +189,15 @@ def test_from_pretrained_takes_the_official_signature(tiny_root, tmp_path, monke
                       "token": "hf_abc"}]
 
 
+def test_from_pretrained_names_a_model_or_engine_config_of_the_wrong_type(tiny_root):
+    """(They failed inside: pathlib's "expected str, bytes or os.PathLike object", dataclasses' "replace() should be
+    called on dataclass instances".)"""
+    with pytest.raises(TypeError, match="pretrained_model_name_or_path must be a checkpoint folder.* got int"):
+        TTS.from_pretrained(5)
+    with pytest.raises(TypeError, match="engine_config must be a q3tts.EngineConfig .* got dict"):
+        TTS.from_pretrained(tiny_checkpoint("tiny", tiny_root), engine_config={"max_rows": 2})
+
+
 @pytest.mark.parametrize("device", ["mps", "meta", "xpu:0"])
 def test_devices_other_than_cpu_and_cuda_are_refused(device):
     """(mps and meta were accepted, then failed with a traceback while loading.)"""
