@@ -33,7 +33,7 @@ from ..request.voice import Voice, clone_voices
 from .dialogue import render_dialogue, stream_dialogue
 from .engine_host import EngineHost
 from .live import MAX_TEXT_WAIT_S, LiveRequest, open_live
-from .loading import resolve_checkpoint, resolve_device, resolve_dtype
+from .loading import check_adapter, resolve_checkpoint, resolve_device, resolve_dtype
 from .official import OfficialAPI
 from .pieces import LONG_TEXT_CHARS, PIECE_CHARS, join
 from .render import Renderer
@@ -94,6 +94,8 @@ class TTS(OfficialAPI, EngineHost):
         folder = resolve_checkpoint(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
                                     local_files_only=local_files_only, token=token)
         config = ModelConfig.from_file(folder / "config.json")
+        if lora is not None:
+            check_adapter(lora)
         adapter = None if lora is None else resolve_checkpoint(lora, cache_dir=cache_dir,
                                                                local_files_only=local_files_only, token=token)
         model = Qwen3TTSModel.from_folder(folder, config, device=device, dtype=dtype, lora=adapter)

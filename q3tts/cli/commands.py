@@ -297,9 +297,10 @@ def _load(args, **engine):
 
 
 def _check_model(args, devices: list[str | None] | None = None):
-    """What can be checked before the model loads: --device (or each of `devices`), --dtype, and --model (its
-    folder, config.json and whole safetensors files). Returns the checkpoint's ModelConfig."""
-    from ..api.loading import check_checkpoint, resolve_dtype
+    """What can be checked before the model loads: --device (or each of `devices`), --dtype, --model (its
+    folder, config.json and whole safetensors files) and a local --lora folder. Returns the checkpoint's
+    ModelConfig."""
+    from ..api.loading import check_adapter, check_checkpoint, resolve_dtype
 
     flag = next((f for f, given in (("--devices", getattr(args, "devices", None)),
                                     ("--data-parallel", getattr(args, "data_parallel", None))) if given), "--device")
@@ -309,7 +310,13 @@ def _check_model(args, devices: list[str | None] | None = None):
             resolve_dtype(args.dtype, resolved)
         except ValueError as e:
             raise ValueError(re.sub(r"^(unknown )?dtype ", r"\g<1>--dtype ", str(e))) from None
-    return check_checkpoint(args.model)
+    config = check_checkpoint(args.model)
+    if getattr(args, "lora", None) is not None:
+        try:
+            check_adapter(args.lora)
+        except ValueError as e:  # ("lora x: ..." -> "--lora x: ...")
+            raise ValueError(f"--{e}") from None
+    return config
 
 
 def _device(device: str | None, flag: str = "--device"):

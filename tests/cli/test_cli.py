@@ -180,8 +180,9 @@ def truncated_checkpoint(tmp_path) -> Path:
     (["tiny", "--dtype", "int8"], "--dtype torch.int8 is not supported"),
     (["tiny", "--dtype", "fp16"], "unknown --dtype 'fp16': use float32, bfloat16 or float16"),
     (["tiny", "--device", "mps"], "--device 'mps' is not supported"),
+    (["tiny", "--lora", "/nonexistent"], "--lora /nonexistent: no such adapter folder; a LoRA adapter is a folder"),
     (["TRUNCATED"], "model.safetensors: not a readable safetensors file"),
-], ids=["no-folder", "int8", "fp16", "mps", "truncated"])
+], ids=["no-folder", "int8", "fp16", "mps", "lora", "truncated"])
 def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, truncated_checkpoint, capsys,
                                                               monkeypatch):
     """(These once started the server, whose lifespan failed with uvicorn's traceback and exit 3.)"""
@@ -220,11 +221,12 @@ def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, tr
      "--speaker needs a CustomVoice checkpoint (this one is base)"),
     (["--model", "tiny-voice-design"], "this VoiceDesign checkpoint needs --instruct"),
     (["--language", "klingon"], "unsupported language 'klingon'"),
+    (["--lora", "./no-adapter"], "--lora ./no-adapter: no such adapter folder"),
     (["--model", "tiny-custom-voice-0.6b", "--instruct", "Whisper."], "this 0.6B CustomVoice checkpoint does not "
                                                                        "follow --instruct"),
 ], ids=["max-new-tokens", "kv-cache", "max-context", "temperature", "seed", "mps", "meta", "gpu", "ref-audio-on-custom",
         "ref-text-on-custom", "x-vector-on-design", "voice-and-ref-audio", "voice-missing", "ref-audio-missing",
-        "ref-text-missing", "speaker-on-base", "design-without-instruct", "language", "instruct-on-0.6b"])
+        "ref-text-missing", "speaker-on-base", "design-without-instruct", "language", "lora", "instruct-on-0.6b"])
 def test_say_refuses_before_loading_the_model(args, message, tmp_path, capsys, no_model_load):
     """Flags that cannot work are refused in one line naming the flag, before the model loads (once some were
     refused only after "loading ...", some were silently ignored, and --max-new-tokens 1 wrote an empty file)."""
