@@ -526,7 +526,10 @@ def _check_voice_flags(args, config, speaker: str | None, voice) -> None:
     if speaker is not None:
         rules.speaker(speaker)
     if voice is not None:
-        rules.voice(voice)
+        try:
+            rules.voice(voice)
+        except RequestError as e:  # (another model's voice, a damaged one: named by the flag and its file)
+            raise ValueError(f"--voice {args.voice}: {_flag_message(e)}") from None
 
 
 def _read_text(args) -> str:

@@ -370,3 +370,16 @@ def test_serve_refuses_an_unusable_voices_dir_in_one_line(tmp_path, capsys, no_m
     assert main(["serve", "tiny", "--device", "cpu", "--voices-dir", str(damaged)]) == 1
     err = capsys.readouterr().err
     assert "index.json: not a readable voice index" in err and err.count("\n") == 1, err
+
+
+def test_a_voice_of_another_model_names_the_flag_and_its_file(tmp_path, capsys, no_model_load):
+    """(It said "this voice was made for a 1.7B model ..." naming neither --voice nor the file.)"""
+    import torch
+
+    from q3tts import Voice
+
+    Voice.from_embedding(torch.randn(96), "1b7").save(tmp_path / "big.voice")
+    assert main(["say", "Hello.", "--model", "tiny-base", "--voice", str(tmp_path / "big.voice"),
+                 "--max-new-tokens", "3", "-o", str(tmp_path / "out.wav")]) == 1
+    assert capsys.readouterr().err.startswith(f"q3tts: error: --voice {tmp_path / 'big.voice'}: this voice was made "
+                                              "for a 1.7B model")
