@@ -153,6 +153,9 @@ class TTS(OfficialAPI, EngineHost):
                        ) -> list[np.ndarray]:
         """Many requests (from `request`) at once: they run as rows of one batch, and beyond the engine's rows
         through continuous batching. Returns their audio in order."""
+        if on_frame is not None and not callable(on_frame):
+            raise RequestTypeError(f"on_frame must be a function (called with the frames so far) or None, got "
+                                   f"{type(on_frame).__name__}", "on_frame")
         wrong = next((r for r in requests if not isinstance(r, Request)), None)
         if wrong is not None:
             raise RequestTypeError(f"synthesize_all takes requests made by TTS.request, not {type(wrong).__name__} "

@@ -257,6 +257,16 @@ def test_custom_voice_input_errors(custom, no_compute, kwargs, error, match):
         custom.generate_custom_voice(**args)
 
 
+def test_a_runaway_guard_or_on_frame_of_the_wrong_type_is_refused_before_any_compute(custom, no_compute):
+    """(runaway_guard=5 failed in the engine's submit with an AttributeError, on_frame=5 at the first frame.)"""
+    with pytest.raises(TypeError, match="runaway_guard must be a RunawayGuard .* got 5") as e:
+        custom.synthesize("Hello.", speaker="ryan", runaway_guard=5)
+    assert e.value.param == "runaway_guard"
+    with pytest.raises(TypeError, match="on_frame must be a function .* got int") as e:
+        custom.synthesize("Hello.", speaker="ryan", on_frame=5)
+    assert e.value.param == "on_frame"
+
+
 def test_mode_not_supported_by_checkpoint(custom, design, base, no_compute):
     with pytest.raises(ValueError, match=r"generate_voice_design needs a VoiceDesign checkpoint \(e.g. Qwen/Qwen3-"
                                          r"TTS-12Hz-1.7B-VoiceDesign\); this one is 1.7B-CustomVoice: use "

@@ -171,3 +171,11 @@ def test_blend_refusals_say_why(base, pair, tiny_root):
     with pytest.raises(RequestError, match="neither|expected a Voice") as e:
         Voice.blend({5: 1})
     assert e.value.param == "voices"
+
+
+@pytest.mark.parametrize("voices", ["a.voice", [("a.voice",)], 5])
+def test_a_blend_of_something_other_than_voice_weight_pairs_is_named(voices):
+    """(A path alone was "not enough values to unpack (expected 2, got 1)".)"""
+    with pytest.raises(RequestError, match=r"voices: a blend takes \{voice: weight\} or \(voice, weight\) pairs") as e:
+        Voice.blend(voices)
+    assert e.value.param == "voices"
