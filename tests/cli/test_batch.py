@@ -65,3 +65,19 @@ def test_a_jobs_file_not_utf8_and_an_out_dir_that_is_a_file_are_refused_first(tm
     assert main(["batch", str(jobs), "--out-dir", str(jobs), "--model", "tiny"]) == 1
     assert capsys.readouterr().err == f"q3tts: error: --out-dir {jobs}: that is a file; give a folder (made if " \
         "missing)\n"
+
+
+def test_an_unknown_field_is_named_with_what_a_line_takes(tmp_path):
+    """(`ref_audio` was "unexpected generation arguments" listing the sampling fields alone, as if a line took no
+    speaker or voice; a voice file's hint pointed at ref_audio, which a line does not take.)"""
+    from q3tts.cli.batch import read_items
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"text": "Hi.", "ref_audio": "me.wav"}) + "\n"
+                    + json.dumps({"text": "Hi.", "speeker": "ryan"}) + "\n")
+    items, errors = read_items(None, jobs)  # (refused before the model is asked anything)
+    assert not items and [e["line"] for e in errors] == [1, 2]
+    assert "a line clones no recording; make a voice file with `q3tts voice create`" in errors[0]["error"]
+    assert errors[1]["error"].startswith("unknown field 'speeker' (did you mean `speaker`?); a line takes id, "
+                                         "instruct, language, non_streaming_mode, seed, speaker, text, voice and the "
+                                         "sampling fields do_sample, "), errors[1]
