@@ -44,17 +44,19 @@ class Item:
 
 def read_items(tts: TTS, path: Path) -> tuple[list[Item], list[dict]]:
     """(valid items, one record per bad line with its number and error)."""
-    items, errors, ids = [], [], set()
+    items, errors, ids = [], [], {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
             item = _item(tts, number, line)
-            if item.id in ids:
+            earlier = ids.get(item.id.lower())  # (case apart: one file on a case-blind file system)
+            if earlier is not None:
                 default = item.id == f"{number:06d}"  # (a line without an id is named by its number)
+                case = f" as {earlier!r} (one file on macOS and Windows)" if earlier != item.id else ""
                 raise ValueError(f"id {item.id!r}{' (the default: the line number)' if default else ''} is used by an "
-                                 f"earlier line" + (": give this line an `id`" if default else ""))
-            ids.add(item.id)
+                                 f"earlier line{case}" + (": give this line an `id`" if default else ""))
+            ids[item.id.lower()] = item.id
             items.append(item)
         except (ValueError, TypeError, OSError) as e:
             errors.append({"line": number, "error": str(e)})

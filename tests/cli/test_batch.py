@@ -81,3 +81,18 @@ def test_an_unknown_field_is_named_with_what_a_line_takes(tmp_path):
     assert errors[1]["error"].startswith("unknown field 'speeker' (did you mean `speaker`?); a line takes id, "
                                          "instruct, language, non_streaming_mode, seed, speaker, text, voice and the "
                                          "sampling fields do_sample, "), errors[1]
+
+
+def test_ids_that_differ_only_in_case_are_refused(tmp_path):
+    """(`upper` and `Upper` name one file on macOS and Windows: the second line was skipped as already rendered, or
+    overwrote the first's audio.)"""
+    from types import SimpleNamespace
+
+    from q3tts.cli.batch import read_items
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"text": "Hi.", "id": name}) + "\n" for name in ("upper", "Upper", "other")))
+    items, errors = read_items(SimpleNamespace(pieces=lambda text, **kwargs: []), jobs)
+    assert [item.id for item in items] == ["upper", "other"]
+    assert errors == [{"line": 2, "error": "id 'Upper' is used by an earlier line as 'upper' (one file on macOS and "
+                                           "Windows)"}]
