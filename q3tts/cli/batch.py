@@ -45,7 +45,7 @@ class Item:
 def read_items(tts: TTS, path: Path) -> tuple[list[Item], list[dict]]:
     """(valid items, one record per bad line with its number and error)."""
     items, errors, ids = [], [], {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -537,7 +537,7 @@ def _read_text(args) -> str:
         if args.text is not None:
             raise ValueError("give the text or --file, not both")
         try:
-            return sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")
+            return sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8-sig")
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"--file {args.file}: {e}") from e
     if args.text is None:
@@ -567,7 +567,7 @@ def _batch(args) -> int:
     if not args.jobs.is_file():
         raise FileNotFoundError(f"{args.jobs}: no such file")
     try:  # (before the model loads: it is read again, line by line, once it has)
-        args.jobs.read_text(encoding="utf-8")
+        args.jobs.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise ValueError(f"{args.jobs}: not UTF-8 text ({e})") from None
     if args.out_dir.exists() and not args.out_dir.is_dir():

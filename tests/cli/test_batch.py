@@ -96,3 +96,29 @@ def test_ids_that_differ_only_in_case_are_refused(tmp_path):
     assert [item.id for item in items] == ["upper", "other"]
     assert errors == [{"line": 2, "error": "id 'Upper' is used by an earlier line as 'upper' (one file on macOS and "
                                            "Windows)"}]
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path, monkeypatch):
+    """A UTF-8 BOM (Notepad writes one) before a jobs file, a script or a `say -f` text: line 1 was "not JSON
+    (Unexpected UTF-8 BOM)", a script's first turn refused, a text spoken with U+FEFF at its start."""
+    from types import SimpleNamespace
+
+    from q3tts.cli.batch import read_items
+    from q3tts.request.dialogue import read_script
+
+    jobs, script, text = tmp_path / "jobs.jsonl", tmp_path / "talk.jsonl", tmp_path / "text.txt"
+    jobs.write_text(json.dumps({"text": "Hi.", "speaker": "ryan"}) + "\n", encoding="utf-8-sig")
+    script.write_text(json.dumps({"text": "Hi.", "speaker": "ryan"}) + "\n", encoding="utf-8-sig")
+    text.write_text("Hello.", encoding="utf-8-sig")
+    items, errors = read_items(SimpleNamespace(pieces=lambda text, **kwargs: []), jobs)
+    assert len(items) == 1 and not errors
+    assert [turn.text for turn in read_script(script, "custom_voice")] == ["Hi."]
+    spoken = []
+
+    def check_text(value):
+        spoken.append(value)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr("q3tts.request.builder.check_text", check_text)
+    assert main(["say", "-f", str(text), "--model", "tiny", "-o", str(tmp_path / "out.wav")]) == 1
+    assert spoken == ["Hello."]
