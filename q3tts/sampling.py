@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import GenerationConfig, check_generation_values, is_int
-from .errors import RequestError
+from .errors import RequestError, quote
 from .transfer import to_device
 
 _MASK32 = 0xFFFFFFFF
@@ -38,7 +38,8 @@ class SamplingParams(GenerationConfig):
         if self.seed is None:
             self.seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
         elif not is_int(self.seed) or not 0 <= self.seed < 2**63:
-            raise RequestError(f"seed must be a non-negative integer, got {self.seed!r}", param="seed")
+            raise RequestError(f"seed must be a non-negative integer below 2**63, got {quote(self.seed)}",
+                               param="seed")
 
 
 @dataclass

@@ -44,6 +44,8 @@ def dialogue_requests(tts: DialogueHost, turns: Any,
         try:
             requests.append(tts.pieces(turn.text, **kwargs))
         except RequestError as e:
+            if e.param in defaults and own.get(e.param) is None:  # (a default's fault, named as the caller passed it)
+                raise
             raise turn_error(i, e) from e
     return turns, requests
 

@@ -61,6 +61,10 @@ def open_live(tts: LiveHost, voice: Voice | str | Path | None, speaker: str | No
     if isinstance(max_text_wait_s, bool) or not isinstance(max_text_wait_s, (int, float)) or not max_text_wait_s > 0:
         raise RequestError(f"max_text_wait_s must be a positive number of seconds, got {max_text_wait_s!r}",
                            "max_text_wait_s")
+    sampling = dict(sampling)
+    if sampling.pop("non_streaming_mode", False) not in (False, None):  # (not a TypeError from `request`)
+        raise RequestError("a live request runs in streaming-text mode (non_streaming_mode=False): its text arrives "
+                           "while it speaks; for the whole text up front use stream", "non_streaming_mode")
     request = tts.request("a", speaker=speaker, voice=voice, instruct=instruct, language=language,
                           non_streaming_mode=False, seed=seed, **sampling)
     return LiveRequest(tts, request, float(max_text_wait_s), schedule, pcm_format)

@@ -56,6 +56,20 @@ def resolve_checkpoint(name_or_path: str | Path, revision: str | None = None, ca
                              token=token)
 
 
+def check_adapter(lora: str | os.PathLike) -> None:
+    """A `lora` that names a local path must be an adapter folder (CheckpointError naming it; a hub id is checked
+    once fetched): the checkpoint's message, about config.json and speech_tokenizer/, would mislead."""
+    from ..models.lora import CONFIG, WEIGHTS
+
+    path, text = Path(lora).expanduser(), str(lora)
+    needs = f"a LoRA adapter is a folder or hub id with {CONFIG} and {WEIGHTS}, as peft's save_pretrained writes them"
+    if path.is_dir():
+        if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
+            raise CheckpointError(f"lora {text}: not a LoRA adapter folder; {needs}")
+    elif path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise CheckpointError(f"lora {text}: no such adapter folder; {needs}")
+
+
 def check_checkpoint(name_or_path: str | Path) -> ModelConfig:
     """A checkpoint's config, checked without loading its weights (seconds sooner than `from_pretrained` fails):
     the folder is there (a hub id is fetched), its config.json reads, and its safetensors files are whole."""

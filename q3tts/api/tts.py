@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch
 
 from ..config import GenerationConfig, ModelConfig
 from ..engine import EngineConfig
-from ..errors import RequestTypeError
+from ..errors import RequestTypeError, quote
 from ..models.qwen3_tts import Qwen3TTSModel
 from ..models.speech_tokenizer import SpeechTokenizer
 from ..request.builder import Request, RequestBuilder, RunawayGuard
@@ -32,7 +33,7 @@ from ..request.voice import Voice, clone_voices
 from .dialogue import render_dialogue, stream_dialogue
 from .engine_host import EngineHost
 from .live import MAX_TEXT_WAIT_S, LiveRequest, open_live
-from .loading import resolve_checkpoint, resolve_device, resolve_dtype
+from .loading import check_adapter, resolve_checkpoint, resolve_device, resolve_dtype
 from .official import OfficialAPI
 from .pieces import LONG_TEXT_CHARS, PIECE_CHARS, join
 from .render import Renderer
@@ -79,6 +80,12 @@ class TTS(OfficialAPI, EngineHost):
         talker and/or code predictor (a folder or hub id with adapter_config.json and adapter_model.safetensors),
         merged into the weights at load (`q3tts.models.lora`; peft is not needed)."""
         del attn_implementation, trust_remote_code, low_cpu_mem_usage
+        if not isinstance(pretrained_model_name_or_path, (str, PathLike)):
+            raise TypeError("pretrained_model_name_or_path must be a checkpoint folder, a hub id or a tiny model's "
+                            f"name (a str or Path), got {type(pretrained_model_name_or_path).__name__}")
+        if engine_config is not None and not isinstance(engine_config, EngineConfig):
+            raise TypeError(f"engine_config must be a q3tts.EngineConfig (EngineConfig(max_rows=...)), got "
+                            f"{type(engine_config).__name__}; or pass its settings as keywords (max_rows=...)")
         options = {k: v for k, v in dict(max_rows=max_rows, max_context=max_context, kv_cache_gb=kv_cache_gb,
                                          gpu_memory_utilization=gpu_memory_utilization).items() if v is not None}
         engine_config = replace(engine_config or EngineConfig(), **options)
@@ -87,6 +94,8 @@ class TTS(OfficialAPI, EngineHost):
         folder = resolve_checkpoint(pretrained_model_name_or_path, revision=revision, cache_dir=cache_dir,
                                     local_files_only=local_files_only, token=token)
         config = ModelConfig.from_file(folder / "config.json")
+        if lora is not None:
+            check_adapter(lora)
         adapter = None if lora is None else resolve_checkpoint(lora, cache_dir=cache_dir,
                                                                local_files_only=local_files_only, token=token)
         model = Qwen3TTSModel.from_folder(folder, config, device=device, dtype=dtype, lora=adapter)
@@ -123,6 +132,9 @@ class TTS(OfficialAPI, EngineHost):
     def create_voice(self, ref_audio: Any, ref_text: str | None = None, x_vector_only: bool = False) -> Voice:
         """One voice from one reference recording (Base checkpoints); save it with `voice.save(path)`."""
         self.builder.require("base", "create_voice")
+        if isinstance(x_vector_only, str) or x_vector_only not in (True, False):  # ("no" would read as True)
+            raise RequestTypeError(f"x_vector_only must be True or False, got {quote(x_vector_only)}",
+                                   "x_vector_only")
         return clone_voices(self.speech_tokenizer, self.model.speaker_encoder, self.config, [ref_audio], [ref_text],
                             [x_vector_only])[0]
 
@@ -141,6 +153,9 @@ class TTS(OfficialAPI, EngineHost):
                        ) -> list[np.ndarray]:
         """Many requests (from `request`) at once: they run as rows of one batch, and beyond the engine's rows
         through continuous batching. Returns their audio in order."""
+        if on_frame is not None and not callable(on_frame):
+            raise RequestTypeError(f"on_frame must be a function (called with the frames so far) or None, got "
+                                   f"{type(on_frame).__name__}", "on_frame")
         wrong = next((r for r in requests if not isinstance(r, Request)), None)
         if wrong is not None:
             raise RequestTypeError(f"synthesize_all takes requests made by TTS.request, not {type(wrong).__name__} "

@@ -10,6 +10,7 @@ file, seconds of audio, or its error. A `voice` path is read relative to the cur
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import sys
@@ -18,14 +19,14 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import soundfile as sf
 
 from ..api.pieces import join
 from ..api.tts import TTS
-from ..request.builder import Request
+from ..errors import quote
+from ..request.builder import SAMPLING_ARGS, Request
 
 _ID = re.compile(r"[\w.\-]{1,100}")
 FIELDS = {"text", "id", "speaker", "voice", "instruct", "language", "seed", "non_streaming_mode"}
@@ -43,17 +44,19 @@ class Item:
 
 def read_items(tts: TTS, path: Path) -> tuple[list[Item], list[dict]]:
     """(valid items, one record per bad line with its number and error)."""
-    items, errors, ids = [], [], set()
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    items, errors, ids = [], [], {}
+    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         if not line.strip():
             continue
         try:
             item = _item(tts, number, line)
-            if item.id in ids:
+            earlier = ids.get(item.id.lower())  # (case apart: one file on a case-blind file system)
+            if earlier is not None:
                 default = item.id == f"{number:06d}"  # (a line without an id is named by its number)
+                case = f" as {earlier!r} (one file on macOS and Windows)" if earlier != item.id else ""
                 raise ValueError(f"id {item.id!r}{' (the default: the line number)' if default else ''} is used by an "
-                                 f"earlier line" + (": give this line an `id`" if default else ""))
-            ids.add(item.id)
+                                 f"earlier line{case}" + (": give this line an `id`" if default else ""))
+            ids[item.id.lower()] = item.id
             items.append(item)
         except (ValueError, TypeError, OSError) as e:
             errors.append({"line": number, "error": str(e)})
@@ -73,8 +76,21 @@ def _item(tts: TTS, number: int, line: str) -> Item:
     text = job.pop("text", None)
     if text is None:
         raise ValueError("missing `text`")
-    kwargs: dict[str, Any] = {k: job.pop(k) for k in list(job) if k in FIELDS}
-    return Item(number, item_id, tts.pieces(text, **kwargs, **job))  # unknown fields: RequestError
+    unknown = sorted(set(job) - FIELDS - SAMPLING_ARGS)
+    if unknown:
+        raise ValueError(_unknown_field(unknown[0]))
+    return Item(number, item_id, tts.pieces(text, **job))
+
+
+def _unknown_field(name: str) -> str:
+    """A line's field that is neither a batch field nor a sampling one, named with what a line takes."""
+    if name in ("ref_audio", "ref_text", "x_vector_only", "x_vector_only_mode"):
+        return (f"unknown field {name!r}: a line clones no recording; make a voice file with `q3tts voice create` "
+                "and give its path as `voice`")
+    close = difflib.get_close_matches(name, [*FIELDS, *SAMPLING_ARGS], n=1)
+    sampling = ", ".join(sorted(SAMPLING_ARGS - FIELDS))
+    return (f"unknown field {quote(name)}" + (f" (did you mean `{close[0]}`?)" if close else "")
+            + f"; a line takes {', '.join(sorted(FIELDS))} and the sampling fields {sampling}")
 
 
 def run(tts: TTS, jobs: Path, out_dir: Path, window: int = 128, log=print) -> dict:

@@ -297,13 +297,36 @@ def _load(args, **engine):
 
 
 def _check_model(args, devices: list[str | None] | None = None):
-    """What can be checked before the model loads: --device (or each of `devices`), --dtype, and --model (its
-    folder, config.json and whole safetensors files). Returns the checkpoint's ModelConfig."""
-    from ..api.loading import check_checkpoint, resolve_device, resolve_dtype
+    """What can be checked before the model loads: --device (or each of `devices`), --dtype, --model (its
+    folder, config.json and whole safetensors files) and a local --lora folder. Returns the checkpoint's
+    ModelConfig."""
+    from ..api.loading import check_adapter, check_checkpoint, resolve_dtype
 
+    flag = next((f for f, given in (("--devices", getattr(args, "devices", None)),
+                                    ("--data-parallel", getattr(args, "data_parallel", None))) if given), "--device")
     for device in devices or [args.device]:
-        resolve_dtype(args.dtype, resolve_device(device))
-    return check_checkpoint(args.model)
+        resolved = _device(device, flag)
+        try:
+            resolve_dtype(args.dtype, resolved)
+        except ValueError as e:
+            raise ValueError(re.sub(r"^(unknown )?dtype ", r"\g<1>--dtype ", str(e))) from None
+    config = check_checkpoint(args.model)
+    if getattr(args, "lora", None) is not None:
+        try:
+            check_adapter(args.lora)
+        except ValueError as e:  # ("lora x: ..." -> "--lora x: ...")
+            raise ValueError(f"--{e}") from None
+    return config
+
+
+def _device(device: str | None, flag: str = "--device"):
+    """resolve_device, its error naming `flag` ("device 'mps' is not supported" -> "--device 'mps' is ...")."""
+    from ..api.loading import resolve_device
+
+    try:
+        return resolve_device(device)
+    except ValueError as e:
+        raise ValueError(re.sub(r"^(unknown )?device ", rf"\g<1>{flag} ", str(e))) from None
 
 
 def _engine_options(args, max_rows: int) -> dict:
@@ -323,7 +346,6 @@ def _say(args) -> int:
     """Everything that needs no model is checked first; then the model loads and the audio streams to the file
     (and with --play to the speakers) as it is generated."""
     import numpy as np
-    import soundfile as sf
 
     from ..request.builder import check_text
     from ..request.voice import Voice
@@ -331,11 +353,7 @@ def _say(args) -> int:
     if args.script is not None:
         return _say_script(args)
     text = check_text(_read_text(args))
-    to_stdout = args.output == "-"  # (a WAV file on standard output, for a pipe)
-    output = Path("out.wav") if to_stdout else _output_path(args.output)
-    if not sf.check_format(output.suffix[1:].upper()):
-        raise ValueError(f"-o {args.output}: the file's extension names no audio format that can be written; use "
-                         ".wav (or .flac, .ogg, .mp3 ...)")
+    output = _audio_output(args.output)
     sampling = _sampling(args)
     engine = _engine_options(args, max_rows=2)
     config = _check_model(args)
@@ -346,7 +364,7 @@ def _say(args) -> int:
     _check_voice_flags(args, config, speaker, voice)
     tts = _load(args, **engine)
     if kind == "base" and voice is None:
-        voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
+        voice = _clone(tts, args)
     kwargs = dict(speaker=speaker, voice=voice, instruct=args.instruct, language=args.language,
                   non_streaming_mode=args.non_streaming_mode, seed=args.seed, **sampling)
     requests = tts.pieces(text, **kwargs)  # validated before anything runs
@@ -362,47 +380,79 @@ def _say(args) -> int:
     if player is not None:
         player.stop()
     wav = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+    _write_audio(args.output, output, wav, tts.sample_rate)
+    print(f"wrote {'standard output' if output is None else args.output}: {len(wav) / tts.sample_rate:.2f} s of "
+          "audio" + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
+    return 0
+
+
+def _audio_output(output: str) -> Path | None:
+    """-o checked before any work: None for '-' (a WAV file on standard output, for a pipe), else the file's path,
+    whose extension must name a format soundfile can write."""
+    import soundfile as sf
+
+    if output == "-":
+        return None
+    path = _output_path(output)
+    if not sf.check_format(path.suffix[1:].upper()):
+        raise ValueError(f"-o {output}: the file's extension names no audio format that can be written; use "
+                         ".wav (or .flac, .ogg, .mp3 ...)")
+    return path
+
+
+def _write_audio(given: str, output: Path | None, wav, sample_rate: int) -> None:
+    """The audio to `output` (None: standard output, as 16-bit WAV), a failed write one error naming -o."""
+    import soundfile as sf
+
     try:
-        if to_stdout:
+        if output is None:
             data = io.BytesIO()
-            sf.write(data, wav, tts.sample_rate, format="WAV", subtype="PCM_16")
+            sf.write(data, wav, sample_rate, format="WAV", subtype="PCM_16")
             sys.stdout.buffer.write(data.getvalue())
             sys.stdout.flush()
         else:
-            sf.write(output, wav, tts.sample_rate)
+            sf.write(output, wav, sample_rate)
     except (sf.SoundFileError, OSError) as e:  # (a full disk, a file removed or locked since the check)
-        raise OSError(f"-o {args.output}: could not write the audio: {e}") from e
-    print(f"wrote {'standard output' if to_stdout else args.output}: {len(wav) / tts.sample_rate:.2f} s of audio"
-          + (f" (speaker {speaker})" if speaker else ""), file=sys.stderr)
-    return 0
+        raise OSError(f"-o {given}: could not write the audio: {e}") from e
 
 
 def _say_script(args) -> int:
     """`say --script`: the turns checked before the model loads what it can, all generated at once."""
     import numpy as np
-    import soundfile as sf
 
     from ..request.dialogue import read_script
 
     if args.text is not None or args.file is not None:
         raise ValueError("--script is the whole dialogue: give no text or --file with it")
-    output = _output_path(args.output)
+    output = _audio_output(args.output)
     sampling, engine, config = _sampling(args), _engine_options(args, max_rows=64), _check_model(args)
     try:
         turns = read_script(args.script, config.tts_model_type)
     except OSError as e:
         raise ValueError(f"--script {args.script}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--script {args.script}: not UTF-8 text ({e})") from None
     for turn in turns:
         if isinstance(turn.voice, str) and not Path(turn.voice).is_file():
             beside = args.script.parent / turn.voice
             turn.voice = beside if beside.is_file() else beside.with_name(beside.name + ".voice")
     speaker = args.speaker if args.speaker is not None else _default_speaker(config)
     tts = _load(args, **engine)
-    frames = list(tts.stream_dialogue(turns, speaker=speaker, voice=args.voice, instruct=args.instruct,
-                                      language=args.language, seed=args.seed, **sampling))
+    stream = tts.stream_dialogue(turns, speaker=speaker, voice=args.voice, instruct=args.instruct,
+                                 language=args.language, non_streaming_mode=args.non_streaming_mode, seed=args.seed,
+                                 **sampling)
+    player = _player(tts.sample_rate) if args.play else None
+    frames = []
+    for frame in stream:
+        frames.append(frame)
+        if player is not None:
+            player.write(frame)
+    if player is not None:
+        player.stop()
     wav = np.concatenate(frames) if frames else np.zeros(0, dtype=np.float32)
-    sf.write(output, wav, tts.sample_rate)
-    print(f"wrote {args.output}: {len(turns)} turns, {len(wav) / tts.sample_rate:.2f} s of audio", file=sys.stderr)
+    _write_audio(args.output, output, wav, tts.sample_rate)
+    print(f"wrote {'standard output' if output is None else args.output}: {len(turns)} turns, "
+          f"{len(wav) / tts.sample_rate:.2f} s of audio", file=sys.stderr)
     return 0
 
 
@@ -476,7 +526,10 @@ def _check_voice_flags(args, config, speaker: str | None, voice) -> None:
     if speaker is not None:
         rules.speaker(speaker)
     if voice is not None:
-        rules.voice(voice)
+        try:
+            rules.voice(voice)
+        except RequestError as e:  # (another model's voice, a damaged one: named by the flag and its file)
+            raise ValueError(f"--voice {args.voice}: {_flag_message(e)}") from None
 
 
 def _read_text(args) -> str:
@@ -484,7 +537,7 @@ def _read_text(args) -> str:
         if args.text is not None:
             raise ValueError("give the text or --file, not both")
         try:
-            return sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")
+            return sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8-sig")
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"--file {args.file}: {e}") from e
     if args.text is None:
@@ -513,6 +566,12 @@ def _batch(args) -> int:
 
     if not args.jobs.is_file():
         raise FileNotFoundError(f"{args.jobs}: no such file")
+    try:  # (before the model loads: it is read again, line by line, once it has)
+        args.jobs.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{args.jobs}: not UTF-8 text ({e})") from None
+    if args.out_dir.exists() and not args.out_dir.is_dir():
+        raise FileExistsError(f"--out-dir {args.out_dir}: that is a file; give a folder (made if missing)")
     engine = _engine_options(args, max_rows=args.max_rows)
     _check_model(args)
     tts = _load(args, **engine)
@@ -556,11 +615,23 @@ def _voice_create(args) -> int:
         return _voice_from_embedding(args, config)
     _check_reference_flags(args)
     tts = _load(args)
-    voice = tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
+    voice = _clone(tts, args)
     voice.save(args.output)
     mode = "x-vector only" if voice.x_vector_only_mode else f"in-context, {voice.ref_code.shape[0]} reference frames"
     print(f"wrote {args.output} ({mode}, {size_name(tts.config.tts_model_size)})", file=sys.stderr)
     return 0
+
+
+def _clone(tts, args):
+    """The voice of --ref-audio; a recording that cannot be used is an error naming --ref-audio (and the file)."""
+    from ..errors import AudioError
+
+    try:
+        return tts.create_voice(args.ref_audio, args.ref_text, args.x_vector_only)
+    except AudioError as e:
+        message = _flag_message(e)
+        prefix = "--ref-audio " if message.startswith(args.ref_audio) else f"--ref-audio {args.ref_audio}: "
+        raise ValueError(prefix + message) from None
 
 
 def _voice_from_embedding(args, config) -> int:
@@ -620,14 +691,14 @@ def _serve(args) -> int:
                               body_timeout_s=args.body_timeout, max_body_bytes=args.max_body_bytes,
                               lora=args.lora, **({"runaway_guard": None} if args.no_runaway_guard else {}))
     except ValueError as e:  # (the settings' names in its message -> this command's flags)
-        raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
+        raise ValueError(_serve_flags(str(e))) from None
     devices = engine_devices(args)
     model = _check_model(args, devices)  # (the engine starts in the server, where a failure would be a traceback)
     try:  # (what the aliases and the default voice name, against the checkpoint's speakers)
         VoiceAliases.for_checkpoint(model.tts_model_type, model.supported_speakers, config.voice_aliases,
                                     config.default_voice)
     except ValueError as e:
-        raise ValueError(renamed(str(e), SERVE_FLAG_NAMES)) from None
+        raise ValueError(_serve_flags(str(e))) from None
     if devices:
         from ..server.front.app import serve_devices
 
@@ -635,6 +706,14 @@ def _serve(args) -> int:
     else:
         serve(config, log_level=args.log_level)
     return 0
+
+
+def _serve_flags(message: str) -> str:
+    """A server setting's message in `serve`'s flags, also a bare leading name ("port must be ..." -> "--port must
+    be ...": `renamed` takes only names with an underscore)."""
+    message = renamed(message, SERVE_FLAG_NAMES)
+    first = message.split(" ", 1)[0]
+    return SERVE_FLAG_NAMES[first] + message[len(first):] if first in SERVE_FLAG_NAMES else message
 
 
 def engine_devices(args) -> list[str]:
@@ -647,9 +726,7 @@ def engine_devices(args) -> list[str]:
                              "or --data-parallel")
         return []
     if args.devices is None and args.data_parallel is None:
-        from ..api.loading import resolve_device
-
-        on_gpu = args.core_socket is None and resolve_device(args.device).type == "cuda"
+        on_gpu = args.core_socket is None and _device(args.device).type == "cuda"
         return [args.device or "cuda"] if on_gpu else []
     if args.data_parallel is not None:
         if args.data_parallel < 1:

@@ -91,6 +91,9 @@ class RequestBuilder(CheckpointRules):
         (`fit`). `official`: the official API's leniencies (an empty voice-design instruction; a CustomVoice request
         without a speaker)."""
         _check_known(sampling or {}, ("speaker", "voice", "instruct", "language", "non_streaming_mode", "seed"))
+        if runaway_guard is not None and not isinstance(runaway_guard, RunawayGuard):
+            raise RequestTypeError(f"runaway_guard must be a RunawayGuard (RunawayGuard() for the defaults) or None, "
+                                   f"got {quote(runaway_guard)}", "runaway_guard")
         if isinstance(voice, (str, Path)):
             voice = Voice.load(voice)
         instruct = self.check_mode(speaker, voice is not None, instruct, official)

@@ -79,7 +79,7 @@ def read_script(path: str | Path, kind: str) -> list[Turn]:
     """A script file: JSON lines of turns (`.jsonl`, or text whose first line is a JSON object), else plain text
     with Kokoro's `[voice:name]` tags (a name is a speaker on CustomVoice, a voice file on Base)."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")  # (a BOM, as Notepad writes one, is not text)
     if path.suffix == ".jsonl" or text.lstrip().startswith("{"):
         return check_turns(_json_lines(path, text))
     return check_turns(tagged_turns(text, kind))

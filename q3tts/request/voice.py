@@ -67,7 +67,12 @@ class Voice:
         formed). RequestError (param "voices"): no voices, a bad weight, an in-context voice (its recording's
         codes and transcript cannot be mixed), voices of different model sizes."""
         named = []
-        for i, (voice, weight) in enumerate(voices.items() if isinstance(voices, Mapping) else voices):
+        items = list(voices.items() if isinstance(voices, Mapping) else voices) \
+            if isinstance(voices, Iterable) and not isinstance(voices, (str, Path, Voice)) else None
+        if items is None or not all(isinstance(x, (tuple, list)) and len(x) == 2 for x in items):
+            raise RequestTypeError("voices: a blend takes {voice: weight} or (voice, weight) pairs, got "
+                                   f"{quote(voices)}", "voices")
+        for i, (voice, weight) in enumerate(items):
             if isinstance(voice, (str, Path)):
                 named.append((quote(str(voice)), cls.load(voice), weight))
             elif isinstance(voice, Voice):

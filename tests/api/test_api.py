@@ -189,6 +189,15 @@ def test_from_pretrained_takes_the_official_signature(tiny_root, tmp_path, monke
                       "token": "hf_abc"}]
 
 
+def test_from_pretrained_names_a_model_or_engine_config_of_the_wrong_type(tiny_root):
+    """(They failed inside: pathlib's "expected str, bytes or os.PathLike object", dataclasses' "replace() should be
+    called on dataclass instances".)"""
+    with pytest.raises(TypeError, match="pretrained_model_name_or_path must be a checkpoint folder.* got int"):
+        TTS.from_pretrained(5)
+    with pytest.raises(TypeError, match="engine_config must be a q3tts.EngineConfig .* got dict"):
+        TTS.from_pretrained(tiny_checkpoint("tiny", tiny_root), engine_config={"max_rows": 2})
+
+
 @pytest.mark.parametrize("device", ["mps", "meta", "xpu:0"])
 def test_devices_other_than_cpu_and_cuda_are_refused(device):
     """(mps and meta were accepted, then failed with a traceback while loading.)"""
@@ -236,6 +245,7 @@ def test_bytes_and_base64_reference_audio(base, ref_wav):
     ({"do_sample": "yes"}, ValueError, "do_sample must be True or False"),
     ({"top_k": 2.5}, ValueError, "top_k must be an integer"),
     ({"seed": -1}, ValueError, "seed must be a non-negative integer"),
+    ({"seed": 2**63}, ValueError, r"seed must be a non-negative integer below 2\*\*63, got 9223372036854775808"),
     ({"temprature": 0.5}, TypeError, "unexpected generation arguments \\['temprature'\\] \\(did you mean "
                                      "`temperature`\\?\\)"),
     ({"speakr": "ryan"}, TypeError, "unexpected generation arguments \\['speakr'\\] \\(did you mean `speaker`"),
@@ -245,6 +255,16 @@ def test_custom_voice_input_errors(custom, no_compute, kwargs, error, match):
     args = {"text": "Hello.", "speaker": "ryan", **kwargs}
     with pytest.raises(error, match=match):
         custom.generate_custom_voice(**args)
+
+
+def test_a_runaway_guard_or_on_frame_of_the_wrong_type_is_refused_before_any_compute(custom, no_compute):
+    """(runaway_guard=5 failed in the engine's submit with an AttributeError, on_frame=5 at the first frame.)"""
+    with pytest.raises(TypeError, match="runaway_guard must be a RunawayGuard .* got 5") as e:
+        custom.synthesize("Hello.", speaker="ryan", runaway_guard=5)
+    assert e.value.param == "runaway_guard"
+    with pytest.raises(TypeError, match="on_frame must be a function .* got int") as e:
+        custom.synthesize("Hello.", speaker="ryan", on_frame=5)
+    assert e.value.param == "on_frame"
 
 
 def test_mode_not_supported_by_checkpoint(custom, design, base, no_compute):

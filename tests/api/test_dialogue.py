@@ -74,6 +74,16 @@ def test_bad_turns_are_refused_before_anything_runs(tts, turns, param, says):
     assert not tts.engine.num_running and not tts.engine.num_waiting
 
 
+@pytest.mark.parametrize("defaults, says", [({"temprature": 0.5}, "did you mean `temperature`"),
+                                            ({"max_new_tokens": 1}, "max_new_tokens must be at least 2"),
+                                            ({"language": "klingon"}, "unsupported language 'klingon'")])
+def test_a_bad_default_is_named_as_passed_not_as_the_first_turns(tts, defaults, says):
+    """(A default's fault was turns[0].<name>, "turn 0: ...": the first turn, which had no such field.)"""
+    with pytest.raises(RequestError, match=re.escape(says)) as e:
+        tts.dialogue(TURNS, **{**GREEDY, **defaults})
+    assert e.value.param == next(iter(defaults)) and not str(e.value).startswith("turn 0")
+
+
 def test_scripts_as_json_lines_and_kokoro_tags(tmp_path):
     jsonl = tmp_path / "script.jsonl"
     jsonl.write_text('{"speaker": "ryan", "text": "Hello."}\n\n{"speaker": "vivian", "text": "Hi.", "pause": 0.5}\n')

@@ -94,3 +94,11 @@ def test_mode_arguments_are_checked_at_once(tts):
         tts.live(speaker="nobody")
     with pytest.raises(RequestError, match="did you mean"):
         tts.live(speaker="ryan", temprature=0.5)
+
+
+def test_a_text_feeding_mode_other_than_streaming_text_is_refused_by_name(tts):
+    """(`live(non_streaming_mode=True)` was a TypeError from inside: "got multiple values for keyword argument".)"""
+    with pytest.raises(RequestError, match="streaming-text mode") as e:
+        tts.live(non_streaming_mode=True, **KWARGS)
+    assert e.value.param == "non_streaming_mode"
+    tts.live(non_streaming_mode=False, **KWARGS).cancel()

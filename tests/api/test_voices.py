@@ -32,6 +32,14 @@ def cloned(base) -> Voice:
     return base.create_voice((speech_like(1.0, 24000, 3), 24000), x_vector_only=True)
 
 
+@pytest.mark.parametrize("value", ["no", None, 2])
+def test_create_voice_takes_x_vector_only_as_a_bool(base, value):
+    """(A string was read for its truth: x_vector_only="no" made an x-vector voice.)"""
+    with pytest.raises(RequestError, match=f"x_vector_only must be True or False, got {re.escape(repr(value))}") as e:
+        base.create_voice((speech_like(1.0, 24000, 3), 24000), "Hello.", x_vector_only=value)
+    assert e.value.param == "x_vector_only"
+
+
 def _audio(tts: TTS, voice, text: str = "Hello there.") -> np.ndarray:
     return tts.synthesize(text, voice=voice, seed=1, **GREEDY)
 
@@ -162,4 +170,12 @@ def test_blend_refusals_say_why(base, pair, tiny_root):
         assert e.value.param in ("voices", "voice")
     with pytest.raises(RequestError, match="neither|expected a Voice") as e:
         Voice.blend({5: 1})
+    assert e.value.param == "voices"
+
+
+@pytest.mark.parametrize("voices", ["a.voice", [("a.voice",)], 5])
+def test_a_blend_of_something_other_than_voice_weight_pairs_is_named(voices):
+    """(A path alone was "not enough values to unpack (expected 2, got 1)".)"""
+    with pytest.raises(RequestError, match=r"voices: a blend takes \{voice: weight\} or \(voice, weight\) pairs") as e:
+        Voice.blend(voices)
     assert e.value.param == "voices"

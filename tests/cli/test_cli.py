@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
 
@@ -137,7 +138,7 @@ def test_say_reads_a_file_or_standard_input_and_plays_if_it_can(tmp_path, capsys
 
 
 @pytest.mark.parametrize("flag, value", [("--max-running", "0"), ("--max-body-bytes", "0"), ("--body-timeout", "0"),
-                                         ("--kv-cache-gb", "-1"), ("--max-waiting", "0")])
+                                         ("--kv-cache-gb", "-1"), ("--max-waiting", "0"), ("--port", "99999")])
 def test_serve_names_the_flag_at_fault(flag, value, capsys):
     """A bad setting stops `q3tts serve` before it loads anything, naming the flag (not the setting's Python name)."""
     assert main(["serve", "tiny", "--device", "cpu", flag, value]) == 1
@@ -176,10 +177,12 @@ def truncated_checkpoint(tmp_path) -> Path:
 
 @pytest.mark.parametrize("args, message", [
     (["/nonexistent"], "/nonexistent: no such checkpoint folder"),
-    (["tiny", "--dtype", "int8"], "dtype torch.int8 is not supported"),
-    (["tiny", "--device", "mps"], "device 'mps' is not supported"),
+    (["tiny", "--dtype", "int8"], "--dtype torch.int8 is not supported"),
+    (["tiny", "--dtype", "fp16"], "unknown --dtype 'fp16': use float32, bfloat16 or float16"),
+    (["tiny", "--device", "mps"], "--device 'mps' is not supported"),
+    (["tiny", "--lora", "/nonexistent"], "--lora /nonexistent: no such adapter folder; a LoRA adapter is a folder"),
     (["TRUNCATED"], "model.safetensors: not a readable safetensors file"),
-], ids=["no-folder", "int8", "mps", "truncated"])
+], ids=["no-folder", "int8", "fp16", "mps", "lora", "truncated"])
 def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, truncated_checkpoint, capsys,
                                                               monkeypatch):
     """(These once started the server, whose lifespan failed with uvicorn's traceback and exit 3.)"""
@@ -201,8 +204,9 @@ def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, tr
     (["--max-context", "5"], "--max-context must be an integer >= 64"),
     (["--temperature", "0"], "--temperature must be a finite number > 0"),
     (["--seed", "-1"], "--seed must be a non-negative integer"),
-    (["--device", "mps"], "device 'mps' is not supported"),
-    (["--device", "meta"], "device 'meta' is not supported"),
+    (["--device", "mps"], "--device 'mps' is not supported"),
+    (["--device", "meta"], "--device 'meta' is not supported"),
+    (["--device", "gpu"], "unknown --device 'gpu': use cpu, cuda or cuda:N"),
     (["--ref-audio", "me.wav"], "--ref-audio: voice cloning needs a Base checkpoint; this one is custom_voice"),
     (["--ref-text", "Hi.", "--x-vector-only"], "--ref-text and --x-vector-only: voice cloning needs a Base"),
     (["--model", "tiny-voice-design", "--instruct", "Calm.", "--x-vector-only"],
@@ -217,11 +221,12 @@ def test_serve_refuses_an_engine_that_cannot_start_in_one_line(args, message, tr
      "--speaker needs a CustomVoice checkpoint (this one is base)"),
     (["--model", "tiny-voice-design"], "this VoiceDesign checkpoint needs --instruct"),
     (["--language", "klingon"], "unsupported language 'klingon'"),
+    (["--lora", "./no-adapter"], "--lora ./no-adapter: no such adapter folder"),
     (["--model", "tiny-custom-voice-0.6b", "--instruct", "Whisper."], "this 0.6B CustomVoice checkpoint does not "
                                                                        "follow --instruct"),
-], ids=["max-new-tokens", "kv-cache", "max-context", "temperature", "seed", "mps", "meta", "ref-audio-on-custom",
+], ids=["max-new-tokens", "kv-cache", "max-context", "temperature", "seed", "mps", "meta", "gpu", "ref-audio-on-custom",
         "ref-text-on-custom", "x-vector-on-design", "voice-and-ref-audio", "voice-missing", "ref-audio-missing",
-        "ref-text-missing", "speaker-on-base", "design-without-instruct", "language", "instruct-on-0.6b"])
+        "ref-text-missing", "speaker-on-base", "design-without-instruct", "language", "lora", "instruct-on-0.6b"])
 def test_say_refuses_before_loading_the_model(args, message, tmp_path, capsys, no_model_load):
     """Flags that cannot work are refused in one line naming the flag, before the model loads (once some were
     refused only after "loading ...", some were silently ignored, and --max-new-tokens 1 wrote an empty file)."""
@@ -273,13 +278,18 @@ def test_a_command_without_its_subcommand_prints_its_own_help(command, capsys):
 
 def test_a_reference_file_name_keeps_its_spelling_in_errors(tmp_path, capsys):
     """Argument names in messages become flags, but not inside a path: a reference audio that cannot be read is
-    named as it was given."""
+    named as it was given, after the flag (`say` and `voice create` once named the file alone)."""
     bad = tmp_path / "ref_audio.wav"
     bad.write_bytes(b"not audio")
     assert main(["say", "Hello.", "--model", "tiny-base", "--ref-audio", str(bad), "--x-vector-only",
                  "--max-new-tokens", "3", "-o", str(tmp_path / "out.wav")]) == 1
     error = capsys.readouterr().err.splitlines()[-1]
-    assert error.startswith(f"q3tts: error: {bad}: not a readable audio file")
+    assert error.startswith(f"q3tts: error: --ref-audio {bad}: not a readable audio file")
+    sf.write(tmp_path / "silent.wav", np.zeros(16000, dtype=np.float32), 16000)
+    assert main(["voice", "create", "--model", "tiny-base", "--ref-audio", str(tmp_path / "silent.wav"),
+                 "--x-vector-only", "-o", str(tmp_path / "me.voice")]) == 1
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(f"q3tts: error: --ref-audio {tmp_path / 'silent.wav'}: "), error
 
 
 def test_serve_exits_1_in_one_line_when_the_model_does_not_load(tmp_path):
@@ -360,3 +370,16 @@ def test_serve_refuses_an_unusable_voices_dir_in_one_line(tmp_path, capsys, no_m
     assert main(["serve", "tiny", "--device", "cpu", "--voices-dir", str(damaged)]) == 1
     err = capsys.readouterr().err
     assert "index.json: not a readable voice index" in err and err.count("\n") == 1, err
+
+
+def test_a_voice_of_another_model_names_the_flag_and_its_file(tmp_path, capsys, no_model_load):
+    """(It said "this voice was made for a 1.7B model ..." naming neither --voice nor the file.)"""
+    import torch
+
+    from q3tts import Voice
+
+    Voice.from_embedding(torch.randn(96), "1b7").save(tmp_path / "big.voice")
+    assert main(["say", "Hello.", "--model", "tiny-base", "--voice", str(tmp_path / "big.voice"),
+                 "--max-new-tokens", "3", "-o", str(tmp_path / "out.wav")]) == 1
+    assert capsys.readouterr().err.startswith(f"q3tts: error: --voice {tmp_path / 'big.voice'}: this voice was made "
+                                              "for a 1.7B model")

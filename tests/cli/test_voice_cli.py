@@ -119,3 +119,33 @@ def test_say_script_refusals_name_the_turn(tmp_path, capsys):
     assert main(["say", "--script", str(tmp_path / "none.jsonl"), "--model", "tiny", "-o", str(out)]) == 1
     assert "none.jsonl" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_say_script_checks_its_output_first_and_keeps_the_flags_say_takes(tmp_path, capsysbinary, monkeypatch):
+    """(`say --script` once generated every turn before refusing `-o talk.xyz` in libsndfile's words, wrote no
+    standard output for `-o -`, and dropped --play and --non-streaming-text without a word.)"""
+    import io
+
+    from q3tts.api.tts import TTS
+
+    script = tmp_path / "talk.jsonl"
+    script.write_text('{"speaker": "ryan", "text": "Hello."}\n{"speaker": "vivian", "text": "Hi."}\n')
+    (tmp_path / "latin1.txt").write_bytes("[voice:amy] Caf\xe9.".encode("latin-1"))
+    run = ["say", "--model", "tiny", "--max-new-tokens", "3", "--seed", "1", "--script"]
+    with monkeypatch.context() as patch:
+        patch.setattr("q3tts.cli.commands._load", lambda *a, **k: pytest.fail("the model was loaded"))
+        assert main([*run, str(script), "-o", str(tmp_path / "talk.xyz")]) == 1
+        assert f"-o {tmp_path / 'talk.xyz'}: the file's extension names no audio format" in \
+            capsysbinary.readouterr().err.decode()
+        assert main([*run, str(tmp_path / "latin1.txt"), "-o", str(tmp_path / "talk.wav")]) == 1
+        assert capsysbinary.readouterr().err.decode().startswith(
+            f"q3tts: error: --script {tmp_path / 'latin1.txt'}: not UTF-8")
+    given = {}
+    stream_dialogue = TTS.stream_dialogue
+    monkeypatch.setattr(TTS, "stream_dialogue", lambda self, turns, **defaults: (
+        given.update(defaults), stream_dialogue(self, turns, **defaults))[1])
+    assert main([*run, str(script), "-o", "-", "--non-streaming-text", "--play"]) == 0
+    captured = capsysbinary.readouterr()
+    wav, sr = sf.read(io.BytesIO(captured.out), dtype="int16")
+    assert sr == 24000 and len(wav) == 2 * 2 * 1920 and given["non_streaming_mode"] is True
+    assert b"cannot play" in captured.err and b"wrote standard output: 2 turns" in captured.err
