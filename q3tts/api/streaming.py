@@ -62,7 +62,7 @@ class AudioStream:
                  sample_rate: int, started: float, submit_now: bool = True):
         """open_frames: submits the request (now, or at the first `async for` if `submit_now` is False)."""
         self._open, self._frames = open_frames, open_frames() if submit_now else None
-        self._closed = False
+        self._closed = self._read = False
         self.schedule, self.pcm_format, self.sample_rate, self.started = schedule, pcm_format, sample_rate, started
 
     @property
@@ -79,10 +79,18 @@ class AudioStream:
         if self._frames is not None:
             self._frames.cancel()
 
+    def _start_reading(self) -> None:
+        """A stream is read once: its chunks are handed out as they come, not kept."""
+        if self._read:
+            raise RuntimeError("this stream was read already: its audio is handed out once (keep the chunks, or "
+                               "make a new request)")
+        self._read = True
+
     def __iter__(self) -> Iterator[AudioChunk]:
         if self._frames is None and not self._closed:  # (an astream made outside a running loop)
             raise TypeError("this stream is for asyncio (`tts.astream`): read it with `async for` inside a running "
                             "event loop, or use `tts.stream` with `for`")
+        self._start_reading()
         chunker = _Chunker(self)
         try:
             for frame in self.frames:
@@ -95,6 +103,7 @@ class AudioStream:
     async def __aiter__(self) -> AsyncIterator[AudioChunk]:
         if self._closed and self._frames is None:
             return  # closed before its request was submitted: nothing to generate
+        self._start_reading()
         chunker = _Chunker(self)
         try:
             async for frame in self.frames:

@@ -92,6 +92,22 @@ def test_astream_yields_the_same_chunks(custom):
     assert np.array_equal(np.concatenate([c.pcm for c in chunks]), np.concatenate([c.pcm for c in sync]))
 
 
+def test_a_stream_is_read_once(custom):
+    """Read again, a stream says so (it yielded one empty chunk marked last, as if the speech were empty)."""
+    stream = custom.stream("Good evening.", speaker="serena", **SAMPLE)
+    assert sum(c.num_frames for c in stream) > 0
+    with pytest.raises(RuntimeError, match="read already"):
+        next(iter(stream))
+
+    async def twice():
+        again = custom.astream("Good evening.", speaker="serena", **SAMPLE)
+        assert [c async for c in again]
+        return [c async for c in again]
+
+    with pytest.raises(RuntimeError, match="read already"):
+        asyncio.run(twice())
+
+
 def test_an_astream_closed_before_its_first_iteration_submits_nothing(custom, monkeypatch):
     stream = custom.astream("Good evening.", speaker="serena", **SAMPLE)  # (no running loop: submitted when read)
     stream.close()
