@@ -14,6 +14,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .errors import RequestError
 
 MODEL_TYPES = ("base", "custom_voice", "voice_design")
@@ -288,7 +290,7 @@ def _check(params: GenerationConfig, name: str) -> None:
     """Raises RequestError naming `name` if its value is out of range."""
     value, base = getattr(params, name), name.removeprefix("subtalker_")
     if base in ("do_sample", "dosample"):
-        ok, rule = isinstance(value, bool) or (is_int(value) and value in (0, 1)), "must be True or False"
+        ok, rule = isinstance(value, (bool, np.bool_)) or (is_int(value) and value in (0, 1)), "must be True or False"
     elif base == "top_k":
         ok, rule = is_int(value) and value >= 0, "must be an integer >= 0 (0 disables it)"
     elif base == "top_p":

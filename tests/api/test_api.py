@@ -22,6 +22,7 @@ from q3tts.checkpoint import CheckpointError
 from q3tts.config import ConfigError
 from q3tts.errors import RequestError, RequestTypeError
 from q3tts.request.audio import AudioError
+from q3tts.sampling import SamplingParams
 from q3tts.tiny import tiny_checkpoint
 from tests.equivalence.test_equivalence import speech_like
 
@@ -255,6 +256,13 @@ def test_custom_voice_input_errors(custom, no_compute, kwargs, error, match):
     args = {"text": "Hello.", "speaker": "ryan", **kwargs}
     with pytest.raises(error, match=match):
         custom.generate_custom_voice(**args)
+
+
+def test_numpy_numbers_are_taken_as_python_ones():
+    """(do_sample=np.bool_(False) was refused: "must be True or False, got np.False_".)"""
+    params = SamplingParams(do_sample=np.bool_(False), subtalker_dosample=np.True_, top_k=np.int64(5),
+                            temperature=np.float32(0.7))
+    assert not params.do_sample and params.subtalker_dosample and params.top_k == 5
 
 
 def test_a_runaway_guard_or_on_frame_of_the_wrong_type_is_refused_before_any_compute(custom, no_compute):
