@@ -662,3 +662,21 @@ def test_websocket_live_text_over_the_limit_is_refused_naming_text(server):
     error = events[-1]
     assert error["type"] == "error" and (error["error"]["param"], error["error"]["code"]) == ("text", "input_too_long")
     assert ws.close_code == 1008
+
+
+def test_websocket_vllm_omni_live_utterances_waiting_are_bounded_together(server):
+    """vLLM-Omni, segmentation live: utterances sent faster than they are spoken wait, each a live generation with
+    its text; together they are held to 16 times --max-input-chars (200 here), as cut segments are (each was
+    bounded alone: a client could queue any number)."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 40,
+                            "stream_audio": True, "response_format": "pcm"}))
+        for _ in range(20):  # 3,800 characters
+            ws.send(json.dumps({"type": "input.text", "text": "word " * 38}))
+            ws.send(json.dumps({"type": "input.done"}))
+        events, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    error = events[-1]
+    assert error["type"] == "error" and (error["error"]["param"], error["error"]["code"]) == ("text", "input_too_long")
+    assert "waiting to be spoken" in error["error"]["message"], error
+    server.wait_idle()

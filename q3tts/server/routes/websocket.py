@@ -194,6 +194,7 @@ class LiveTextFeed:
         self.service, self.items = service, items
         self.current: LiveUtterance | None = None  # the open utterance's generation
         self.held_space = ""  # whitespace before the utterance's first word
+        self.pending_chars = 0  # the text of the utterances queued or being spoken (vLLM-Omni: several at once)
 
     async def push(self, text: str, setup: Setup) -> None:
         """A text delta into the open utterance's generation (opened with `setup` at its first word)."""
@@ -206,13 +207,17 @@ class LiveTextFeed:
             self.items.put_nowait(self.current)
             text, self.held_space = self.held_space + text, ""
         limit = self.service.config.max_input_chars
-        total = len(self.current.text) + len(text)
-        if len(text) > limit or total > PENDING_TEXT_FACTOR * limit:
+        if len(text) > limit or self.pending_chars + len(text) > PENDING_TEXT_FACTOR * limit:
             raise errors.bad_request(f"text over this server's limit ({limit} characters per input.text, "
-                                     f"{PENDING_TEXT_FACTOR * limit} per session)", param="text",
-                                     code="input_too_long")
+                                     f"{PENDING_TEXT_FACTOR * limit} waiting to be spoken: send more as the audio "
+                                     "arrives)", param="text", code="input_too_long")
         await self._call(self.current.live.append, text)
         self.current.text += text
+        self.pending_chars += len(text)
+
+    def spoken(self, utterance: LiveUtterance) -> None:
+        """An utterance's audio ended: its text no longer waits."""
+        self.pending_chars -= len(utterance.text)
 
     async def end(self) -> None:
         """The open utterance's text ends (what came is spoken); the next text opens another."""
@@ -417,6 +422,7 @@ class StreamSession:
             frames, sent = await self._send_audio(item.audio(start), setup)
         finally:
             live.cancel()
+            self.live_text.spoken(item)
         if not item.started:
             await self._send_json(self._started(index, item.text, setup))
         self.frames += frames
