@@ -4,6 +4,7 @@ and the WebSocket text-streaming protocol."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -680,3 +681,18 @@ def test_websocket_vllm_omni_live_utterances_waiting_are_bounded_together(server
     assert error["type"] == "error" and (error["error"]["param"], error["error"]["code"]) == ("text", "input_too_long")
     assert "waiting to be spoken" in error["error"]["message"], error
     server.wait_idle()
+
+
+def test_websocket_an_error_the_client_does_not_read_drops_the_connection(server, monkeypatch):
+    """The error event waits at most --send-timeout for a client that does not read (it waited for ever)."""
+    from starlette.websockets import WebSocket
+
+    async def never_sent(self, data, mode="text"):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(server.config, "send_timeout_s", 0.5)
+    monkeypatch.setattr(WebSocket, "send_json", never_sent)
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "nobody"}))
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)

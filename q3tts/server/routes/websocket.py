@@ -502,8 +502,13 @@ async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
 
 
 async def send_error(websocket: WebSocket, error: errors.APIError) -> None:
-    """The error event (vLLM-Omni's `message` beside the API's error object), then the close code."""
+    """The error event (vLLM-Omni's `message` beside the API's error object), then the close code; a client that
+    does not read them within send_timeout_s has its connection dropped (the route would wait on it for ever)."""
     code = 1013 if error.status == 429 else 1011 if error.status >= 500 else 1008
+    timeout = websocket.app.state.config.send_timeout_s
     with suppress(Exception):  # the client may be gone already
-        await websocket.send_json({"type": "error", "message": error.message, **error.body()})
-        await websocket.close(code=code)
+        await asyncio.wait_for(websocket.send_json({"type": "error", "message": error.message, **error.body()}),
+                               timeout)
+        await asyncio.wait_for(websocket.close(code=code), timeout)
+        return
+    drop_connection(websocket.scope)
