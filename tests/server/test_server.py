@@ -696,3 +696,17 @@ def test_websocket_an_error_the_client_does_not_read_drops_the_connection(server
         ws.send(json.dumps({"type": "session.config", "voice": "nobody"}))
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=10)
+
+
+@pytest.mark.parametrize("message, field", [({"type": "input.text", "text": "Hi there.", "voice": "vivian"}, "voice"),
+                                            ({"type": "input.done", "speed": 2}, "speed")])
+def test_websocket_q3tts_refuses_a_field_its_message_does_not_take(server, message, field):
+    """A setting sent with the text (a voice, a speed) was silently ignored: the session spoke on with its config's."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        for sent in ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "max_new_tokens": 3},
+                     {"type": "input.text", "text": "Hello. "}, message):
+            ws.send(json.dumps(sent))
+        events, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    error = events[-1]
+    assert error["type"] == "error" and error["error"]["param"] == field and repr(field) in error["message"], error

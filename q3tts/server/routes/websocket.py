@@ -86,6 +86,7 @@ MAX_SEGMENT_CHARS = 300
 TEXT_WAIT_S = 30.0  # segmentation live: how long the generation waits for its next text
 PENDING_TEXT_FACTOR = 16  # text received but not yet spoken may reach this many times --max-input-chars
 UTTERANCE_END, SESSION_END = object(), object()  # the speaker's queue: besides (text, setup) segments
+Q3TTS_FIELDS = {"input.text": ("type", "text"), "input.flush": ("type",), "input.done": ("type",)}  # after the config
 
 
 @router.websocket("/v1/audio/speech/stream")
@@ -298,6 +299,8 @@ class StreamSession:
             if ended:  # (q3tts: the rest is being spoken)
                 raise errors.bad_request(f"{quote(kind)} after input.done: the session ends once its text is "
                                          "spoken (open another for more)", param="type")
+            if self.is_q3tts:
+                _check_fields(kind, message)
             if kind == "input.text":
                 await self._text(message.get("text"))
             elif kind == "input.done":
@@ -487,6 +490,17 @@ async def _setup(service: SpeechService, message: dict[str, Any]) -> Setup:
     service.check_model(config.model)
     choice = await service.resolve_voice(config)
     return Setup(config, choice, config.seed if config.seed is not None else service.random_seed())
+
+
+def _check_fields(kind: Any, message: dict[str, Any]) -> None:
+    """q3tts's messages after the config carry only their own fields: another (a voice, a speed) is refused, not
+    ignored (the session's settings are its session.config's)."""
+    known = Q3TTS_FIELDS.get(kind)
+    unknown = next((key for key in message if key not in known), None) if known else None
+    if unknown is not None:
+        fields = " and ".join(f"`{name}`" for name in known)
+        raise errors.bad_request(f"{kind} takes {fields}, not {quote(unknown)} (the session's settings are those of "
+                                 "its session.config)", param=errors.field(unknown))
 
 
 async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
