@@ -279,3 +279,21 @@ def test_an_error_names_instruction_as_sent(server):
         got, _ = events_until_close(ws)
     error = got[-1]["error"]
     assert error["param"] == "instruction" and error["message"].startswith("instruction is 5000"), error
+
+
+def test_text_after_the_generation_ended_is_refused_not_acknowledged_and_dropped(server):
+    """An append after the generation reached max_new_tokens was acknowledged and never spoken."""
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps({**START, "max_new_tokens": 3}))
+        ws.recv(timeout=30)
+        ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "Hello there, how are you"}))
+        while not isinstance(ws.recv(timeout=30), bytes):  # (its audio started)
+            pass
+        server.wait_idle()  # (it ended, at max_new_tokens)
+        time.sleep(0.2)
+        ws.send(json.dumps({"type": "input_text.append", "sequence": 1, "text": " these words come too late."}))
+        got, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    error = got[-1]["error"]
+    assert error["code"] == "invalid_state" and error["param"] == "text" and "'length'" in error["message"], error

@@ -710,3 +710,18 @@ def test_websocket_q3tts_refuses_a_field_its_message_does_not_take(server, messa
         assert ws.close_code == 1008
     error = events[-1]
     assert error["type"] == "error" and error["error"]["param"] == field and repr(field) in error["message"], error
+
+
+def test_websocket_text_after_the_generation_ended_is_refused_saying_why(server):
+    """Live text that comes after the generation reached max_new_tokens is refused naming the reason (it said
+    "text appended to a cancelled live request", which the client never asked for)."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        for sent in ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED,
+                      "max_new_tokens": 3}, {"type": "input.text", "text": "Hello there, how are you"}):
+            ws.send(json.dumps(sent))
+        while not (isinstance(message := ws.recv(timeout=60), str) and json.loads(message)["type"] == "segment.done"):
+            pass
+        ws.send(json.dumps({"type": "input.text", "text": " these words come too late."}))
+        events, _ = events_until_close(ws)
+    error = events[-1]["error"]
+    assert error["param"] == "text" and "'length'" in error["message"] and "cancelled" not in error["message"], error

@@ -251,6 +251,12 @@ class NariSession:
 
     async def _append(self, event: dict[str, Any]) -> None:
         sequence = self._check_sequence(event, "input_text.append")
+        if self.audio is not None and self.audio.done():  # (its text would be acknowledged and never spoken)
+            stream = self.live.stream
+            reason = stream.frames.finish_reason if stream is not None else None
+            raise ProtocolError("invalid_state", f"the generation already ended (finish reason {reason!r}: "
+                                "max_new_tokens reached or the model's end of speech); this text would not be "
+                                "spoken", param="text")
         text = event.get("text")
         if not isinstance(text, str) or not text:
             raise ProtocolError("invalid_request", "input_text.append needs a non-empty string `text`", param="text")

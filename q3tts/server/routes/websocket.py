@@ -175,6 +175,7 @@ class LiveUtterance:
     setup: Setup
     text: str = ""
     started: bool = False  # its start event was sent
+    finish_reason: str | None = None  # set once its audio ended
 
     async def audio(self, start: Callable[[], Awaitable[None]]) -> AsyncIterator[tuple[np.ndarray, int]]:
         """The generation's audio (pcm, frames); `start()` (the start event, with the text received by then) at
@@ -207,6 +208,10 @@ class LiveTextFeed:
             self.current = LiveUtterance(live, setup)
             self.items.put_nowait(self.current)
             text, self.held_space = self.held_space + text, ""
+        if self.current.finish_reason is not None:  # (the live request is cancelled: its append would say so)
+            raise errors.bad_request(f"the generation already ended (finish reason {self.current.finish_reason!r}: "
+                                     "max_new_tokens reached or the model's end of speech); this text would not be "
+                                     "spoken: send input.done", param="text")
         limit = self.service.config.max_input_chars
         if len(text) > limit or self.pending_chars + len(text) > PENDING_TEXT_FACTOR * limit:
             raise errors.bad_request(f"text over this server's limit ({limit} characters per input.text, "
@@ -425,12 +430,13 @@ class StreamSession:
             frames, sent = await self._send_audio(item.audio(start), setup)
         finally:
             live.cancel()
+            finish_reason = live.stream.frames.finish_reason if live.stream is not None else None
+            item.finish_reason = finish_reason or "stop"  # (before any await: later text is refused saying why)
             self.live_text.spoken(item)
         if not item.started:
             await self._send_json(self._started(index, item.text, setup))
         self.frames += frames
         self.input_tokens += live.num_tokens
-        finish_reason = live.stream.frames.finish_reason if live.stream is not None else None
         await self._send_json(self._done(index, item.text, frames, sent, setup, finish_reason))
 
     async def _send_audio(self, audio: AsyncIterator[tuple[np.ndarray, int]], setup: Setup) -> tuple[int, int]:
