@@ -3,6 +3,7 @@ a real WebSocket client. The audio is the live request's, so the whole text's co
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -195,3 +196,104 @@ def test_the_server_does_not_deflate_websocket_messages(server):
     with session(server) as ws:
         assert "permessage-deflate" in ws.request.headers.get("Sec-WebSocket-Extensions", "")
         assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+
+
+def _events_within(ws, seconds: float) -> list[dict]:
+    """The session's JSON events until the server closes it, which must happen within `seconds`."""
+    events, deadline = [], time.monotonic() + seconds
+    with pytest.raises(ConnectionClosed):
+        while True:
+            message = ws.recv(timeout=max(deadline - time.monotonic(), 0.01))
+            if isinstance(message, str):
+                events.append(json.loads(message))
+    return events
+
+
+def test_text_that_stops_coming_is_an_input_timeout_while_the_client_waits(server, monkeypatch):
+    """The generation waits TEXT_WAIT_S for its next text, then ends: the client, which only listens, gets the
+    input_timeout error (it got nothing, and the session stayed open, until it sent something)."""
+    monkeypatch.setattr("q3tts.server.routes.nari.TEXT_WAIT_S", 1.0)
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps(START))
+        ws.recv(timeout=30)
+        ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "Hello there, this waits "}))
+        events = _events_within(ws, 20)
+        assert ws.close_code == 1008
+    error = events[-1]["error"]
+    assert events[-1]["type"] == "error" and error["code"] == "input_timeout" and error["param"] == "text", events[-1]
+    server.wait_idle()
+
+
+@pytest.mark.parametrize("sent", [[], [START]])
+def test_a_request_that_never_starts_is_closed(server, monkeypatch, sent):
+    """No request.start within --body-timeout, or no text within TEXT_WAIT_S of it: an error, not a connection
+    held open for ever."""
+    monkeypatch.setattr(server.config, "body_timeout_s", 0.5)
+    monkeypatch.setattr("q3tts.server.routes.nari.TEXT_WAIT_S", 0.5)
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        for event in sent:
+            ws.send(json.dumps(event))
+        events = _events_within(ws, 10)
+        assert ws.close_code == 1008
+    assert events[-1]["error"]["code"] == ("input_timeout" if sent else "request_timeout"), events[-1]
+
+
+def test_a_client_that_stops_reading_loses_its_session_and_row(server, monkeypatch):
+    """Audio the client does not read (a send that never completes) ends the session after --send-timeout and
+    frees its row, as on /v1/audio/speech/stream (it held both until the client left)."""
+    from starlette.websockets import WebSocket
+
+    async def never_sent(self, data):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(server.config, "send_timeout_s", 0.5)
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps({**START, "max_new_tokens": 400}))
+        ws.recv(timeout=30)
+        monkeypatch.setattr(WebSocket, "send_bytes", never_sent)
+        ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "A long answer nobody hears."}))
+        ws.send(json.dumps({"type": "input_text.end", "sequence": 1}))
+        _events_within(ws, 20)
+    server.wait_idle()
+
+
+@pytest.mark.parametrize("field, value", [("speed", 2.0), ("volume_multiplier", 3.0), ("sample_rate", 16000),
+                                          ("non_streaming_mode", True)])
+def test_settings_the_raw_pcm_cannot_honour_are_refused_not_ignored(server, field, value):
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps({**START, field: value}))
+        got, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    error = got[-1]["error"]
+    assert error["code"] == "invalid_request" and error["param"] == field and field in error["message"], error
+
+
+def test_an_error_names_instruction_as_sent(server):
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps({**START, "instruction": "x" * 5000}))
+        got, _ = events_until_close(ws)
+    error = got[-1]["error"]
+    assert error["param"] == "instruction" and error["message"].startswith("instruction is 5000"), error
+
+
+def test_text_after_the_generation_ended_is_refused_not_acknowledged_and_dropped(server):
+    """An append after the generation reached max_new_tokens was acknowledged and never spoken."""
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps({**START, "max_new_tokens": 3}))
+        ws.recv(timeout=30)
+        ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "Hello there, how are you"}))
+        while not isinstance(ws.recv(timeout=30), bytes):  # (its audio started)
+            pass
+        server.wait_idle()  # (it ended, at max_new_tokens)
+        time.sleep(0.2)
+        ws.send(json.dumps({"type": "input_text.append", "sequence": 1, "text": " these words come too late."}))
+        got, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    error = got[-1]["error"]
+    assert error["code"] == "invalid_state" and error["param"] == "text" and "'length'" in error["message"], error

@@ -4,6 +4,7 @@ and the WebSocket text-streaming protocol."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -662,3 +663,65 @@ def test_websocket_live_text_over_the_limit_is_refused_naming_text(server):
     error = events[-1]
     assert error["type"] == "error" and (error["error"]["param"], error["error"]["code"]) == ("text", "input_too_long")
     assert ws.close_code == 1008
+
+
+def test_websocket_vllm_omni_live_utterances_waiting_are_bounded_together(server):
+    """vLLM-Omni, segmentation live: utterances sent faster than they are spoken wait, each a live generation with
+    its text; together they are held to 16 times --max-input-chars (200 here), as cut segments are (each was
+    bounded alone: a client could queue any number)."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "ryan", "seed": SEED, "max_new_tokens": 40,
+                            "stream_audio": True, "response_format": "pcm"}))
+        for _ in range(20):  # 3,800 characters
+            ws.send(json.dumps({"type": "input.text", "text": "word " * 38}))
+            ws.send(json.dumps({"type": "input.done"}))
+        events, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    error = events[-1]
+    assert error["type"] == "error" and (error["error"]["param"], error["error"]["code"]) == ("text", "input_too_long")
+    assert "waiting to be spoken" in error["error"]["message"], error
+    server.wait_idle()
+
+
+def test_websocket_an_error_the_client_does_not_read_drops_the_connection(server, monkeypatch):
+    """The error event waits at most --send-timeout for a client that does not read (it waited for ever)."""
+    from starlette.websockets import WebSocket
+
+    async def never_sent(self, data, mode="text"):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(server.config, "send_timeout_s", 0.5)
+    monkeypatch.setattr(WebSocket, "send_json", never_sent)
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "session.config", "voice": "nobody"}))
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
+
+
+@pytest.mark.parametrize("message, field", [({"type": "input.text", "text": "Hi there.", "voice": "vivian"}, "voice"),
+                                            ({"type": "input.done", "speed": 2}, "speed")])
+def test_websocket_q3tts_refuses_a_field_its_message_does_not_take(server, message, field):
+    """A setting sent with the text (a voice, a speed) was silently ignored: the session spoke on with its config's."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        for sent in ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "max_new_tokens": 3},
+                     {"type": "input.text", "text": "Hello. "}, message):
+            ws.send(json.dumps(sent))
+        events, _ = events_until_close(ws)
+        assert ws.close_code == 1008
+    error = events[-1]
+    assert error["type"] == "error" and error["error"]["param"] == field and repr(field) in error["message"], error
+
+
+def test_websocket_text_after_the_generation_ended_is_refused_saying_why(server):
+    """Live text that comes after the generation reached max_new_tokens is refused naming the reason (it said
+    "text appended to a cancelled live request", which the client never asked for)."""
+    with connect(server.ws_url + "/v1/audio/speech/stream") as ws:
+        for sent in ({"type": "session.config", "protocol": "q3tts", "voice": "ryan", "seed": SEED,
+                      "max_new_tokens": 3}, {"type": "input.text", "text": "Hello there, how are you"}):
+            ws.send(json.dumps(sent))
+        while not (isinstance(message := ws.recv(timeout=60), str) and json.loads(message)["type"] == "segment.done"):
+            pass
+        ws.send(json.dumps({"type": "input.text", "text": " these words come too late."}))
+        events, _ = events_until_close(ws)
+    error = events[-1]["error"]
+    assert error["param"] == "text" and "'length'" in error["message"] and "cancelled" not in error["message"], error

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
+from collections.abc import Awaitable
 from contextlib import suppress
 from typing import Any, Literal
 
@@ -32,13 +34,15 @@ from ...engine.live import LiveTextTimeout
 from ...errors import RequestError
 from .. import errors
 from ..auth import websocket_authorized
+from ..middleware import drop_connection, request_id_of
 from ..schemas import SpeechSettings
 from ..service import SpeechService
 
+log = logging.getLogger("q3tts.server")
 router = APIRouter()
 PROTOCOL = "nari.speech.v1"
 LIVE_TEXT_FACTOR = 16  # a session's text may reach this many times --max-input-chars
-TEXT_WAIT_S = 30.0  # how long a started generation waits for its next text
+TEXT_WAIT_S = 30.0  # how long a started generation (or a request whose prompt is not built yet) waits for text
 
 
 class NariStart(SpeechSettings):
@@ -86,26 +90,28 @@ class NariSession:
 
     async def run(self) -> None:
         try:
-            await self.websocket.send_json({"type": "session.created", "protocol": PROTOCOL,
-                                            "audio": self.audio_format})
+            await self._send_json({"type": "session.created", "protocol": PROTOCOL, "audio": self.audio_format})
             stop_reason = await self._events()
             if stop_reason == "stop" and self.audio is not None:
                 stop_reason = await self._play_out()
             chunks = await self.audio if self.audio is not None else 0
-            await self.websocket.send_json({"type": "response.done", "request_id": self.request_id,
-                                            "stop_reason": stop_reason, "audio_chunks": chunks})
-            await self.websocket.close(code=1000)
+            await self._send_json({"type": "response.done", "request_id": self.request_id,
+                                   "stop_reason": stop_reason, "audio_chunks": chunks})
+            await self._send(self.websocket.close(code=1000))
         except ProtocolError as e:
             await self._error(e.code, e.message, e.close_code, e.param)
         except errors.APIError as e:
             await self._error(e.code or "invalid_request", e.message, 1011 if e.status >= 500 else 1008, e.param,
                               e.type)
         except LiveTextTimeout as e:
-            await self._error("input_timeout", str(e), 1008)
+            await self._error("input_timeout", f"{e}: send text sooner, or input_text.end", 1008, "text")
         except EngineError as e:
             await self._error("generation_failed", str(e), 1011, error_type="server_error")
         except WebSocketDisconnect:
             pass
+        except asyncio.TimeoutError:  # (_send's: the waits for the client's events raise ProtocolError)
+            log.warning("websocket %s: the client stopped reading; session closed", request_id_of(self.websocket.scope))
+            drop_connection(self.websocket.scope)  # (a close frame would wait behind what the client does not read)
         finally:
             if self.live is not None:
                 self.live.cancel()
@@ -117,7 +123,7 @@ class NariSession:
     async def _events(self) -> str:
         """Handles the client's events until the text ends or the client cancels; returns the stop reason."""
         while True:
-            event = await self._receive()
+            event = await self._next_event()
             kind = event.get("type")
             if kind == "request.start":
                 await self._start(event)
@@ -153,6 +159,29 @@ class NariSession:
         finally:
             receiving.cancel()
 
+    async def _next_event(self) -> dict[str, Any]:
+        """The client's next event, waited for within bounds: request.start within --body-timeout of connecting,
+        text within TEXT_WAIT_S until the generation starts; once it runs, a failure of its audio (its text came
+        too late, the engine failed, the client stopped reading) ends the wait, raised here."""
+        if self.audio is None:
+            timeout = self.service.config.body_timeout_s if self.live is None else TEXT_WAIT_S
+            try:
+                return await asyncio.wait_for(self._receive(), timeout)
+            except asyncio.TimeoutError:
+                if self.live is None:
+                    raise ProtocolError("request_timeout", f"no request.start within {timeout:g} s of "
+                                        "connecting") from None
+                raise ProtocolError("input_timeout", f"no text for {timeout:g} s: send text sooner, or "
+                                    "input_text.end", param="text") from None
+        receiving = asyncio.ensure_future(self._receive())
+        try:
+            await asyncio.wait({self.audio, receiving}, return_when=asyncio.FIRST_COMPLETED)
+            if not receiving.done():
+                self.audio.result()  # (its failure; audio that ended early, at max_new_tokens, waits for the end)
+            return await receiving
+        finally:
+            receiving.cancel()
+
     async def _receive(self) -> dict[str, Any]:
         message = await self.websocket.receive()
         if message["type"] == "websocket.disconnect":
@@ -183,6 +212,9 @@ class NariSession:
             raise ProtocolError("invalid_request", "set one of instructions, instruct and instruction",
                                 param="instructions")
         start.instructions = names[0] if names else None
+        if start.instruction is not None:  # (an error names it as sent)
+            start.name_fields({"instructions": "instruction"})
+        self._refuse_unspoken(start)
         service.check_limits(start)
         service.check_ready()
         service.check_model(start.model)
@@ -190,7 +222,21 @@ class NariSession:
         seed = start.seed if start.seed is not None else service.random_seed()
         self.live = service.live(start, choice, seed, TEXT_WAIT_S, pcm_format="int16")
         self.request_id = f"ws-{uuid.uuid4().hex}"
-        await self.websocket.send_json({"type": "request.configured"})
+        await self._send_json({"type": "request.configured"})
+
+    def _refuse_unspoken(self, start: NariStart) -> None:
+        """Settings of /v1/audio/speech that this protocol's raw PCM, as made, cannot honour: refused, not
+        ignored."""
+        rate = self.service.tts.sample_rate
+        asked = {"speed": start.speed != 1.0, "volume_multiplier": start.volume_multiplier != 1.0,
+                 "sample_rate": start.sample_rate not in (None, rate),
+                 "non_streaming_mode": bool(start.non_streaming_mode)}
+        for name, is_asked in asked.items():
+            if is_asked:
+                why = ("the text is spoken as it arrives, in streaming-text mode" if name == "non_streaming_mode" else
+                       f"the audio is the model's 16-bit PCM at {rate} Hz, as made")
+                raise ProtocolError("invalid_request", f"request.start: {name} is not supported by {PROTOCOL} ({why}); "
+                                    "/v1/audio/speech/stream takes it", param=name)
 
     def _check_sequence(self, event: dict[str, Any], kind: str) -> int:
         if self.live is None or self.live.ended:
@@ -205,6 +251,12 @@ class NariSession:
 
     async def _append(self, event: dict[str, Any]) -> None:
         sequence = self._check_sequence(event, "input_text.append")
+        if self.audio is not None and self.audio.done():  # (its text would be acknowledged and never spoken)
+            stream = self.live.stream
+            reason = stream.frames.finish_reason if stream is not None else None
+            raise ProtocolError("invalid_state", f"the generation already ended (finish reason {reason!r}: "
+                                "max_new_tokens reached or the model's end of speech); this text would not be "
+                                "spoken", param="text")
         text = event.get("text")
         if not isinstance(text, str) or not text:
             raise ProtocolError("invalid_request", "input_text.append needs a non-empty string `text`", param="text")
@@ -232,29 +284,38 @@ class NariSession:
                                 1009 if too_long else 1008, e.param) from e
 
     async def _ack(self, kind: str, sequence: int) -> None:
-        await self.websocket.send_json({"type": "input_text.ack", "event": kind, "sequence": sequence,
-                                        "request_id": self.request_id if self.audio is not None else None})
+        await self._send_json({"type": "input_text.ack", "event": kind, "sequence": sequence,
+                               "request_id": self.request_id if self.audio is not None else None})
 
     async def _start_audio(self) -> None:
         """Once the first text token is final: response.started, and the audio task."""
         if self.audio is not None or not self.live.started:
             return
-        await self.websocket.send_json({"type": "response.started", "request_id": self.request_id,
-                                        "audio": self.audio_format})
+        await self._send_json({"type": "response.started", "request_id": self.request_id,
+                               "audio": self.audio_format})
         self.audio = asyncio.ensure_future(self._send_audio())
 
     async def _send_audio(self) -> int:
         chunks = 0
         async for chunk in self.live:
             if len(chunk.pcm):
-                await self.websocket.send_bytes(chunk.pcm.tobytes())
+                await self._send(self.websocket.send_bytes(chunk.pcm.tobytes()))
                 chunks += 1
         return chunks
 
+    async def _send_json(self, event: dict[str, Any]) -> None:
+        await self._send(self.websocket.send_json(event))
+
+    async def _send(self, sending: Awaitable[None]) -> None:
+        """A client that stops reading loses the session (and its row) after --send-timeout."""
+        await asyncio.wait_for(sending, self.service.config.send_timeout_s)
+
     async def _error(self, code: str, message: str, close_code: int, param: str | None = None,
                      error_type: str = "invalid_request_error") -> None:
+        event = {"type": "error", "request_id": self.request_id,
+                 "error": {"type": error_type, "code": code, "message": message, "param": param}}
         with suppress(Exception):  # the client may be gone already
-            await self.websocket.send_json({"type": "error", "request_id": self.request_id,
-                                            "error": {"type": error_type, "code": code, "message": message,
-                                                      "param": param}})
-            await self.websocket.close(code=close_code)
+            await self._send_json(event)
+            await self._send(self.websocket.close(code=close_code))
+            return
+        drop_connection(self.websocket.scope)  # (it is gone, or stopped reading: the close frame would wait)

@@ -86,6 +86,7 @@ MAX_SEGMENT_CHARS = 300
 TEXT_WAIT_S = 30.0  # segmentation live: how long the generation waits for its next text
 PENDING_TEXT_FACTOR = 16  # text received but not yet spoken may reach this many times --max-input-chars
 UTTERANCE_END, SESSION_END = object(), object()  # the speaker's queue: besides (text, setup) segments
+Q3TTS_FIELDS = {"input.text": ("type", "text"), "input.flush": ("type",), "input.done": ("type",)}  # after the config
 
 
 @router.websocket("/v1/audio/speech/stream")
@@ -174,6 +175,7 @@ class LiveUtterance:
     setup: Setup
     text: str = ""
     started: bool = False  # its start event was sent
+    finish_reason: str | None = None  # set once its audio ended
 
     async def audio(self, start: Callable[[], Awaitable[None]]) -> AsyncIterator[tuple[np.ndarray, int]]:
         """The generation's audio (pcm, frames); `start()` (the start event, with the text received by then) at
@@ -194,6 +196,7 @@ class LiveTextFeed:
         self.service, self.items = service, items
         self.current: LiveUtterance | None = None  # the open utterance's generation
         self.held_space = ""  # whitespace before the utterance's first word
+        self.pending_chars = 0  # the text of the utterances queued or being spoken (vLLM-Omni: several at once)
 
     async def push(self, text: str, setup: Setup) -> None:
         """A text delta into the open utterance's generation (opened with `setup` at its first word)."""
@@ -205,14 +208,22 @@ class LiveTextFeed:
             self.current = LiveUtterance(live, setup)
             self.items.put_nowait(self.current)
             text, self.held_space = self.held_space + text, ""
+        if self.current.finish_reason is not None:  # (the live request is cancelled: its append would say so)
+            raise errors.bad_request(f"the generation already ended (finish reason {self.current.finish_reason!r}: "
+                                     "max_new_tokens reached or the model's end of speech); this text would not be "
+                                     "spoken: send input.done", param="text")
         limit = self.service.config.max_input_chars
-        total = len(self.current.text) + len(text)
-        if len(text) > limit or total > PENDING_TEXT_FACTOR * limit:
+        if len(text) > limit or self.pending_chars + len(text) > PENDING_TEXT_FACTOR * limit:
             raise errors.bad_request(f"text over this server's limit ({limit} characters per input.text, "
-                                     f"{PENDING_TEXT_FACTOR * limit} per session)", param="text",
-                                     code="input_too_long")
+                                     f"{PENDING_TEXT_FACTOR * limit} waiting to be spoken: send more as the audio "
+                                     "arrives)", param="text", code="input_too_long")
         await self._call(self.current.live.append, text)
         self.current.text += text
+        self.pending_chars += len(text)
+
+    def spoken(self, utterance: LiveUtterance) -> None:
+        """An utterance's audio ended: its text no longer waits."""
+        self.pending_chars -= len(utterance.text)
 
     async def end(self) -> None:
         """The open utterance's text ends (what came is spoken); the next text opens another."""
@@ -293,6 +304,8 @@ class StreamSession:
             if ended:  # (q3tts: the rest is being spoken)
                 raise errors.bad_request(f"{quote(kind)} after input.done: the session ends once its text is "
                                          "spoken (open another for more)", param="type")
+            if self.is_q3tts:
+                _check_fields(kind, message)
             if kind == "input.text":
                 await self._text(message.get("text"))
             elif kind == "input.done":
@@ -417,11 +430,13 @@ class StreamSession:
             frames, sent = await self._send_audio(item.audio(start), setup)
         finally:
             live.cancel()
+            finish_reason = live.stream.frames.finish_reason if live.stream is not None else None
+            item.finish_reason = finish_reason or "stop"  # (before any await: later text is refused saying why)
+            self.live_text.spoken(item)
         if not item.started:
             await self._send_json(self._started(index, item.text, setup))
         self.frames += frames
         self.input_tokens += live.num_tokens
-        finish_reason = live.stream.frames.finish_reason if live.stream is not None else None
         await self._send_json(self._done(index, item.text, frames, sent, setup, finish_reason))
 
     async def _send_audio(self, audio: AsyncIterator[tuple[np.ndarray, int]], setup: Setup) -> tuple[int, int]:
@@ -483,6 +498,17 @@ async def _setup(service: SpeechService, message: dict[str, Any]) -> Setup:
     return Setup(config, choice, config.seed if config.seed is not None else service.random_seed())
 
 
+def _check_fields(kind: Any, message: dict[str, Any]) -> None:
+    """q3tts's messages after the config carry only their own fields: another (a voice, a speed) is refused, not
+    ignored (the session's settings are its session.config's)."""
+    known = Q3TTS_FIELDS.get(kind)
+    unknown = next((key for key in message if key not in known), None) if known else None
+    if unknown is not None:
+        fields = " and ".join(f"`{name}`" for name in known)
+        raise errors.bad_request(f"{kind} takes {fields}, not {quote(unknown)} (the session's settings are those of "
+                                 "its session.config)", param=errors.field(unknown))
+
+
 async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
     message = await websocket.receive()
     if message["type"] == "websocket.disconnect":
@@ -496,8 +522,13 @@ async def _receive_json(websocket: WebSocket) -> dict[str, Any]:
 
 
 async def send_error(websocket: WebSocket, error: errors.APIError) -> None:
-    """The error event (vLLM-Omni's `message` beside the API's error object), then the close code."""
+    """The error event (vLLM-Omni's `message` beside the API's error object), then the close code; a client that
+    does not read them within send_timeout_s has its connection dropped (the route would wait on it for ever)."""
     code = 1013 if error.status == 429 else 1011 if error.status >= 500 else 1008
+    timeout = websocket.app.state.config.send_timeout_s
     with suppress(Exception):  # the client may be gone already
-        await websocket.send_json({"type": "error", "message": error.message, **error.body()})
-        await websocket.close(code=code)
+        await asyncio.wait_for(websocket.send_json({"type": "error", "message": error.message, **error.body()}),
+                               timeout)
+        await asyncio.wait_for(websocket.close(code=code), timeout)
+        return
+    drop_connection(websocket.scope)
