@@ -339,7 +339,7 @@ def test_a_full_codec_cache_keeps_a_reference_the_second_time_it_is_seen(cache, 
     with load("tiny-base", cache, 0) as tts:
         ref = tts.create_voice(str(ref_wav), "Good morning.").ref_code
         codec = tts.engine.codec
-        codec.references = PrefixCache(int(1.5 * codec._row_bytes()))
+        codec.references = PrefixCache(int(1.5 * codec.state_bytes))
         other = torch.roll(ref, 1, 0)  # (another reference: its frames in another order)
         for refs, kept in (([ref], 1), ([other], 1), ([ref], 1), ([other, other], 1)):
             codec.start(list(range(len(refs))), refs)

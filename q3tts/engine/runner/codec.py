@@ -70,7 +70,7 @@ class CodecRunner:
                     self.references_decoded += 1
                     audio = self.stream.decode_rows([first], ref.T[None])
                     last = audio[0, -1:].to(torch.float32, copy=True)  # (kept: not a view of the whole audio)
-                    keep = self.references is not None and self.references.wants(key, self._row_bytes())
+                    keep = self.references is not None and self.references.wants(key, self.state_bytes)
                     # (not kept: this call's other rows copy the first's state as it is now, in stream order)
                     kept = (*(t[first].clone() if keep else t[first] for t in state), last)
                     if keep:
@@ -97,7 +97,8 @@ class CodecRunner:
             with self._on_codec_stream():
                 self._views().copy(moves)
 
-    def _row_bytes(self) -> int:
+    @property
+    def state_bytes(self) -> int:
         """One row's decoder state, in bytes."""
         return sum(t[0].numel() * t.element_size() for t in self.stream.state.tensors())
 

@@ -73,11 +73,24 @@ async def nari_speech(websocket: WebSocket) -> None:
     await NariSession(websocket, websocket.app.state.service).run()
 
 
+def refuse_unspoken(start: NariStart, rate: int) -> None:
+    """Settings of /v1/audio/speech that this protocol's raw PCM, as made, cannot honour: refused, not ignored."""
+    asked = {"speed": start.speed != 1.0, "volume_multiplier": start.volume_multiplier != 1.0,
+             "sample_rate": start.sample_rate not in (None, rate), "non_streaming_mode": bool(start.non_streaming_mode)}
+    for name, is_asked in asked.items():
+        if is_asked:
+            why = ("the text is spoken as it arrives, in streaming-text mode" if name == "non_streaming_mode" else
+                   f"the audio is the model's 16-bit PCM at {rate} Hz, as made")
+            raise ProtocolError("invalid_request", f"request.start: {name} is not supported by {PROTOCOL} ({why}); "
+                                "/v1/audio/speech/stream takes it", param=name)
+
+
 class NariSession:
     """One connection: one request.start, its text, its audio."""
 
     def __init__(self, websocket: WebSocket, service: SpeechService):
         self.websocket, self.service = websocket, service
+        self.sends = BoundedSends(websocket, service.config.send_timeout_s)
         self.request_id: str | None = None
         self.live: LiveRequest | None = None
         self.audio: asyncio.Task | None = None
@@ -90,23 +103,23 @@ class NariSession:
 
     async def run(self) -> None:
         try:
-            await self._send_json({"type": "session.created", "protocol": PROTOCOL, "audio": self.audio_format})
+            await self.sends.json({"type": "session.created", "protocol": PROTOCOL, "audio": self.audio_format})
             stop_reason = await self._events()
             if stop_reason == "stop" and self.audio is not None:
                 stop_reason = await self._play_out()
             chunks = await self.audio if self.audio is not None else 0
-            await self._send_json({"type": "response.done", "request_id": self.request_id,
+            await self.sends.json({"type": "response.done", "request_id": self.request_id,
                                    "stop_reason": stop_reason, "audio_chunks": chunks})
-            await self._send(self.websocket.close(code=1000))
+            await self.sends.send(self.websocket.close(code=1000))
         except ProtocolError as e:
-            await self._error(e.code, e.message, e.close_code, e.param)
+            await self._fail(e.code, e.message, e.close_code, e.param)
         except errors.APIError as e:
-            await self._error(e.code or "invalid_request", e.message, 1011 if e.status >= 500 else 1008, e.param,
+            await self._fail(e.code or "invalid_request", e.message, 1011 if e.status >= 500 else 1008, e.param,
                               e.type)
         except LiveTextTimeout as e:
-            await self._error("input_timeout", f"{e}: send text sooner, or input_text.end", 1008, "text")
+            await self._fail("input_timeout", f"{e}: send text sooner, or input_text.end", 1008, "text")
         except EngineError as e:
-            await self._error("generation_failed", str(e), 1011, error_type="server_error")
+            await self._fail("generation_failed", str(e), 1011, error_type="server_error")
         except WebSocketDisconnect:
             pass
         except asyncio.TimeoutError:  # (_send's: the waits for the client's events raise ProtocolError)
@@ -119,6 +132,10 @@ class NariSession:
                 self.audio.cancel()
                 with suppress(BaseException):
                     await self.audio
+
+    async def _fail(self, code: str, message: str, close_code: int, param: str | None = None,
+                    error_type: str = "invalid_request_error") -> None:
+        await self.sends.error(self.request_id, code, message, close_code, param, error_type)
 
     async def _events(self) -> str:
         """Handles the client's events until the text ends or the client cancels; returns the stop reason."""
@@ -214,7 +231,7 @@ class NariSession:
         start.instructions = names[0] if names else None
         if start.instruction is not None:  # (an error names it as sent)
             start.name_fields({"instructions": "instruction"})
-        self._refuse_unspoken(start)
+        refuse_unspoken(start, service.tts.sample_rate)
         service.check_limits(start)
         service.check_ready()
         service.check_model(start.model)
@@ -222,21 +239,7 @@ class NariSession:
         seed = start.seed if start.seed is not None else service.random_seed()
         self.live = service.live(start, choice, seed, TEXT_WAIT_S, pcm_format="int16")
         self.request_id = f"ws-{uuid.uuid4().hex}"
-        await self._send_json({"type": "request.configured"})
-
-    def _refuse_unspoken(self, start: NariStart) -> None:
-        """Settings of /v1/audio/speech that this protocol's raw PCM, as made, cannot honour: refused, not
-        ignored."""
-        rate = self.service.tts.sample_rate
-        asked = {"speed": start.speed != 1.0, "volume_multiplier": start.volume_multiplier != 1.0,
-                 "sample_rate": start.sample_rate not in (None, rate),
-                 "non_streaming_mode": bool(start.non_streaming_mode)}
-        for name, is_asked in asked.items():
-            if is_asked:
-                why = ("the text is spoken as it arrives, in streaming-text mode" if name == "non_streaming_mode" else
-                       f"the audio is the model's 16-bit PCM at {rate} Hz, as made")
-                raise ProtocolError("invalid_request", f"request.start: {name} is not supported by {PROTOCOL} ({why}); "
-                                    "/v1/audio/speech/stream takes it", param=name)
+        await self.sends.json({"type": "request.configured"})
 
     def _check_sequence(self, event: dict[str, Any], kind: str) -> int:
         if self.live is None or self.live.ended:
@@ -284,14 +287,14 @@ class NariSession:
                                 1009 if too_long else 1008, e.param) from e
 
     async def _ack(self, kind: str, sequence: int) -> None:
-        await self._send_json({"type": "input_text.ack", "event": kind, "sequence": sequence,
+        await self.sends.json({"type": "input_text.ack", "event": kind, "sequence": sequence,
                                "request_id": self.request_id if self.audio is not None else None})
 
     async def _start_audio(self) -> None:
         """Once the first text token is final: response.started, and the audio task."""
         if self.audio is not None or not self.live.started:
             return
-        await self._send_json({"type": "response.started", "request_id": self.request_id,
+        await self.sends.json({"type": "response.started", "request_id": self.request_id,
                                "audio": self.audio_format})
         self.audio = asyncio.ensure_future(self._send_audio())
 
@@ -299,23 +302,30 @@ class NariSession:
         chunks = 0
         async for chunk in self.live:
             if len(chunk.pcm):
-                await self._send(self.websocket.send_bytes(chunk.pcm.tobytes()))
+                await self.sends.send(self.websocket.send_bytes(chunk.pcm.tobytes()))
                 chunks += 1
         return chunks
 
-    async def _send_json(self, event: dict[str, Any]) -> None:
-        await self._send(self.websocket.send_json(event))
 
-    async def _send(self, sending: Awaitable[None]) -> None:
-        """A client that stops reading loses the session (and its row) after --send-timeout."""
-        await asyncio.wait_for(sending, self.service.config.send_timeout_s)
+class BoundedSends:
+    """A connection's sends, each within --send-timeout (a client that stops reading loses the session, and its row,
+    raised as asyncio.TimeoutError), and its error event."""
 
-    async def _error(self, code: str, message: str, close_code: int, param: str | None = None,
-                     error_type: str = "invalid_request_error") -> None:
-        event = {"type": "error", "request_id": self.request_id,
+    def __init__(self, websocket: WebSocket, send_timeout_s: float):
+        self.websocket, self.send_timeout_s = websocket, send_timeout_s
+
+    async def send(self, sending: Awaitable[None]) -> None:
+        await asyncio.wait_for(sending, self.send_timeout_s)
+
+    async def json(self, event: dict[str, Any]) -> None:
+        await self.send(self.websocket.send_json(event))
+
+    async def error(self, request_id: str | None, code: str, message: str, close_code: int, param: str | None = None,
+                    error_type: str = "invalid_request_error") -> None:
+        event = {"type": "error", "request_id": request_id,
                  "error": {"type": error_type, "code": code, "message": message, "param": param}}
         with suppress(Exception):  # the client may be gone already
-            await self._send_json(event)
-            await self._send(self.websocket.close(code=close_code))
+            await self.json(event)
+            await self.send(self.websocket.close(code=close_code))
             return
         drop_connection(self.websocket.scope)  # (it is gone, or stopped reading: the close frame would wait)
