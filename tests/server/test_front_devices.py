@@ -192,6 +192,7 @@ def _frames_by_engine(url: str) -> dict[str, float]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the engine processes through /proc")
+@pytest.mark.slow(reason="a front and two engine processes start, one is killed and started again (tests/SLOW.md)")
 def test_two_engines_behind_one_endpoint(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
