@@ -27,9 +27,9 @@ from .text_tokenizer import ROLE_PREFIX, TextTokenizer
 HEADER_TOKENS = 3  # "<|im_start|>assistant\n" (TextTokenizer checks it)
 
 
-class Pieces:
+class AddedTokenStarts:
     """The beginnings of a tokenizer's added tokens, which a text's tail may still grow into. Built once per tokenizer
-    (`pieces_of`) and shared by its live requests (a WebSocket server opens one per session)."""
+    (`added_starts_of`) and shared by its live requests (a WebSocket server opens one per session)."""
 
     def __init__(self, added_contents: list[str]):
         self.prefixes = frozenset(content[:i] for content in added_contents for i in range(1, len(content)))
@@ -44,14 +44,14 @@ class Pieces:
         return next((n for n in range(len(tail), 0, -1) if tail[-n:] in self.prefixes), 0)
 
 
-_PIECES: weakref.WeakKeyDictionary[TextTokenizer, Pieces] = weakref.WeakKeyDictionary()
+_ADDED: weakref.WeakKeyDictionary[TextTokenizer, AddedTokenStarts] = weakref.WeakKeyDictionary()
 
 
-def pieces_of(tokenizer: TextTokenizer) -> Pieces:
-    """The tokenizer's `Pieces`, built on first use."""
-    if (pieces := _PIECES.get(tokenizer)) is None:
-        pieces = _PIECES[tokenizer] = Pieces(tokenizer.added_contents())
-    return pieces
+def added_starts_of(tokenizer: TextTokenizer) -> AddedTokenStarts:
+    """The tokenizer's `AddedTokenStarts`, built on first use."""
+    if (starts := _ADDED.get(tokenizer)) is None:
+        starts = _ADDED[tokenizer] = AddedTokenStarts(tokenizer.added_contents())
+    return starts
 
 
 class LiveText:
@@ -60,7 +60,7 @@ class LiveText:
 
     def __init__(self, tokenizer: TextTokenizer):
         self._tokenizer = tokenizer
-        self._pieces = pieces_of(tokenizer)
+        self._added = added_starts_of(tokenizer)
         self._pending = ROLE_PREFIX  # text not tokenized yet (NFC), from a piece's start
         self._header = HEADER_TOKENS  # header tokens still to drop from what is released
         self.num_tokens = 0  # text tokens released so far
@@ -96,7 +96,7 @@ class LiveText:
         at a character that composes with nothing before it. The ids of the pieces before it are the same as those
         of the text up to it (BPE never crosses a piece)."""
         text = self._pending
-        limit = len(text) - self._pieces.held_tail(text)
+        limit = len(text) - self._added.held_tail(text)
         return next((start for start in reversed(dict.fromkeys(starts))
                      if 0 < start <= limit and _stable_at(text, start)), 0)
 
