@@ -60,6 +60,17 @@ def drop_connection(scope: Scope) -> None:
     transport.abort()
 
 
+async def close_with(websocket, event: dict, code: int, timeout_s: float) -> None:
+    """Sends a WebSocket's last event (an error) and closes it with `code`, each within `timeout_s`; a client that
+    is gone or does not read has its connection dropped instead (the close frame would wait behind what it does
+    not read)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(websocket.send_json(event), timeout_s)
+        await asyncio.wait_for(websocket.close(code=code), timeout_s)
+        return
+    drop_connection(websocket.scope)
+
+
 class HideCancelledTracebacks(logging.Filter):
     """Drops uvicorn's "Exception in ASGI application" for a request it cancelled (still running at the drain
     timeout): its traceback says no more than the line RequestContextMiddleware logged for that request; the same

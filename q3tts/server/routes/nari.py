@@ -34,7 +34,7 @@ from ...engine.live import LiveTextTimeout
 from ...errors import RequestError
 from .. import errors
 from ..auth import websocket_authorized
-from ..middleware import drop_connection, request_id_of
+from ..middleware import close_with, drop_connection, request_id_of
 from ..schemas import SpeechSettings
 from ..service import SpeechService
 
@@ -322,10 +322,6 @@ class BoundedSends:
 
     async def error(self, request_id: str | None, code: str, message: str, close_code: int, param: str | None = None,
                     error_type: str = "invalid_request_error") -> None:
-        event = {"type": "error", "request_id": request_id,
-                 "error": {"type": error_type, "code": code, "message": message, "param": param}}
-        with suppress(Exception):  # the client may be gone already
-            await self.json(event)
-            await self.send(self.websocket.close(code=close_code))
-            return
-        drop_connection(self.websocket.scope)  # (it is gone, or stopped reading: the close frame would wait)
+        await close_with(self.websocket, {"type": "error", "request_id": request_id,
+                                          "error": {"type": error_type, "code": code, "message": message,
+                                                    "param": param}}, close_code, self.send_timeout_s)

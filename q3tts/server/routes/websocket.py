@@ -56,7 +56,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +75,7 @@ from .. import errors
 from ..audio_encoding import AudioEncoder, encode_async, flush_async, make_encoder
 from ..auth import websocket_authorized
 from ..body import parse_json
-from ..middleware import drop_connection, request_id_of
+from ..middleware import close_with, drop_connection, request_id_of
 from ..schemas import StreamConfig
 from ..service import SpeechService, VoiceChoice
 
@@ -525,10 +524,5 @@ async def send_error(websocket: WebSocket, error: errors.APIError) -> None:
     """The error event (vLLM-Omni's `message` beside the API's error object), then the close code; a client that
     does not read them within send_timeout_s has its connection dropped (the route would wait on it for ever)."""
     code = 1013 if error.status == 429 else 1011 if error.status >= 500 else 1008
-    timeout = websocket.app.state.config.send_timeout_s
-    with suppress(Exception):  # the client may be gone already
-        await asyncio.wait_for(websocket.send_json({"type": "error", "message": error.message, **error.body()}),
-                               timeout)
-        await asyncio.wait_for(websocket.close(code=code), timeout)
-        return
-    drop_connection(websocket.scope)
+    await close_with(websocket, {"type": "error", "message": error.message, **error.body()}, code,
+                     websocket.app.state.config.send_timeout_s)
