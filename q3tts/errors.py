@@ -3,6 +3,7 @@ command line, the HTTP server) can name it its own way."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import sys
@@ -46,6 +47,12 @@ def quote(value: object, limit: int = 40) -> str:
     if len(text) <= limit:
         return repr(value)
     return repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
+def did_you_mean(name: str, known) -> str:
+    """" (did you mean `x`?)" naming the closest of `known` to a misspelled `name`, or "" when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 class RequestTypeError(RequestError, TypeError):

@@ -10,7 +10,6 @@ file, seconds of audio, or its error. A `voice` path is read relative to the cur
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 import sys
@@ -25,7 +24,7 @@ import soundfile as sf
 
 from ..api.pieces import join
 from ..api.tts import TTS
-from ..errors import quote
+from ..errors import did_you_mean, quote
 from ..request.builder import SAMPLING_ARGS, Request
 
 _ID = re.compile(r"[\w.\-]{1,100}")
@@ -87,9 +86,8 @@ def _unknown_field(name: str) -> str:
     if name in ("ref_audio", "ref_text", "x_vector_only", "x_vector_only_mode"):
         return (f"unknown field {name!r}: a line clones no recording; make a voice file with `q3tts voice create` "
                 "and give its path as `voice`")
-    close = difflib.get_close_matches(name, [*FIELDS, *SAMPLING_ARGS], n=1)
     sampling = ", ".join(sorted(SAMPLING_ARGS - FIELDS))
-    return (f"unknown field {quote(name)}" + (f" (did you mean `{close[0]}`?)" if close else "")
+    return (f"unknown field {quote(name)}" + did_you_mean(name, [*FIELDS, *SAMPLING_ARGS])
             + f"; a line takes {', '.join(sorted(FIELDS))} and the sampling fields {sampling}")
 
 

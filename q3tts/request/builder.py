@@ -16,7 +16,6 @@ what fits.
 
 from __future__ import annotations
 
-import difflib
 import numbers
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 from ..config import GenerationConfig, ModelConfig
 from ..engine.config import ContextLimit
-from ..errors import RequestError, RequestTypeError, quote, warn_caller
+from ..errors import RequestError, RequestTypeError, did_you_mean, quote, warn_caller
 from ..sampling import SamplingParams
 from .prompt import PromptSpec, prompt_length
 from .rules import CheckpointRules, check_unicode, is_no_speaker
@@ -183,9 +182,8 @@ def _check_known(arguments: dict[str, Any], others: tuple[str, ...] = ()) -> Non
     the likely intended one, before it can be mistaken for a missing `speaker`)."""
     unknown = sorted(set(arguments) - SAMPLING_ARGS)
     if unknown:
-        close = difflib.get_close_matches(unknown[0], [*others, *SAMPLING_ARGS], n=1)
         raise RequestTypeError(f"unexpected generation arguments {unknown}"
-                               + (f" (did you mean `{close[0]}`?)" if close else "")
+                               + did_you_mean(unknown[0], [*others, *SAMPLING_ARGS])
                                + f"; accepted: {sorted(SAMPLING_ARGS)}", unknown[0])
 
 
