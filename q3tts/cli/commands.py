@@ -601,10 +601,21 @@ def _output_path(output: str | Path) -> Path:
     return path
 
 
+def _voice_output(output: Path) -> Path:
+    """A voice command's -o, checked before any work (as `_output_path`): a name with an audio extension is refused,
+    since what is written there is no audio and a player would fail on it."""
+    import soundfile as sf
+
+    if output.suffix and sf.check_format(output.suffix[1:].upper()):
+        raise ValueError(f"-o {output}: a voice file is not audio (it holds the voice's speaker embedding and "
+                         f"reference codes, for --voice); name it e.g. {output.with_suffix('.voice')}")
+    return _output_path(output)
+
+
 def _voice_create(args) -> int:
     from ..request.voice import size_name
 
-    _output_path(args.output)
+    _voice_output(args.output)
     config = _check_model(args)
     if config.tts_model_type != "base":
         raise ValueError(f"voice cloning needs a Base checkpoint; {args.model} is {config.tts_model_type}")
@@ -654,7 +665,7 @@ def _voice_from_embedding(args, config) -> int:
 def _voice_blend(args) -> int:
     from ..request.voice import Voice
 
-    _output_path(args.output)
+    _voice_output(args.output)
     weights = args.weights or [1.0] * len(args.voices)
     if len(weights) != len(args.voices):
         raise ValueError(f"--weights: {len(weights)} weights for {len(args.voices)} voices; give one per voice")

@@ -75,13 +75,19 @@ class CheckpointRules:
     def language(self, language: str | None) -> str:
         supported = self.config.supported_languages
         language = "auto" if language is None else language
-        if not isinstance(language, str) or language.lower() not in supported:
+        if not isinstance(language, str):
+            raise RequestTypeError(f"language must be a string, one of {supported}; got {type(language).__name__}",
+                                   "language")
+        if language.lower() not in supported:
             raise RequestError(f"unsupported language {quote(language)}; supported: {supported}", "language")
         return language.lower()
 
     def speaker(self, speaker: str) -> str:
         supported = self.config.supported_speakers
-        if not isinstance(speaker, str) or speaker.lower() not in supported:
+        if not isinstance(speaker, str):
+            raise RequestTypeError(f"speaker must be a string, one of {supported}; got {type(speaker).__name__}",
+                                   "speaker")
+        if speaker.lower() not in supported:
             raise RequestError(f"unknown speaker {quote(speaker)}; supported: {supported}", "speaker", "not_found")
         return speaker.lower()
 

@@ -233,6 +233,8 @@ def test_bytes_and_base64_reference_audio(base, ref_wav):
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
     ({"speaker": "nobody"}, ValueError, "unknown speaker 'nobody'; supported: .*ryan"),
     ({"language": "klingon"}, ValueError, "unsupported language 'klingon'"),
+    ({"speaker": 3}, TypeError, r"speaker must be a string, one of \[.*ryan.*\]; got int"),
+    ({"language": {"en": 1}}, TypeError, r"language must be a string, one of \[.*english.*\]; got dict"),
     ({"text": ""}, ValueError, "text is empty"),
     ({"text": " \n\t "}, ValueError, "text is empty"),
     ({"text": "word " * 5000}, ValueError, "the limit is 4096"),

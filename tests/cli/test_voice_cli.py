@@ -149,3 +149,13 @@ def test_say_script_checks_its_output_first_and_keeps_the_flags_say_takes(tmp_pa
     wav, sr = sf.read(io.BytesIO(captured.out), dtype="int16")
     assert sr == 24000 and len(wav) == 2 * 2 * 1920 and given["non_streaming_mode"] is True
     assert b"cannot play" in captured.err and b"wrote standard output: 2 turns" in captured.err
+
+
+def test_voice_commands_refuse_an_audio_name_for_the_voice_file(tmp_path, capsys):
+    """(`voice create -o me.wav` wrote a voice file, which no player reads, under an audio file's name.)"""
+    torch.save(torch.randn(64), tmp_path / "a.pt")
+    for command in (["create", "--model", "tiny-base", "--embedding", str(tmp_path / "a.pt")],
+                    ["blend", str(tmp_path / "a.voice")]):
+        assert main(["voice", *command, "-o", str(tmp_path / "me.wav")]) == 1
+        assert f"-o {tmp_path / 'me.wav'}: a voice file is not audio" in capsys.readouterr().err
+        assert not (tmp_path / "me.wav").exists()

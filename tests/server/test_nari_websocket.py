@@ -168,6 +168,26 @@ def test_bad_input_is_an_error_event(server, events, code, close):
     server.wait_idle()
 
 
+@pytest.mark.parametrize("event, field", [
+    ({"type": "input_text.append", "sequence": 0, "text": "Hi ", "txt": "there"}, "txt"),
+    ({"type": "input_text.end", "sequence": 0, "flush": True}, "flush"),
+    ({"type": "response.cancel", "reason": "barge-in"}, "reason"),
+])
+def test_an_unknown_field_is_named_not_dropped(server, event, field):
+    """(nari-qwen3-tts's schemas forbid unknown fields; q3tts read the ones it knew and dropped the rest unread.)"""
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps(START))
+        ws.recv(timeout=30)
+        ws.send(json.dumps(event))
+        got, _ = events_until_close(ws)
+        error = got[-1]["error"]
+        assert error["code"] == "invalid_request" and error["param"] == field, got[-1]
+        assert error["message"].startswith(f"{event['type']}: unknown field '{field}'; it takes type")
+        assert ws.close_code == 1008
+    server.wait_idle()
+
+
 def test_bad_start_and_missing_subprotocol(server):
     with session(server) as ws:
         ws.recv(timeout=30)

@@ -43,6 +43,9 @@ router = APIRouter()
 PROTOCOL = "nari.speech.v1"
 LIVE_TEXT_FACTOR = 16  # a session's text may reach this many times --max-input-chars
 TEXT_WAIT_S = 30.0  # how long a started generation (or a request whose prompt is not built yet) waits for text
+# The fields of the events after request.start (nari-qwen3-tts's own schemas forbid any other, as request.start's do)
+EVENT_FIELDS = {"input_text.append": ("type", "sequence", "text"), "input_text.end": ("type", "sequence"),
+                "response.cancel": ("type",)}
 
 
 class NariStart(SpeechSettings):
@@ -212,6 +215,11 @@ class NariSession:
             raise ProtocolError("invalid_event", f"invalid JSON: {str(e).split(';')[0]}") from e
         if not isinstance(event, dict):
             raise ProtocolError("invalid_event", "an event is a JSON object")
+        fields = EVENT_FIELDS.get(event.get("type"))
+        unknown = sorted(set(event) - set(fields)) if fields else None
+        if unknown:  # (a misspelt field would be dropped unread)
+            raise ProtocolError("invalid_request", f"{event['type']}: unknown field {unknown[0][:40]!r}; it takes "
+                                f"{', '.join(fields)}", param=unknown[0][:40])
         return event
 
     async def _start(self, event: dict[str, Any]) -> None:
