@@ -4,6 +4,7 @@ a real WebSocket client. The audio is the live request's, so the whole text's co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,16 @@ def server(tmp_path_factory):
 
 def session(server):
     return connect(server.ws_url + "/v1/audio/speech/ws", subprotocols=["nari.speech.v1"])
+
+
+@contextlib.contextmanager
+def started(server, start: dict = START):
+    """A session past session.created, its request.start sent and configured."""
+    with session(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps(start))
+        assert json.loads(ws.recv(timeout=30))["type"] == "request.configured"
+        yield ws
 
 
 def speak(server, words: list[str], delay: float = 0.0, start: dict = START) -> tuple[list[dict], bytes, int]:
@@ -101,10 +112,7 @@ def test_sessions_started_together_build_their_prompts_in_one_batch(server, monk
 
 
 def test_cancel_ends_the_response(server):
-    with session(server) as ws:
-        ws.recv(timeout=30)
-        ws.send(json.dumps(START))
-        ws.recv(timeout=30)
+    with started(server) as ws:
         ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "Hello there, this waits "}))
         time.sleep(0.3)
         ws.send(json.dumps({"type": "response.cancel"}))
@@ -116,10 +124,7 @@ def test_cancel_ends_the_response(server):
 
 def test_cancel_after_the_text_ends_stops_the_audio(server):
     """A listener who interrupts: response.cancel after input_text.end, while the audio plays out, stops it."""
-    with session(server) as ws:
-        ws.recv(timeout=30)
-        ws.send(json.dumps({**START, "max_new_tokens": 400}))
-        ws.recv(timeout=30)
+    with started(server, {**START, "max_new_tokens": 400}) as ws:
         ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "A long answer to be cut short."}))
         ws.send(json.dumps({"type": "input_text.end", "sequence": 1}))
         while not isinstance(ws.recv(timeout=30), bytes):  # (the first audio)
@@ -132,10 +137,7 @@ def test_cancel_after_the_text_ends_stops_the_audio(server):
 
 
 def test_disconnect_frees_the_row(server):
-    with session(server) as ws:
-        ws.recv(timeout=30)
-        ws.send(json.dumps(START))
-        ws.recv(timeout=30)
+    with started(server) as ws:
         ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "Hello there, this waits "}))
         time.sleep(0.3)
     server.wait_idle()
@@ -156,10 +158,7 @@ def test_disconnect_frees_the_row(server):
     ([{"type": "input_text.append", "sequence": 0, "text": ""}], "invalid_request", 1008),
 ])
 def test_bad_input_is_an_error_event(server, events, code, close):
-    with session(server) as ws:
-        ws.recv(timeout=30)
-        ws.send(json.dumps(START))
-        ws.recv(timeout=30)
+    with started(server) as ws:
         for event in events:
             ws.send(json.dumps(event))
         got, _ = events_until_close(ws)
@@ -175,10 +174,7 @@ def test_bad_input_is_an_error_event(server, events, code, close):
 ])
 def test_an_unknown_field_is_named_not_dropped(server, event, field):
     """(nari-qwen3-tts's schemas forbid unknown fields; q3tts read the ones it knew and dropped the rest unread.)"""
-    with session(server) as ws:
-        ws.recv(timeout=30)
-        ws.send(json.dumps(START))
-        ws.recv(timeout=30)
+    with started(server) as ws:
         ws.send(json.dumps(event))
         got, _ = events_until_close(ws)
         error = got[-1]["error"]
@@ -233,10 +229,7 @@ def test_text_that_stops_coming_is_an_input_timeout_while_the_client_waits(serve
     """The generation waits TEXT_WAIT_S for its next text, then ends: the client, which only listens, gets the
     input_timeout error (it got nothing, and the session stayed open, until it sent something)."""
     monkeypatch.setattr("q3tts.server.routes.nari.TEXT_WAIT_S", 1.0)
-    with session(server) as ws:
-        ws.recv(timeout=30)
-        ws.send(json.dumps(START))
-        ws.recv(timeout=30)
+    with started(server) as ws:
         ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "Hello there, this waits "}))
         events = _events_within(ws, 20)
         assert ws.close_code == 1008
@@ -269,10 +262,7 @@ def test_a_client_that_stops_reading_loses_its_session_and_row(server, monkeypat
         await asyncio.sleep(3600)
 
     monkeypatch.setattr(server.config, "send_timeout_s", 0.5)
-    with session(server) as ws:
-        ws.recv(timeout=30)
-        ws.send(json.dumps({**START, "max_new_tokens": 400}))
-        ws.recv(timeout=30)
+    with started(server, {**START, "max_new_tokens": 400}) as ws:
         monkeypatch.setattr(WebSocket, "send_bytes", never_sent)
         ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "A long answer nobody hears."}))
         ws.send(json.dumps({"type": "input_text.end", "sequence": 1}))
@@ -303,10 +293,7 @@ def test_an_error_names_instruction_as_sent(server):
 
 def test_text_after_the_generation_ended_is_refused_not_acknowledged_and_dropped(server):
     """An append after the generation reached max_new_tokens was acknowledged and never spoken."""
-    with session(server) as ws:
-        ws.recv(timeout=30)
-        ws.send(json.dumps({**START, "max_new_tokens": 3}))
-        ws.recv(timeout=30)
+    with started(server, {**START, "max_new_tokens": 3}) as ws:
         ws.send(json.dumps({"type": "input_text.append", "sequence": 0, "text": "Hello there, how are you"}))
         while not isinstance(ws.recv(timeout=30), bytes):  # (its audio started)
             pass
