@@ -2,14 +2,14 @@
 
 Every entry point submits here (the drop-in official methods, `TTS.synthesize`, `stream`, the server). A
 background thread runs the frame loop; at every frame boundary it:
-  1. launches the next frame (the captured LM frame and codec step);
-  2. while that frame runs: settles the frame just finished (rows that ended leave, the last row moving into
+  1. gives each row the KV block it needs for the next frame, preempting the newest request when the cache is
+     full (its row is swapped to host memory and comes back later exactly where it stopped);
+  2. launches the next frame (the captured LM frame and codec step);
+  3. while that frame runs: settles the frame just finished (rows that ended leave, the last row moving into
      the hole so the running rows stay 0..B-1; cancelled and dropped requests too), hands its 80 ms of PCM to
      each request (a stream far enough ahead of real time gets its frames in groups: stream.py), then brings
      back preempted requests and admits waiting ones as the scheduler decides (batched prefill, queued behind
-     the frame);
-  3. still while it runs, gives each row the KV block it needs for the frame after, preempting the newest request
-     when the cache is full (its row is swapped to host memory and comes back later exactly where it stopped).
+     the frame).
 Each request's codes depend only on its own prompt, parameters and seed, never on what else is in the batch (its
 audio too, up to float rounding: the codec decodes the batch's rows together, ~1e-6).
 A live request (engine/live.py) gets its text at the boundaries too: a row whose next text token has not arrived
@@ -305,11 +305,10 @@ class Engine(LiveRows, Admission, Settlement):
         # (its codes and flags, read back last time: rows that ended leave, having run frame n + 1 as padding),
         # hand out frame n's audio once its decode is done (the decode runs beside frame n + 1's language model,
         # on the codec's stream), admit (their prefill queues behind frame n + 1: they join frame n + 2), post
-        # the hand-out (the hand-out thread reads the frames out to the streams), give the rows frame n + 2's KV
-        # blocks and wait for frame n + 1's codes. The host's bookkeeping thus overlaps the device's frame instead
-        # of following it (the grow at the top has work only for rows a live request's text brought back). An idle
-        # engine admits first and launches at once. The rows' state is arrays (engine/rows.py): a boundary's work
-        # is a few vector operations plus Python for the rows that change (join, leave, grow a block).
+        # the hand-out (the hand-out thread reads the frames out to the streams) and wait for frame n + 1's
+        # codes. The host's bookkeeping thus overlaps the device's frame instead of following it. An idle engine
+        # admits first and launches at once. The rows' state is arrays (engine/rows.py): a boundary's work is a
+        # few vector operations plus Python for the rows that change (join, leave, grow a block).
         readback = Readback(self.runner, depth=2, pcm=self.codec.pcm, pcm_stream=self.codec.pcm_stream)
         last: tuple[FrameOut, np.ndarray] | None = None
         while True:
@@ -350,8 +349,6 @@ class Engine(LiveRows, Admission, Settlement):
                 # event loops then take the interpreter's lock while this thread does not need it), and with the lock
                 # (a stream ended at once from another thread gets its end after this)
                 self._dispatcher.put(frames, ends)
-                if self.rows:  # (frame n + 2's blocks while frame n + 1 runs, not between the two)
-                    self._grow()
             last = (readback.pop(wait_pcm=False), row_slots) if row_slots is not None else None
 
     def _launch(self, readback: Readback) -> np.ndarray:
