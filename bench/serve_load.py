@@ -347,6 +347,9 @@ def main() -> None:
     parser.add_argument("--overlap-max-rows", type=int, help="the codec runner's overlap_max_rows (default: its own)")
     parser.add_argument("--profile-loop", action="store_true",
                         help="in-process: report the engine loop's phases per iteration (host work, device waits)")
+    parser.add_argument("--device-trace", metavar="START,SECONDS",
+                        help="in-process: record the GPU's activity for SECONDS from START s into each rate "
+                             "(bench/profilers/device_busy.py: busy shares per stream, the main stream's gaps)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
@@ -369,7 +372,15 @@ def main() -> None:
         profile = LoopProfile(engine) if args.profile_loop else None
         for rate in rates:
             window = profile.window() if profile else None
-            result = asyncio.run(run_rate(tts, rate, args.duration, seed=int(rate)))
+            work = run_rate(tts, rate, args.duration, seed=int(rate))
+            if args.device_trace:
+                from bench.profilers.device_busy import traced
+
+                start, seconds = (float(x) for x in args.device_trace.split(","))
+                result, busy = asyncio.run(traced(work, start, seconds))
+                result["device_trace"] = busy
+            else:
+                result = asyncio.run(work)
             if window:
                 result["engine_loop"] = window()
             row = {"engine": "q3tts", "benchmark": "serving", "model": name, "gpus": 1, "batch": args.max_running,
