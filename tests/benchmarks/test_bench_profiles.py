@@ -79,3 +79,17 @@ def test_decode_breakdown_runs_the_frame_and_its_parts(tmp_path, monkeypatch):
     assert runner.cp_input_tables is not None
     parts = decode.breakdown(runner, prompt, 2, replays=1)
     assert len(calls) == 4 and set(parts) == {"frame", "talker", "code_predictor", "sampling", "overhead"}
+
+
+def test_device_busy_summary_counts_overlapping_streams_once():
+    from bench.profilers.device_busy import summary
+
+    kernel = lambda name, ts, dur, stream: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+                                            "args": {"stream": stream}}
+    events = [kernel("a", 0, 10, 7), kernel("b", 5, 10, 7), kernel("c", 100, 50, 7), kernel("d", 20, 60, 9),
+              {"ph": "X", "cat": "cpu_op", "name": "host", "ts": 0, "dur": 1000}]  # (not the device's)
+    got = summary(events)
+    assert got["window_ms"] == 0.15 and got["busy_share"] == round(125 / 150, 4)  # [0, 15] + [20, 80] + [100, 150]
+    assert got["main_stream"] == "7" and got["main_gaps"] == 1 and got["main_gap_ms_p50"] == 0.085
+    assert got["streams"]["7"]["busy_share"] == round(65 / 150, 4) and got["streams"]["9"]["top_ms"] == {"d": 0.06}
+    assert summary([]) == {"events": 0}
