@@ -105,6 +105,16 @@ def _vllm_omni_session(url: str) -> list:
     return received
 
 
+def test_the_front_forwards_voice_combination(servers):
+    """POST /v1/audio/voices/combine was the one voices route the front did not forward: a 405 (GET, DELETE) there,
+    whatever the engine would have answered."""
+    engine, front = servers
+    direct, relayed = (httpx.post(server.url + "/v1/audio/voices/combine", json=["amy", "bob"], timeout=60)
+                       for server in (engine, front))
+    assert relayed.status_code == direct.status_code == 400, relayed.text
+    assert relayed.json() == direct.json() and "needs a Base checkpoint" in relayed.json()["error"]["message"]
+
+
 def test_the_front_relays_vllm_omnis_websocket_protocol(servers):
     engine, front = servers
     direct = _vllm_omni_session(engine.url)

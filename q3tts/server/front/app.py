@@ -266,6 +266,7 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     app.include_router(dialogue.router)
 
     @app.api_route("/v1/audio/voices", methods=["GET", "POST"])
+    @app.post("/v1/audio/voices/combine")
     @app.api_route("/v1/audio/voices/{voice_id}", methods=["GET", "DELETE"])
     @app.get("/v1/models")
     async def voices_and_models(request: Request) -> Response:
