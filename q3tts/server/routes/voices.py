@@ -22,7 +22,7 @@ from starlette.datastructures import UploadFile as StarletteUploadFile
 from ...errors import quote
 from ...request.voice_blend import is_mix
 from .. import errors
-from ..body import check_json_type, parse_json
+from ..body import read_json_value
 from ..service import SpeechService
 from ..voice_choice import PLACEHOLDER_VOICES
 from ..voice_store import VoiceStoreError
@@ -34,6 +34,8 @@ UPLOAD_FIELDS = ("file", "ref_text", "name", "x_vector_only_mode", "audio_sample
 FILE_FIELDS = ("file", "audio_sample")
 MAX_MIX_CHARS = 1000
 PROMPT_FIELDS = ("prompt", "model", "script_hint")  # OpenAI's voices made from a description
+COMBINE_BODY = (f'a JSON string such as "a(2)+b(1)" (at most {MAX_MIX_CHARS} characters), or a list of stored '
+                'voices\' names such as ["a", "b"]')
 
 
 @router.get("/v1/audio/voices")
@@ -158,10 +160,13 @@ async def combine_voices(request: Request, name: str | None = None) -> dict:
     their names (equal weights). The blend (voice_blend.py) is stored as a new voice named `name` (query), else
     the mix as sent; answered with the stored voice and Kokoro's `voice` (its name) and `voices` (every name)."""
     service: SpeechService = request.app.state.service
-    check_json_type(request.headers.get("content-type"))
+    unknown = [key for key in request.query_params if key != "name"]
+    if unknown:  # (FastAPI ignores them: a misspelt ?name= would store the blend under the mix, silently)
+        raise errors.bad_request(f"unknown query parameter {quote(unknown[0])}; combine takes only ?name=",
+                                 param=errors.field(unknown[0]))
     if len(request.query_params.getlist("name")) > 1:  # (FastAPI keeps the last one, silently)
         raise errors.bad_request("name is sent more than once; send it once", param="name")
-    mix = _mix(parse_json((await request.body()).decode(errors="replace"), "the request body is "))
+    mix = _mix(read_json_value(request.headers.get("content-type"), await request.body(), COMBINE_BODY))
     if service.resolver.kind != "base":
         raise errors.bad_request(f"voice blends mix cloned voices, which needs a Base checkpoint; this one is "
                                  f"{service.task_type}", param="voices")
@@ -182,9 +187,7 @@ def _mix(body: object) -> str:
         return "+".join(n.strip() for n in body)
     if isinstance(body, str) and body.strip() and len(body) <= MAX_MIX_CHARS:
         return body.strip()
-    raise errors.bad_request('the request body is the voices to combine: a JSON string such as "a(2)+b(1)" (at '
-                             f'most {MAX_MIX_CHARS} characters), or a list of stored voices\' names such as ["a", '
-                             '"b"]', param="voices")
+    raise errors.bad_request(f"the request body is the voices to combine: {COMBINE_BODY}", param="voices")
 
 
 @router.get("/v1/audio/voices/{voice_id}")
