@@ -87,6 +87,10 @@ def check_voice(value: object) -> object:
     return value
 
 
+# A request's `voice`: a name or id, or {"id": ...} (OpenAI's custom voices), checked by check_voice
+VoiceField = Annotated[str | VoiceRef | None, BeforeValidator(check_voice)]
+
+
 def check_embedding(value: object) -> object:
     """`speaker_embedding` as numbers: base64 decoded, NaN and infinities (which Python's JSON reads) refused."""
     if isinstance(value, str):
@@ -253,7 +257,7 @@ class SpeechSettings(PeerFields):
     JSON type is refused, never converted ("yes" is not True, "5" is not 5)."""
 
     # CustomVoice: a preset speaker; Base: a stored voice's id or name; any: an alias (voice_aliases.py)
-    voice: Annotated[str | VoiceRef | None, BeforeValidator(check_voice)] = None
+    voice: VoiceField = None
     instructions: str | None = None  # -> instruct (style on 1.7B CustomVoice, the voice itself on VoiceDesign)
     response_format: AudioFormat = "mp3"
     sample_rate: int | None = Field(None, ge=MIN_SAMPLE_RATE, le=MAX_SAMPLE_RATE)  # None: the model's (24 kHz)

@@ -116,6 +116,17 @@ def test_a_bad_default_is_named_as_the_body_sent_it(server, defaults, status, pa
     assert error["param"] == param and not error["message"].startswith("turn "), error
 
 
+def test_a_turn_takes_the_voice_forms_the_speech_request_takes(server):
+    """`voice` as {"id": ...} (OpenAI's custom voices) was "turns.0.voice: Input should be a valid string" in a
+    turn, though the body's own `voice` (and the speech route's) takes it."""
+    by_name = _post(server, turns=TURNS[:1])
+    by_object = _post(server, turns=[{**TURNS[0], "voice": {"id": "ryan"}}])
+    assert by_object.status_code == 200, by_object.text
+    assert by_object.content == by_name.content
+    error = _post(server, turns=[{**TURNS[0], "voice": {"id": 5}}]).json()["error"]
+    assert error["param"] == "turns.0.voice" and '"id" must be a string' in error["message"], error
+
+
 def test_a_front_serves_dialogues_as_one_process_does(tmp_path_factory):
     """Behind `q3tts serve`'s front (a GPU's default) each turn goes to an engine process as a speech request."""
     from q3tts.tiny import tiny_checkpoint

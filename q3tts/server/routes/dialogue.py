@@ -25,7 +25,7 @@ from .. import errors
 from ..audio_encoding import MEDIA_TYPES, make_encoder
 from ..body import openapi_body, read_json
 from ..middleware import request_id_of
-from ..schemas import SpeechRequest, SpeechSettings, Strict
+from ..schemas import SpeechRequest, SpeechSettings, Strict, VoiceField
 from ..speech import RefusedAt, Speaker, Speech
 from .speech import CancellingStreamingResponse, audio_bytes, sse_events
 
@@ -35,7 +35,7 @@ TURN_ALIASES = {"speaker": "voice", "text": "input", "instruct": "instructions"}
 
 
 class DialogueTurn(Strict):
-    voice: str | None = None
+    voice: VoiceField = None
     input: str
     instructions: str | None = None
     language: str | None = None
