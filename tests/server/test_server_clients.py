@@ -144,6 +144,17 @@ def test_openai_model_ids_and_the_checkpoints_names_are_served(server, model):
     assert len(_audio(server, model=model, voice="ryan")) == 2 * SAMPLES
 
 
+@pytest.mark.parametrize("model", ["tiny", "tts-1", "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"])
+def test_the_served_model_can_be_retrieved_by_any_of_its_names(server, client, model):
+    """The openai SDK's models.retrieve was a bare 404 "Not Found" for the model the server serves."""
+    retrieved = client.models.retrieve(model)
+    assert retrieved.id == "tiny" and retrieved.object == "model"
+    assert retrieved.model_dump(exclude_unset=True) == httpx.get(server.url + "/v1/models").json()["data"][0]
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.models.retrieve("Qwen/Qwen3-TTS-12Hz-0.6B-Base")
+    assert refused.value.body["code"] == "model_not_found" and "'tiny'" in refused.value.body["message"]
+
+
 def test_another_model_is_a_404_naming_what_is_served(server):
     error = _refused(_post(server, model="Qwen/Qwen3-TTS-12Hz-0.6B-Base", voice="ryan"), 404, "model",
                      "model_not_found")
