@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -130,4 +131,16 @@ def install_handlers(app: FastAPI, on_error: Callable[[str | None], None] = lamb
         # 400: the body could not be parsed (a multipart form with no boundary, say), before any route read it.
         code = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         kind = INVALID_REQUEST if exc.status_code < 500 else SERVER
-        return respond(APIError(exc.status_code, str(exc.detail), type=kind, code=code, headers=exc.headers))
+        message = routing_message(request, exc) if exc.status_code in (404, 405) else str(exc.detail)
+        return respond(APIError(exc.status_code, message, type=kind, code=code, headers=exc.headers))
+
+
+def routing_message(request: Request, exc: HTTPException) -> str:
+    """The router's 404 and 405 ("Not Found", "Method Not Allowed") saying what was asked for, and for a 405 the
+    methods the path takes."""
+    if exc.detail != HTTPStatus(exc.status_code).phrase:  # (a detail of its own: as it is)
+        return str(exc.detail)
+    path = request.url.path
+    if exc.status_code == 405:
+        return f"{quote(path, 100)} takes {(exc.headers or {}).get('Allow', 'other methods')}, not {request.method}"
+    return f"no route {quote(path, 100)} (docs/server.md lists the routes)"

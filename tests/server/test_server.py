@@ -336,6 +336,16 @@ def test_malformed_json_and_unknown_routes_use_the_error_shape(server):
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "method_not_allowed"
 
 
+def test_a_wrong_route_or_method_says_what_is_there(server):
+    """The router's refusals said only "Not Found" and "Method Not Allowed"."""
+    misspelt = httpx.post(server.url + "/v1/audio/speeches", json={"input": TEXT})
+    assert misspelt.status_code == 404
+    assert misspelt.json()["error"]["message"] == "no route '/v1/audio/speeches' (docs/server.md lists the routes)"
+    wrong_method = httpx.get(server.url + "/v1/audio/speech")
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.json()["error"]["message"] == "'/v1/audio/speech' takes POST, not GET"
+
+
 def test_openai_client_sees_errors(client):
     with pytest.raises(openai.NotFoundError) as err:
         client.audio.speech.create(**_speech(voice="nobody"))
