@@ -191,11 +191,16 @@ def test_unreadable_audio_and_duplicate_names(server, reference_wav):
 
 
 @pytest.mark.parametrize("name, says", [("default", "means no voice"), (" carl ", "starts or ends with a space"),
-                                         ("   ", "starts or ends with a space")])
+                                         ("   ", "starts or ends with a space"), ("", "1-64 letters"),
+                                         ("..", "only dots"), (".", "only dots")])
 def test_a_name_no_request_could_select_is_refused(server, reference_wav, name, says):
+    """An empty name was read as none (the voice stored under its id); "." and ".." could not be fetched or deleted
+    by name (a client resolves /v1/audio/voices/.. to /v1/audio/)."""
+    stored = httpx.get(server.url + "/v1/audio/voices").json()["data"]
     refused = _upload(server, reference_wav, x_vector_only_mode="true", name=name)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "name", refused.text
     assert says in refused.json()["error"]["message"]
+    assert httpx.get(server.url + "/v1/audio/voices").json()["data"] == stored
 
 
 def test_a_compressed_body_is_refused_not_misread(server):

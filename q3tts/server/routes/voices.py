@@ -90,6 +90,8 @@ async def strict_form(request: Request) -> None:
     if len(form.get("consent", "")) > 256 or len(form.get("speaker_description", "")) > 2000:
         raise errors.bad_request("consent is at most 256 characters, speaker_description 2000",
                                  param="consent" if len(form.get("consent", "")) > 256 else "speaker_description")
+    if isinstance(form.get("name"), str):  # (here: FastAPI reads an empty field as one not sent)
+        _check_name(form["name"])
     flag = form.get("x_vector_only_mode")
     if flag is not None and (not isinstance(flag, str) or flag.lower() not in ("true", "false")):
         shown = quote(flag) if isinstance(flag, str) else "a file"
@@ -119,7 +121,6 @@ async def create_voice(request: Request, file: Annotated[UploadFile | None, File
     file = file or audio_sample
     if x_vector_only_mode is None:  # (OpenAI's request has no transcript: the speaker embedding alone)
         x_vector_only_mode = openai_shape and not ref_text
-    _check_name(name)
     if ref_text is not None and len(ref_text) > service.config.max_ref_text_chars:
         raise errors.bad_request(f"ref_text is {len(ref_text)} characters; this server accepts at most "
                                  f"{service.config.max_ref_text_chars}", param="ref_text", code="too_long")
@@ -141,11 +142,15 @@ def _preset(name: str) -> dict:
 
 def _check_name(name: str | None) -> None:
     """A stored voice's name, one a request can select it by: not a placeholder for no voice, no space around it
-    (a request's `voice` is matched as sent)."""
+    (a request's `voice` is matched as sent), not dots alone (a URL's path cannot carry it: clients resolve /. and
+    /.. before they send it)."""
     if name is None:
         return
     if not _NAME.fullmatch(name):
         raise errors.bad_request("name: 1-64 letters, digits, spaces, '.', '_' or '-'", param="name")
+    if not name.strip("."):
+        raise errors.bad_request(f"name {quote(name)} is only dots, which /v1/audio/voices/{{name}} cannot carry: "
+                                 "choose another", param="name")
     if name != name.strip():
         raise errors.bad_request(f"name {quote(name)} starts or ends with a space: a request could not select it",
                                  param="name")
