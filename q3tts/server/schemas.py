@@ -289,6 +289,7 @@ class SpeechSettings(PeerFields):
     subtalker_top_k: int | None = Field(None, ge=0)
     subtalker_top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     _sent_as: dict[str, str] = PrivateAttr(default_factory=dict)  # field -> the other API's name the client sent
+    _aliases: dict[str, str | KokoroAlias] = PrivateAttr(default_factory=dict)  # voice_aliases by lowered name
 
     @model_validator(mode="wrap")
     @classmethod
@@ -329,8 +330,8 @@ class SpeechSettings(PeerFields):
         front and the engine process read the request alike."""
         if not self.voice_aliases:
             return self
-        aliases = {name.lower(): target for name, target in self.voice_aliases.items()}
-        target = aliases.get((self.voice_id or "").lower())
+        self._aliases = {name.lower(): target for name, target in self.voice_aliases.items()}
+        target = self.alias_target(self.voice_id)
         self.voice_aliases = None
         if target is not None:
             self.voice = target if isinstance(target, str) else target.voice
@@ -350,6 +351,11 @@ class SpeechSettings(PeerFields):
                                           "name (names match in any case): give it once")
             seen[name.lower()] = name
         return aliases
+
+    def alias_target(self, voice: str | None) -> str | KokoroAlias | None:
+        """What `voice` names by this request's own `voice_aliases` (any case), else None; kept after they are
+        applied to `voice` and dropped, for the voices a dialogue's turns name (routes/dialogue.py)."""
+        return self._aliases.get((voice or "").lower())
 
     @property
     def voice_id(self) -> str | None:
