@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from ..errors import quote
 
@@ -136,11 +137,14 @@ def install_handlers(app: FastAPI, on_error: Callable[[str | None], None] = lamb
 
 
 def routing_message(request: Request, exc: HTTPException) -> str:
-    """The router's 404 and 405 ("Not Found", "Method Not Allowed") saying what was asked for, and for a 405 the
-    methods the path takes."""
+    """The router's 404 and 405 ("Not Found", "Method Not Allowed") saying what was asked for: for a 405 the
+    methods the path takes, for a WebSocket route asked over plain HTTP that it is one."""
     if exc.detail != HTTPStatus(exc.status_code).phrase:  # (a detail of its own: as it is)
         return str(exc.detail)
     path = request.url.path
     if exc.status_code == 405:
         return f"{quote(path, 100)} takes {(exc.headers or {}).get('Allow', 'other methods')}, not {request.method}"
+    as_websocket = {**request.scope, "type": "websocket"}
+    if any(route.matches(as_websocket)[0] is Match.FULL for route in request.app.routes):
+        return f"{quote(path, 100)} is a WebSocket route: open it as a WebSocket (ws:// or wss://)"
     return f"no route {quote(path, 100)} (docs/server.md lists the routes)"

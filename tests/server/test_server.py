@@ -344,6 +344,10 @@ def test_a_wrong_route_or_method_says_what_is_there(server):
     wrong_method = httpx.get(server.url + "/v1/audio/speech")
     assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
     assert wrong_method.json()["error"]["message"] == "'/v1/audio/speech' takes POST, not GET"
+    plain = httpx.get(server.url + "/v1/audio/speech/stream")
+    assert plain.status_code == 404
+    assert plain.json()["error"]["message"] == ("'/v1/audio/speech/stream' is a WebSocket route: open it as a "
+                                                "WebSocket (ws:// or wss://)")
 
 
 def test_openai_client_sees_errors(client):
