@@ -139,6 +139,17 @@ def test_upload_form_fields_are_strict(server, reference_wav, fields, files, par
     assert len(httpx.get(server.url + "/v1/audio/voices").json()["data"]) == before
 
 
+def test_upload_fields_in_the_query_are_refused_not_dropped(server, reference_wav):
+    """combine takes ?name=; an upload's name sent so was ignored and the voice stored unnamed."""
+    before = httpx.get(server.url + "/v1/audio/voices").json()["data"]
+    response = httpx.post(server.url + "/v1/audio/voices?name=queried", files={"file": ("ref.wav", reference_wav)},
+                          data={"x_vector_only_mode": "true"}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "name" and "a voice upload takes its fields in the form" in error["message"], error
+    assert httpx.get(server.url + "/v1/audio/voices").json()["data"] == before
+
+
 def test_an_upload_that_is_no_form_is_415(server, reference_wav):
     """A bare recording or JSON posted as a voice upload: 415 naming the form it needs (once 400 "file: Field
     required")."""

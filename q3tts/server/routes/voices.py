@@ -54,13 +54,17 @@ async def list_voices(request: Request) -> dict:
 
 async def strict_form(request: Request) -> None:
     """Refuses what FastAPI's form parameters let through: an unknown field (ignored), a repeated one (the last
-    kept), a boolean other than true/false ("yes", "on" and "1" read as true), text where a file belongs, and a
-    body that is no form at all (a bare audio file or JSON: 415, not "file: Field required")."""
+    kept), a field sent in the query (ignored), a boolean other than true/false ("yes", "on" and "1" read as true),
+    text where a file belongs, and a body that is no form at all (a bare audio file or JSON: 415, not "file: Field
+    required")."""
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
         sent = f"Content-Type {quote(media_type)}" if media_type else "no Content-Type"
         raise errors.APIError(415, f"a voice upload is a multipart form (curl -F file=@voice.wav -F ref_text=...); "
                                    f"this one came with {sent}", code="unsupported_media_type")
+    for key in request.query_params:  # (the form's fields are read from the form alone: ?name=amy was dropped)
+        raise errors.bad_request(f"query parameter {quote(key)}: a voice upload takes its fields in the form "
+                                 f"(curl -F name=...), not in the query", param=errors.field(key))
     if media_type == "multipart/form-data":
         _check_complete(request)
     form = await request.form()
