@@ -6,6 +6,7 @@ one with "Field required" and one that is not UTF-8 with "There was an error par
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -25,6 +26,16 @@ def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise errors.from_validation(e, model) from None
+
+
+def check_query(query: Mapping[str, str], model: type[BaseModel]) -> None:
+    """A field of `model` sent in the query is refused: it would be ignored (the body alone is read). Other query
+    parameters pass, as they do to OpenAI's API (Azure's clients add ?api-version=)."""
+    fields = errors.field_names(model)
+    for key in query:
+        if key in fields:
+            raise errors.bad_request(f"{key} is sent in the query, which this route does not read: send it in the "
+                                     "JSON body", param=key)
 
 
 def read_json_value(content_type: str | None, raw: bytes, expected: str = "a JSON object") -> Any:

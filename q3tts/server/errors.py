@@ -97,13 +97,18 @@ def from_validation(exc: Exception, model: type[BaseModel] | None = None) -> API
     if first.get("type") == "extra_forbidden":  # (pydantic's "Extra inputs are not permitted")
         message = "unknown field"
     if first.get("type") == "extra_forbidden" and len(loc) == 1 and model is not None:
-        known = sorted({name for key, info in model.model_fields.items() for name in (key, info.alias) if name})
+        known = sorted(field_names(model))
         sent = str(first["loc"][-1])
         close = difflib.get_close_matches(sent, known, n=1, cutoff=0.6) if len(sent) <= 100 else []
         message = ("unknown field" + f"; did you mean {close[0]!r}?" if close else
                    f"unknown field; the fields are {', '.join(known)}" if len(known) <= 12 else
                    "unknown field (docs/http-api.md lists the fields each API sends)")
     return bad_request(f"{param}: {message}" if param else message, param=param, code=code)
+
+
+def field_names(model: type[BaseModel]) -> set[str]:
+    """The names a client may send `model`'s fields by (their aliases too)."""
+    return {name for key, info in model.model_fields.items() for name in (key, info.alias) if name}
 
 
 def field(part: object) -> str:

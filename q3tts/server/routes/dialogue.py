@@ -24,7 +24,7 @@ from ...errors import quote
 from ...request.dialogue import MAX_PAUSE_S
 from .. import errors
 from ..audio_encoding import MEDIA_TYPES, make_encoder
-from ..body import openapi_body, read_json
+from ..body import check_query, openapi_body, read_json
 from ..middleware import request_id_of
 from ..schemas import KokoroAlias, SpeechRequest, SpeechSettings, Strict, VoiceField, VoiceRef
 from ..speech import RefusedAt, Speaker, Speech
@@ -100,6 +100,7 @@ class DialogueStream:
 
 @router.post("/v1/audio/dialogue", openapi_extra=openapi_body(DialogueRequest, "/v1/audio/dialogue"))
 async def create_dialogue(request: Request) -> StreamingResponse:
+    check_query(request.query_params, DialogueRequest)
     body = read_json(DialogueRequest, request.headers.get("content-type"), await request.body())
     turns = [_turn_request(body, i) for i in range(len(body.turns))]  # (every turn's fields, before any runs)
     request_id = request_id_of(request.scope)
