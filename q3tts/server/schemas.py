@@ -376,13 +376,14 @@ class SpeechSettings(PeerFields):
     @contextmanager
     def names_as_sent(self) -> Iterator[None]:
         """An APIError raised inside names its field as the client sent it (`sent_name`), in `param` and at the
-        start of its message ("instructions is 2001 characters" -> "instruct is ...")."""
+        start of its message ("instructions is 2001 characters" -> "instruct is ...", "ref_audio: ..." ->
+        "references.0.data: ...")."""
         try:
             yield
         except errors.APIError as e:
             sent = self.sent_name(e.param) if e.param else None
             if sent is not None and sent != e.param:
-                if e.message.startswith(f"{e.param} "):
+                if e.message.startswith((f"{e.param} ", f"{e.param}: ")):
                     e.message = sent + e.message[len(e.param):]
                 e.param = sent
             raise

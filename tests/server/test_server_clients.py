@@ -360,6 +360,10 @@ def test_speaker_embedding_and_references_clone_inline(base_server, base_tts, re
     ({"references": [{"data": "http://example.com/a.wav"}]}, "references.0.data", "URLs are turned off"),
     ({"references": [{"audio": "AAAA", "data": "AAAA"}]}, "references.0", "not audio and data together"),
     ({"ref_audio": "/etc/passwd"}, "ref_audio", "ref_audio must be an http(s) URL"),
+    ({"ref_audio": "bm90IGF1ZGlvIGF0IGFsbA==", "x_vector_only_mode": True}, "ref_audio",
+     "ref_audio: not a readable audio file"),  # (base64 of "not audio at all"; it was "audio bytes: ...")
+    ({"references": [{"data": "bm90IGF1ZGlvIGF0IGFsbA=="}], "x_vector_only_mode": True}, "references.0.data",
+     "references.0.data: not a readable audio file"),
     ({"instruct": "Happy."}, "instruct", "Base checkpoints take no instructions"),
     ({"instructions": "Happy."}, "instructions", "Base checkpoints take no instructions"),
 ])

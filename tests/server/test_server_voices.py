@@ -196,6 +196,8 @@ def test_upload_errors_name_the_http_fields(server, reference_wav):
 def test_unreadable_audio_and_duplicate_names(server, reference_wav):
     garbage = _upload(server, b"not audio at all", x_vector_only_mode="true")
     assert garbage.status_code == 400 and garbage.json()["error"]["param"] == "file"
+    # (named by its field: it was "audio bytes: ...", the audio loader's name for what it read)
+    assert garbage.json()["error"]["message"].startswith("file: not a readable audio file"), garbage.text
     assert _upload(server, reference_wav, x_vector_only_mode="true", name="twin").status_code == 201
     duplicate = _upload(server, reference_wav, x_vector_only_mode="true", name="twin")
     assert duplicate.status_code == 409 and duplicate.json()["error"]["code"] == "voice_exists"
