@@ -135,6 +135,10 @@ def test_the_voice_list_has_the_aliases_and_the_default(server):
         assert httpx.get(f"{server.url}/v1/audio/voices/{voice['id']}").json() == voice
     refused = httpx.delete(server.url + "/v1/audio/voices/vivian")
     assert refused.status_code == 400 and "preset" in refused.json()["error"]["message"]
+    # In any case, as a request's voice names them (GET "Vivian" was 404 though "voice": "Vivian" speaks)
+    assert httpx.get(server.url + "/v1/audio/voices/Vivian").json() == httpx.get(
+        server.url + "/v1/audio/voices/vivian").json()
+    assert httpx.delete(server.url + "/v1/audio/voices/VIVIAN").status_code == 400
 
 
 @pytest.mark.parametrize("model", [*typing.get_args(SpeechModel), "tts-1-hd-1106", "gpt-4o-mini-tts-2026-03-20",

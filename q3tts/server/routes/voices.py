@@ -140,6 +140,11 @@ async def create_voice(request: Request, file: Annotated[UploadFile | None, File
     return {**entry.to_json(), "object": "audio.voice", "type": "audio_sample"} if openai_shape else entry.to_json()
 
 
+def _preset_speaker(service: SpeechService, name: str) -> str | None:
+    """The preset speaker `name` is, in any case, as a request's `voice` matches it ("Ryan" is ryan)."""
+    return next((s for s in service.tts.get_supported_speakers() if s.lower() == name.lower()), None)
+
+
 def _preset(name: str) -> dict:
     return {"id": name, "object": "voice", "type": "preset", "name": name}
 
@@ -207,8 +212,8 @@ async def get_voice(voice_id: str, request: Request) -> dict:
         raise errors.APIError(500, str(e), type=errors.SERVER, param="voice_id", code="voice_unreadable") from None
     if found is not None:
         return found[0].to_json()
-    if voice_id in request.app.state.service.tts.get_supported_speakers():  # (listed beside the stored ones)
-        return _preset(voice_id)
+    if (speaker := _preset_speaker(request.app.state.service, voice_id)) is not None:  # (listed beside the stored)
+        return _preset(speaker)
     raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
 
 
@@ -216,7 +221,7 @@ async def get_voice(voice_id: str, request: Request) -> dict:
 async def delete_voice(voice_id: str, request: Request) -> dict:
     service: SpeechService = request.app.state.service
     entry = await asyncio.to_thread(service.voices.delete, voice_id)
-    if entry is None and voice_id in service.tts.get_supported_speakers():
+    if entry is None and _preset_speaker(service, voice_id) is not None:
         raise errors.bad_request(f"{quote(voice_id)} is one of the checkpoint's preset speakers: only stored voices "
                                  "can be deleted", param="voice_id")
     if entry is None:
