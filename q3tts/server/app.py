@@ -8,6 +8,7 @@ One process serves one model on one device. With `core_socket` set, it is an eng
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -30,6 +31,7 @@ from .service import SpeechService
 from .voice_store import VoiceStore
 
 log = logging.getLogger("q3tts.server")
+MAX_HEADER_BYTES = 64 * 1024  # a request's line and headers (nginx takes 32 KiB, Node.js 16 KiB)
 _HIDE_QUERY_KEYS = HideQueryKeys()
 _HIDE_CANCELLED_TRACEBACKS = HideCancelledTracebacks()
 
@@ -137,7 +139,9 @@ def serve(config: ServerConfig, log_level: str = "info") -> None:
 def _header_timeout(seconds: float) -> dict:
     """uvicorn's HTTP protocol (httptools) with a deadline for each request's line and headers: uvicorn has none,
     so a connection that sends nothing, or its headers a byte at a time, was held open for good (thousands of them
-    exhaust the process's file descriptors). As a body's parts, they must arrive within --body-timeout."""
+    exhaust the process's file descriptors). As a body's parts, they must arrive within --body-timeout. And a bound
+    on their size, MAX_HEADER_BYTES (answered 431): httptools has none, and held a request's 20 MB of headers in
+    memory (uvicorn's h11 protocol stops at 16 KiB)."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # (no httptools: uvicorn's h11 protocol, as it is)
@@ -145,10 +149,12 @@ def _header_timeout(seconds: float) -> dict:
 
     class HeaderTimeoutProtocol(HttpToolsProtocol):
         header_timer: asyncio.TimerHandle | None = None
+        header_bytes = 0  # received since the request began, while its headers are still incomplete
 
         def _arm(self) -> None:
             self._disarm()
             self.header_timer = self.loop.call_later(seconds, self._expired)
+            self.header_bytes = 0
 
         def _disarm(self) -> None:
             if self.header_timer is not None:
@@ -163,6 +169,16 @@ def _header_timeout(seconds: float) -> dict:
             super().connection_made(transport)
             self._arm()
 
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.header_timer is None or self.transport.is_closing():  # (the headers are whole: a body follows)
+                return
+            self.header_bytes += len(data)
+            if self.header_bytes > MAX_HEADER_BYTES:
+                self._disarm()
+                self.transport.write(_headers_too_large())
+                self.transport.close()
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._arm()
@@ -176,6 +192,14 @@ def _header_timeout(seconds: float) -> dict:
             super().connection_lost(exc)
 
     return {"http": HeaderTimeoutProtocol}
+
+
+def _headers_too_large() -> bytes:
+    """A 431 in the error shape, as the whole response of a connection that is closed after it."""
+    body = json.dumps(errors.error_body(f"the request's line and headers exceed this server's {MAX_HEADER_BYTES} "
+                                        "bytes", errors.INVALID_REQUEST, code="headers_too_large")).encode()
+    return (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)) + body
 
 
 def uvicorn_options(config: ServerConfig) -> dict[str, Any]:

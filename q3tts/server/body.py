@@ -6,6 +6,7 @@ one with "Field required" and one that is not UTF-8 with "There was an error par
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -18,21 +19,36 @@ M = TypeVar("M", bound=BaseModel)
 
 def read_json(model: type[M], content_type: str | None, raw: bytes) -> M:
     """`raw` as a `model`, or the APIError that says what is wrong with it."""
-    check_json_type(content_type)
-    if not raw.strip():
-        raise errors.bad_request("the request body is empty; send a JSON object", code="empty_body")
-    try:
-        text = raw.decode()
-    except UnicodeDecodeError as e:
-        raise errors.bad_request(f"the request body is not valid UTF-8 (at byte {e.start})",
-                                 code="invalid_encoding") from None
-    data = parse_json(text.removeprefix("\ufeff"), "the request body is ")  # (a BOM, as JSON parsers commonly skip it)
+    data = read_json_value(content_type, raw)
     if not isinstance(data, dict):
         raise errors.bad_request(f"the request body must be a JSON object, not {json_type(data)}")
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise errors.from_validation(e, model) from None
+
+
+def check_query(query: Mapping[str, str], model: type[BaseModel]) -> None:
+    """A field of `model` sent in the query is refused: it would be ignored (the body alone is read). Other query
+    parameters pass, as they do to OpenAI's API (Azure's clients add ?api-version=)."""
+    fields = errors.field_names(model)
+    for key in query:
+        if key in fields:
+            raise errors.bad_request(f"{key} is sent in the query, which this route does not read: send it in the "
+                                     "JSON body", param=key)
+
+
+def read_json_value(content_type: str | None, raw: bytes, expected: str = "a JSON object") -> Any:
+    """`raw` parsed as JSON, any value; `expected` says what an empty body should have held."""
+    check_json_type(content_type)
+    if not raw.strip():
+        raise errors.bad_request(f"the request body is empty; send {expected}", code="empty_body")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as e:
+        raise errors.bad_request(f"the request body is not valid UTF-8 (at byte {e.start})",
+                                 code="invalid_encoding") from None
+    return parse_json(text.removeprefix("\ufeff"), "the request body is ")  # (a BOM, as JSON parsers commonly skip it)
 
 
 def check_json_type(content_type: str | None) -> None:

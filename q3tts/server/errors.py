@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from ..errors import quote
 
@@ -95,13 +97,18 @@ def from_validation(exc: Exception, model: type[BaseModel] | None = None) -> API
     if first.get("type") == "extra_forbidden":  # (pydantic's "Extra inputs are not permitted")
         message = "unknown field"
     if first.get("type") == "extra_forbidden" and len(loc) == 1 and model is not None:
-        known = sorted({name for key, info in model.model_fields.items() for name in (key, info.alias) if name})
+        known = sorted(field_names(model))
         sent = str(first["loc"][-1])
         close = difflib.get_close_matches(sent, known, n=1, cutoff=0.6) if len(sent) <= 100 else []
         message = ("unknown field" + f"; did you mean {close[0]!r}?" if close else
                    f"unknown field; the fields are {', '.join(known)}" if len(known) <= 12 else
                    "unknown field (docs/http-api.md lists the fields each API sends)")
     return bad_request(f"{param}: {message}" if param else message, param=param, code=code)
+
+
+def field_names(model: type[BaseModel]) -> set[str]:
+    """The names a client may send `model`'s fields by (their aliases too)."""
+    return {name for key, info in model.model_fields.items() for name in (key, info.alias) if name}
 
 
 def field(part: object) -> str:
@@ -130,4 +137,19 @@ def install_handlers(app: FastAPI, on_error: Callable[[str | None], None] = lamb
         # 400: the body could not be parsed (a multipart form with no boundary, say), before any route read it.
         code = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         kind = INVALID_REQUEST if exc.status_code < 500 else SERVER
-        return respond(APIError(exc.status_code, str(exc.detail), type=kind, code=code, headers=exc.headers))
+        message = routing_message(request, exc) if exc.status_code in (404, 405) else str(exc.detail)
+        return respond(APIError(exc.status_code, message, type=kind, code=code, headers=exc.headers))
+
+
+def routing_message(request: Request, exc: HTTPException) -> str:
+    """The router's 404 and 405 ("Not Found", "Method Not Allowed") saying what was asked for: for a 405 the
+    methods the path takes, for a WebSocket route asked over plain HTTP that it is one."""
+    if exc.detail != HTTPStatus(exc.status_code).phrase:  # (a detail of its own: as it is)
+        return str(exc.detail)
+    path = request.url.path
+    if exc.status_code == 405:
+        return f"{quote(path, 100)} takes {(exc.headers or {}).get('Allow', 'other methods')}, not {request.method}"
+    as_websocket = {**request.scope, "type": "websocket"}
+    if any(route.matches(as_websocket)[0] is Match.FULL for route in request.app.routes):
+        return f"{quote(path, 100)} is a WebSocket route: open it as a WebSocket (ws:// or wss://)"
+    return f"no route {quote(path, 100)} (docs/server.md lists the routes)"

@@ -87,6 +87,10 @@ def check_voice(value: object) -> object:
     return value
 
 
+# A request's `voice`: a name or id, or {"id": ...} (OpenAI's custom voices), checked by check_voice
+VoiceField = Annotated[str | VoiceRef | None, BeforeValidator(check_voice)]
+
+
 def check_embedding(value: object) -> object:
     """`speaker_embedding` as numbers: base64 decoded, NaN and infinities (which Python's JSON reads) refused."""
     if isinstance(value, str):
@@ -253,7 +257,7 @@ class SpeechSettings(PeerFields):
     JSON type is refused, never converted ("yes" is not True, "5" is not 5)."""
 
     # CustomVoice: a preset speaker; Base: a stored voice's id or name; any: an alias (voice_aliases.py)
-    voice: Annotated[str | VoiceRef | None, BeforeValidator(check_voice)] = None
+    voice: VoiceField = None
     instructions: str | None = None  # -> instruct (style on 1.7B CustomVoice, the voice itself on VoiceDesign)
     response_format: AudioFormat = "mp3"
     sample_rate: int | None = Field(None, ge=MIN_SAMPLE_RATE, le=MAX_SAMPLE_RATE)  # None: the model's (24 kHz)
@@ -285,6 +289,7 @@ class SpeechSettings(PeerFields):
     subtalker_top_k: int | None = Field(None, ge=0)
     subtalker_top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     _sent_as: dict[str, str] = PrivateAttr(default_factory=dict)  # field -> the other API's name the client sent
+    _aliases: dict[str, str | KokoroAlias] = PrivateAttr(default_factory=dict)  # voice_aliases by lowered name
 
     @model_validator(mode="wrap")
     @classmethod
@@ -325,8 +330,8 @@ class SpeechSettings(PeerFields):
         front and the engine process read the request alike."""
         if not self.voice_aliases:
             return self
-        aliases = {name.lower(): target for name, target in self.voice_aliases.items()}
-        target = aliases.get((self.voice_id or "").lower())
+        self._aliases = {name.lower(): target for name, target in self.voice_aliases.items()}
+        target = self.alias_target(self.voice_id)
         self.voice_aliases = None
         if target is not None:
             self.voice = target if isinstance(target, str) else target.voice
@@ -347,6 +352,11 @@ class SpeechSettings(PeerFields):
             seen[name.lower()] = name
         return aliases
 
+    def alias_target(self, voice: str | None) -> str | KokoroAlias | None:
+        """What `voice` names by this request's own `voice_aliases` (any case), else None; kept after they are
+        applied to `voice` and dropped, for the voices a dialogue's turns name (routes/dialogue.py)."""
+        return self._aliases.get((voice or "").lower())
+
     @property
     def voice_id(self) -> str | None:
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
@@ -366,13 +376,14 @@ class SpeechSettings(PeerFields):
     @contextmanager
     def names_as_sent(self) -> Iterator[None]:
         """An APIError raised inside names its field as the client sent it (`sent_name`), in `param` and at the
-        start of its message ("instructions is 2001 characters" -> "instruct is ...")."""
+        start of its message ("instructions is 2001 characters" -> "instruct is ...", "ref_audio: ..." ->
+        "references.0.data: ...")."""
         try:
             yield
         except errors.APIError as e:
             sent = self.sent_name(e.param) if e.param else None
             if sent is not None and sent != e.param:
-                if e.message.startswith(f"{e.param} "):
+                if e.message.startswith((f"{e.param} ", f"{e.param}: ")):
                     e.message = sent + e.message[len(e.param):]
                 e.param = sent
             raise

@@ -203,8 +203,11 @@ class VoiceResolver:
                                      param=param)
         try:
             return await asyncio.to_thread(self.tts.create_voice, source, ref_text, x_vector_only)
-        except AudioError as e:
-            raise errors.bad_request(str(e), param=param) from e
+        except AudioError as e:  # ("audio bytes: ...", the loader's name for bytes: here they are the field's)
+            message = str(e)
+            if message.startswith("audio bytes: "):
+                message = f"{param}: {message.removeprefix('audio bytes: ')}"
+            raise errors.bad_request(message, param=param) from e
         except RequestError as e:
             raise self.api_error(e) from e
 

@@ -105,6 +105,24 @@ def _vllm_omni_session(url: str) -> list:
     return received
 
 
+def test_the_front_forwards_voice_combination(servers):
+    """POST /v1/audio/voices/combine was the one voices route the front did not forward: a 405 (GET, DELETE) there,
+    whatever the engine would have answered."""
+    engine, front = servers
+    direct, relayed = (httpx.post(server.url + "/v1/audio/voices/combine", json=["amy", "bob"], timeout=60)
+                       for server in (engine, front))
+    assert relayed.status_code == direct.status_code == 400, relayed.text
+    assert relayed.json() == direct.json() and "needs a Base checkpoint" in relayed.json()["error"]["message"]
+
+
+def test_the_front_forwards_model_retrieval(servers):
+    engine, front = servers
+    for path in ("/v1/models/tiny", "/v1/models/Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice", "/v1/models/another"):
+        direct, relayed = (httpx.get(server.url + path, timeout=30) for server in (engine, front))
+        assert (relayed.status_code, relayed.json()) == (direct.status_code, direct.json()), path
+    assert relayed.status_code == 404 and relayed.json()["error"]["code"] == "model_not_found"
+
+
 def test_the_front_relays_vllm_omnis_websocket_protocol(servers):
     engine, front = servers
     direct = _vllm_omni_session(engine.url)

@@ -336,6 +336,33 @@ def test_malformed_json_and_unknown_routes_use_the_error_shape(server):
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "method_not_allowed"
 
 
+def test_a_field_sent_in_the_query_is_refused_not_ignored(server):
+    """?voice=vivian was ignored (only the body is read) and the body's voice spoken; other query parameters pass,
+    as OpenAI's API lets them (Azure's clients add ?api-version=)."""
+    body = {"input": TEXT, "voice": "ryan", "max_new_tokens": MAX_NEW, "response_format": "pcm"}
+    for path in ("/v1/audio/speech?voice=vivian", "/v1/audio/dialogue?voice=vivian"):
+        response = httpx.post(server.url + path, json=body if "speech" in path else {"turns": [body]})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "voice" and "voice is sent in the query" in error["message"], error
+    passed = httpx.post(server.url + "/v1/audio/speech?api-version=2025-01-01", json=body)
+    assert passed.status_code == 200 and len(pcm_samples(passed.content)) == frames(MAX_NEW) * FRAME
+
+
+def test_a_wrong_route_or_method_says_what_is_there(server):
+    """The router's refusals said only "Not Found" and "Method Not Allowed"."""
+    misspelt = httpx.post(server.url + "/v1/audio/speeches", json={"input": TEXT})
+    assert misspelt.status_code == 404
+    assert misspelt.json()["error"]["message"] == "no route '/v1/audio/speeches' (docs/server.md lists the routes)"
+    wrong_method = httpx.get(server.url + "/v1/audio/speech")
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.json()["error"]["message"] == "'/v1/audio/speech' takes POST, not GET"
+    plain = httpx.get(server.url + "/v1/audio/speech/stream")
+    assert plain.status_code == 404
+    assert plain.json()["error"]["message"] == ("'/v1/audio/speech/stream' is a WebSocket route: open it as a "
+                                                "WebSocket (ws:// or wss://)")
+
+
 def test_openai_client_sees_errors(client):
     with pytest.raises(openai.NotFoundError) as err:
         client.audio.speech.create(**_speech(voice="nobody"))

@@ -135,6 +135,10 @@ def test_the_voice_list_has_the_aliases_and_the_default(server):
         assert httpx.get(f"{server.url}/v1/audio/voices/{voice['id']}").json() == voice
     refused = httpx.delete(server.url + "/v1/audio/voices/vivian")
     assert refused.status_code == 400 and "preset" in refused.json()["error"]["message"]
+    # In any case, as a request's voice names them (GET "Vivian" was 404 though "voice": "Vivian" speaks)
+    assert httpx.get(server.url + "/v1/audio/voices/Vivian").json() == httpx.get(
+        server.url + "/v1/audio/voices/vivian").json()
+    assert httpx.delete(server.url + "/v1/audio/voices/VIVIAN").status_code == 400
 
 
 @pytest.mark.parametrize("model", [*typing.get_args(SpeechModel), "tts-1-hd-1106", "gpt-4o-mini-tts-2026-03-20",
@@ -142,6 +146,17 @@ def test_the_voice_list_has_the_aliases_and_the_default(server):
                                    "qwen3-tts-12hz-1.7b-customvoice"])
 def test_openai_model_ids_and_the_checkpoints_names_are_served(server, model):
     assert len(_audio(server, model=model, voice="ryan")) == 2 * SAMPLES
+
+
+@pytest.mark.parametrize("model", ["tiny", "tts-1", "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"])
+def test_the_served_model_can_be_retrieved_by_any_of_its_names(server, client, model):
+    """The openai SDK's models.retrieve was a bare 404 "Not Found" for the model the server serves."""
+    retrieved = client.models.retrieve(model)
+    assert retrieved.id == "tiny" and retrieved.object == "model"
+    assert retrieved.model_dump(exclude_unset=True) == httpx.get(server.url + "/v1/models").json()["data"][0]
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.models.retrieve("Qwen/Qwen3-TTS-12Hz-0.6B-Base")
+    assert refused.value.body["code"] == "model_not_found" and "'tiny'" in refused.value.body["message"]
 
 
 def test_another_model_is_a_404_naming_what_is_served(server):
@@ -349,6 +364,10 @@ def test_speaker_embedding_and_references_clone_inline(base_server, base_tts, re
     ({"references": [{"data": "http://example.com/a.wav"}]}, "references.0.data", "URLs are turned off"),
     ({"references": [{"audio": "AAAA", "data": "AAAA"}]}, "references.0", "not audio and data together"),
     ({"ref_audio": "/etc/passwd"}, "ref_audio", "ref_audio must be an http(s) URL"),
+    ({"ref_audio": "bm90IGF1ZGlvIGF0IGFsbA==", "x_vector_only_mode": True}, "ref_audio",
+     "ref_audio: not a readable audio file"),  # (base64 of "not audio at all"; it was "audio bytes: ...")
+    ({"references": [{"data": "bm90IGF1ZGlvIGF0IGFsbA=="}], "x_vector_only_mode": True}, "references.0.data",
+     "references.0.data: not a readable audio file"),
     ({"instruct": "Happy."}, "instruct", "Base checkpoints take no instructions"),
     ({"instructions": "Happy."}, "instructions", "Base checkpoints take no instructions"),
 ])

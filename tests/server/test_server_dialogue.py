@@ -116,6 +116,30 @@ def test_a_bad_default_is_named_as_the_body_sent_it(server, defaults, status, pa
     assert error["param"] == param and not error["message"].startswith("turn "), error
 
 
+def test_a_turn_takes_the_voice_forms_the_speech_request_takes(server):
+    """`voice` as {"id": ...} (OpenAI's custom voices) was "turns.0.voice: Input should be a valid string" in a
+    turn, though the body's own `voice` (and the speech route's) takes it."""
+    by_name = _post(server, turns=TURNS[:1])
+    by_object = _post(server, turns=[{**TURNS[0], "voice": {"id": "ryan"}}])
+    assert by_object.status_code == 200, by_object.text
+    assert by_object.content == by_name.content
+    error = _post(server, turns=[{**TURNS[0], "voice": {"id": 5}}]).json()["error"]
+    assert error["param"] == "turns.0.voice" and '"id" must be a string' in error["message"], error
+
+
+def test_the_bodys_voice_aliases_name_the_turns_voices_too(server):
+    """A dialogue's `voice_aliases` were applied to the body's voice alone: a turn that named one was "unknown
+    speaker"."""
+    aliased = _post(server, voice_aliases={"Narrator": "ryan"}, turns=[{**TURNS[0], "voice": "narrator"}])
+    assert aliased.status_code == 200, aliased.text
+    assert aliased.content == _post(server, turns=TURNS[:1]).content
+    paced = _post(server, voice_aliases={"narrator": {"voice": "ryan", "rate": 1.5}},
+                  turns=[TURNS[1], {**TURNS[0], "voice": "narrator"}])
+    assert paced.status_code == 400, paced.text  # (a rate multiplies the speed, which is the whole dialogue's)
+    error = paced.json()["error"]
+    assert error["param"] == "turns[1].voice" and "turn 1: voice 'narrator' is an alias with a rate" in error["message"]
+
+
 def test_a_front_serves_dialogues_as_one_process_does(tmp_path_factory):
     """Behind `q3tts serve`'s front (a GPU's default) each turn goes to an engine process as a speech request."""
     from q3tts.tiny import tiny_checkpoint

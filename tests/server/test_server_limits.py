@@ -191,6 +191,30 @@ def test_the_guards_refusals_are_counted(tts):
     assert 'q3tts_requests_total{method="WS",route="/v1/audio/speech/stream",status="401"} 1.0' in text, text
 
 
+def test_headers_have_a_size_limit_and_bodies_do_not_count_toward_it(tts):
+    """httptools has no bound on a request's headers: 20 MB of them were read into memory and answered 200."""
+    import socket
+
+    from q3tts.server.app import MAX_HEADER_BYTES
+
+    config = ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False)
+    with ServerThread(config, tts) as server:
+        with socket.create_connection(("127.0.0.1", config.port)) as s:
+            s.settimeout(10)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            for _ in range(MAX_HEADER_BYTES // 1000 + 1):
+                s.sendall(b"X-Filler: " + b"a" * 1000 + b"\r\n")
+            head, _, body = s.recv(4096).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 431 "), head
+        assert json.loads(body)["error"]["code"] == "headers_too_large"
+        filler = {f"x-filler-{i}": "a" * 1000 for i in range(MAX_HEADER_BYTES // 1100)}  # (just under the limit)
+        assert httpx.get(server.url + "/health", headers=filler).status_code == 200
+        big_body = json.dumps({"input": "a" * 4 * MAX_HEADER_BYTES, "voice": "ryan"})  # (sent with its headers)
+        response = httpx.post(server.url + "/v1/audio/speech", content=big_body,
+                              headers={"content-type": "application/json"})
+        assert response.status_code == 400 and response.json()["error"]["code"] == "input_too_long", response.text
+
+
 def test_clients_close_codes_do_not_mint_metric_labels_and_probes_may_use_head(tts):
     """A session the client closes with a code of its own choosing (3000-4999) is counted under one label, not one
     series per code; load balancers' HEAD probes of /health and /ready are answered."""

@@ -242,6 +242,23 @@ def test_combine_reads_only_json_and_one_name(server, stored):
     assert httpx.get(server.url + "/v1/audio/voices/second").status_code == 404
 
 
+def test_combine_refuses_what_it_would_have_misread(server, stored):
+    """A misspelt ?name= was ignored (the blend stored under the mix's name), and a body that is not UTF-8 was read
+    with its bad bytes replaced ("voice 'am\ufffd' not found"); an empty one was "not valid JSON"."""
+    url = server.url + "/v1/audio/voices/combine"
+    names = {v["name"] for v in httpx.get(server.url + "/v1/audio/voices").json()["data"]}
+    misspelt = httpx.post(url + "?nmae=duo", json=["amy", "bob"], timeout=60)
+    assert misspelt.status_code == 400, misspelt.text
+    error = misspelt.json()["error"]
+    assert error["param"] == "nmae" and "unknown query parameter 'nmae'; combine takes only ?name=" in error["message"]
+    latin1 = httpx.post(url, content='"amy+b\u00f6b"'.encode("latin-1"), headers={"content-type": "application/json"})
+    assert latin1.status_code == 400 and latin1.json()["error"]["code"] == "invalid_encoding", latin1.text
+    empty = httpx.post(url, content=b"", headers={"content-type": "application/json"})
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "empty_body", empty.text
+    assert 'the request body is empty; send a JSON string such as "a(2)+b(1)"' in empty.json()["error"]["message"]
+    assert {v["name"] for v in httpx.get(server.url + "/v1/audio/voices").json()["data"]} == names
+
+
 def test_combine_needs_a_base_checkpoint(tmp_path):
     custom = load_tiny("tiny", tmp_path)
     with ServerThread(ServerConfig(model="tiny", device="cpu", max_running=1, warmup=False), custom) as other:

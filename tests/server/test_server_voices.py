@@ -139,6 +139,17 @@ def test_upload_form_fields_are_strict(server, reference_wav, fields, files, par
     assert len(httpx.get(server.url + "/v1/audio/voices").json()["data"]) == before
 
 
+def test_upload_fields_in_the_query_are_refused_not_dropped(server, reference_wav):
+    """combine takes ?name=; an upload's name sent so was ignored and the voice stored unnamed."""
+    before = httpx.get(server.url + "/v1/audio/voices").json()["data"]
+    response = httpx.post(server.url + "/v1/audio/voices?name=queried", files={"file": ("ref.wav", reference_wav)},
+                          data={"x_vector_only_mode": "true"}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "name" and "a voice upload takes its fields in the form" in error["message"], error
+    assert httpx.get(server.url + "/v1/audio/voices").json()["data"] == before
+
+
 def test_an_upload_that_is_no_form_is_415(server, reference_wav):
     """A bare recording or JSON posted as a voice upload: 415 naming the form it needs (once 400 "file: Field
     required")."""
@@ -185,17 +196,24 @@ def test_upload_errors_name_the_http_fields(server, reference_wav):
 def test_unreadable_audio_and_duplicate_names(server, reference_wav):
     garbage = _upload(server, b"not audio at all", x_vector_only_mode="true")
     assert garbage.status_code == 400 and garbage.json()["error"]["param"] == "file"
+    # (named by its field: it was "audio bytes: ...", the audio loader's name for what it read)
+    assert garbage.json()["error"]["message"].startswith("file: not a readable audio file"), garbage.text
     assert _upload(server, reference_wav, x_vector_only_mode="true", name="twin").status_code == 201
     duplicate = _upload(server, reference_wav, x_vector_only_mode="true", name="twin")
     assert duplicate.status_code == 409 and duplicate.json()["error"]["code"] == "voice_exists"
 
 
 @pytest.mark.parametrize("name, says", [("default", "means no voice"), (" carl ", "starts or ends with a space"),
-                                         ("   ", "starts or ends with a space")])
+                                         ("   ", "starts or ends with a space"), ("", "1-64 letters"),
+                                         ("..", "only dots"), (".", "only dots")])
 def test_a_name_no_request_could_select_is_refused(server, reference_wav, name, says):
+    """An empty name was read as none (the voice stored under its id); "." and ".." could not be fetched or deleted
+    by name (a client resolves /v1/audio/voices/.. to /v1/audio/)."""
+    stored = httpx.get(server.url + "/v1/audio/voices").json()["data"]
     refused = _upload(server, reference_wav, x_vector_only_mode="true", name=name)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "name", refused.text
     assert says in refused.json()["error"]["message"]
+    assert httpx.get(server.url + "/v1/audio/voices").json()["data"] == stored
 
 
 def test_a_compressed_body_is_refused_not_misread(server):

@@ -266,8 +266,10 @@ def create_router_app(config: ServerConfig, backends: Backends) -> FastAPI:
     app.include_router(dialogue.router)
 
     @app.api_route("/v1/audio/voices", methods=["GET", "POST"])
+    @app.post("/v1/audio/voices/combine")
     @app.api_route("/v1/audio/voices/{voice_id}", methods=["GET", "DELETE"])
     @app.get("/v1/models")
+    @app.get("/v1/models/{model:path}")
     async def voices_and_models(request: Request) -> Response:
         """To the least-loaded ready engine: they share the voices folder, whose changes each makes under its lock
         (voice_store.py), so uploads go on while one engine is restarted."""

@@ -20,12 +20,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, ValidationError, model_validator
 
+from ...errors import quote
 from ...request.dialogue import MAX_PAUSE_S
 from .. import errors
 from ..audio_encoding import MEDIA_TYPES, make_encoder
-from ..body import openapi_body, read_json
+from ..body import check_query, openapi_body, read_json
 from ..middleware import request_id_of
-from ..schemas import SpeechRequest, SpeechSettings, Strict
+from ..schemas import KokoroAlias, SpeechRequest, SpeechSettings, Strict, VoiceField, VoiceRef
 from ..speech import RefusedAt, Speaker, Speech
 from .speech import CancellingStreamingResponse, audio_bytes, sse_events
 
@@ -35,7 +36,7 @@ TURN_ALIASES = {"speaker": "voice", "text": "input", "instruct": "instructions"}
 
 
 class DialogueTurn(Strict):
-    voice: str | None = None
+    voice: VoiceField = None
     input: str
     instructions: str | None = None
     language: str | None = None
@@ -99,6 +100,7 @@ class DialogueStream:
 
 @router.post("/v1/audio/dialogue", openapi_extra=openapi_body(DialogueRequest, "/v1/audio/dialogue"))
 async def create_dialogue(request: Request) -> StreamingResponse:
+    check_query(request.query_params, DialogueRequest)
     body = read_json(DialogueRequest, request.headers.get("content-type"), await request.body())
     turns = [_turn_request(body, i) for i in range(len(body.turns))]  # (every turn's fields, before any runs)
     request_id = request_id_of(request.scope)
@@ -128,7 +130,7 @@ def _turn_request(body: DialogueRequest, i: int) -> SpeechRequest:
     """Turn `i` as a speech request: the body's settings, the turn's own fields over them."""
     turn = body.turns[i]
     settings = body.model_dump(exclude={"turns"}, exclude_unset=True)
-    own = {"voice": turn.voice, "instructions": turn.instructions, "language": turn.language}
+    own = {"voice": _turn_voice(body, i), "instructions": turn.instructions, "language": turn.language}
     data = {**settings, **{k: v for k, v in own.items() if v is not None}, "input": turn.input}
     try:
         request = SpeechRequest.model_validate(data)
@@ -140,6 +142,22 @@ def _turn_request(body: DialogueRequest, i: int) -> SpeechRequest:
     defaults = {name: body.sent_name(name) for name in ("voice", "instructions") if own[name] is None}
     request.name_fields({**defaults, **turn._sent_as})
     return request
+
+
+def _turn_voice(body: DialogueRequest, i: int) -> str | VoiceRef | None:
+    """Turn i's voice, through the body's `voice_aliases` as the body's own voice is. A target's `rate` is refused:
+    it multiplies the speed, and a dialogue has one (the body's)."""
+    turn = body.turns[i]
+    name = turn.voice.id if isinstance(turn.voice, VoiceRef) else turn.voice
+    target = body.alias_target(name)
+    if isinstance(target, KokoroAlias) and target.rate not in (None, 1.0):
+        sent = turn._sent_as.get("voice", "voice")
+        raise _renamed(turn, i, errors.bad_request(
+            f"{sent} {quote(name)} is an alias with a rate, which would change the speed of the whole dialogue: "
+            "give the alias without its rate, or set speed", param=sent))
+    if target is None:
+        return turn.voice
+    return target if isinstance(target, str) else target.voice
 
 
 def _renamed(turn: DialogueTurn, i: int, e: errors.APIError) -> errors.APIError:

@@ -24,7 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 from ...engine import EngineError
 from ...engine.stream import FRAME_SAMPLES
 from ..audio_encoding import MEDIA_TYPES, AudioEncoder, encode_async, flush_async, make_encoder
-from ..body import openapi_body, read_json
+from ..body import check_query, openapi_body, read_json
 from ..errors import SERVER, error_body
 from ..middleware import drop_connection, logged, request_id_of
 from ..schemas import SpeechRequest
@@ -64,6 +64,7 @@ class CancellingStreamingResponse(StreamingResponse):
 async def create_speech(request: Request) -> StreamingResponse:
     """Validate everything, submit, then stream; no byte is sent before the request is accepted. The speaker is
     the speech service (one process) or the front's, which hands the request to an engine process (front/link.py)."""
+    check_query(request.query_params, SpeechRequest)
     body = read_json(SpeechRequest, request.headers.get("content-type"), await request.body())
     speaker: Speaker = request.app.state.speaker
     speech: Speech = await speaker.speak(body, request_id_of(request.scope))

@@ -22,7 +22,7 @@ from starlette.datastructures import UploadFile as StarletteUploadFile
 from ...errors import quote
 from ...request.voice_blend import is_mix
 from .. import errors
-from ..body import check_json_type, parse_json
+from ..body import read_json_value
 from ..service import SpeechService
 from ..voice_choice import PLACEHOLDER_VOICES
 from ..voice_store import VoiceStoreError
@@ -34,6 +34,8 @@ UPLOAD_FIELDS = ("file", "ref_text", "name", "x_vector_only_mode", "audio_sample
 FILE_FIELDS = ("file", "audio_sample")
 MAX_MIX_CHARS = 1000
 PROMPT_FIELDS = ("prompt", "model", "script_hint")  # OpenAI's voices made from a description
+COMBINE_BODY = (f'a JSON string such as "a(2)+b(1)" (at most {MAX_MIX_CHARS} characters), or a list of stored '
+                'voices\' names such as ["a", "b"]')
 
 
 @router.get("/v1/audio/voices")
@@ -52,13 +54,17 @@ async def list_voices(request: Request) -> dict:
 
 async def strict_form(request: Request) -> None:
     """Refuses what FastAPI's form parameters let through: an unknown field (ignored), a repeated one (the last
-    kept), a boolean other than true/false ("yes", "on" and "1" read as true), text where a file belongs, and a
-    body that is no form at all (a bare audio file or JSON: 415, not "file: Field required")."""
+    kept), a field sent in the query (ignored), a boolean other than true/false ("yes", "on" and "1" read as true),
+    text where a file belongs, and a body that is no form at all (a bare audio file or JSON: 415, not "file: Field
+    required")."""
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
         sent = f"Content-Type {quote(media_type)}" if media_type else "no Content-Type"
         raise errors.APIError(415, f"a voice upload is a multipart form (curl -F file=@voice.wav -F ref_text=...); "
                                    f"this one came with {sent}", code="unsupported_media_type")
+    for key in request.query_params:  # (the form's fields are read from the form alone: ?name=amy was dropped)
+        raise errors.bad_request(f"query parameter {quote(key)}: a voice upload takes its fields in the form "
+                                 f"(curl -F name=...), not in the query", param=errors.field(key))
     if media_type == "multipart/form-data":
         _check_complete(request)
     form = await request.form()
@@ -88,6 +94,8 @@ async def strict_form(request: Request) -> None:
     if len(form.get("consent", "")) > 256 or len(form.get("speaker_description", "")) > 2000:
         raise errors.bad_request("consent is at most 256 characters, speaker_description 2000",
                                  param="consent" if len(form.get("consent", "")) > 256 else "speaker_description")
+    if isinstance(form.get("name"), str):  # (here: FastAPI reads an empty field as one not sent)
+        _check_name(form["name"])
     flag = form.get("x_vector_only_mode")
     if flag is not None and (not isinstance(flag, str) or flag.lower() not in ("true", "false")):
         shown = quote(flag) if isinstance(flag, str) else "a file"
@@ -117,7 +125,6 @@ async def create_voice(request: Request, file: Annotated[UploadFile | None, File
     file = file or audio_sample
     if x_vector_only_mode is None:  # (OpenAI's request has no transcript: the speaker embedding alone)
         x_vector_only_mode = openai_shape and not ref_text
-    _check_name(name)
     if ref_text is not None and len(ref_text) > service.config.max_ref_text_chars:
         raise errors.bad_request(f"ref_text is {len(ref_text)} characters; this server accepts at most "
                                  f"{service.config.max_ref_text_chars}", param="ref_text", code="too_long")
@@ -133,17 +140,26 @@ async def create_voice(request: Request, file: Annotated[UploadFile | None, File
     return {**entry.to_json(), "object": "audio.voice", "type": "audio_sample"} if openai_shape else entry.to_json()
 
 
+def _preset_speaker(service: SpeechService, name: str) -> str | None:
+    """The preset speaker `name` is, in any case, as a request's `voice` matches it ("Ryan" is ryan)."""
+    return next((s for s in service.tts.get_supported_speakers() if s.lower() == name.lower()), None)
+
+
 def _preset(name: str) -> dict:
     return {"id": name, "object": "voice", "type": "preset", "name": name}
 
 
 def _check_name(name: str | None) -> None:
     """A stored voice's name, one a request can select it by: not a placeholder for no voice, no space around it
-    (a request's `voice` is matched as sent)."""
+    (a request's `voice` is matched as sent), not dots alone (a URL's path cannot carry it: clients resolve /. and
+    /.. before they send it)."""
     if name is None:
         return
     if not _NAME.fullmatch(name):
         raise errors.bad_request("name: 1-64 letters, digits, spaces, '.', '_' or '-'", param="name")
+    if not name.strip("."):
+        raise errors.bad_request(f"name {quote(name)} is only dots, which /v1/audio/voices/{{name}} cannot carry: "
+                                 "choose another", param="name")
     if name != name.strip():
         raise errors.bad_request(f"name {quote(name)} starts or ends with a space: a request could not select it",
                                  param="name")
@@ -158,10 +174,13 @@ async def combine_voices(request: Request, name: str | None = None) -> dict:
     their names (equal weights). The blend (voice_blend.py) is stored as a new voice named `name` (query), else
     the mix as sent; answered with the stored voice and Kokoro's `voice` (its name) and `voices` (every name)."""
     service: SpeechService = request.app.state.service
-    check_json_type(request.headers.get("content-type"))
+    unknown = [key for key in request.query_params if key != "name"]
+    if unknown:  # (FastAPI ignores them: a misspelt ?name= would store the blend under the mix, silently)
+        raise errors.bad_request(f"unknown query parameter {quote(unknown[0])}; combine takes only ?name=",
+                                 param=errors.field(unknown[0]))
     if len(request.query_params.getlist("name")) > 1:  # (FastAPI keeps the last one, silently)
         raise errors.bad_request("name is sent more than once; send it once", param="name")
-    mix = _mix(parse_json((await request.body()).decode(errors="replace"), "the request body is "))
+    mix = _mix(read_json_value(request.headers.get("content-type"), await request.body(), COMBINE_BODY))
     if service.resolver.kind != "base":
         raise errors.bad_request(f"voice blends mix cloned voices, which needs a Base checkpoint; this one is "
                                  f"{service.task_type}", param="voices")
@@ -182,9 +201,7 @@ def _mix(body: object) -> str:
         return "+".join(n.strip() for n in body)
     if isinstance(body, str) and body.strip() and len(body) <= MAX_MIX_CHARS:
         return body.strip()
-    raise errors.bad_request('the request body is the voices to combine: a JSON string such as "a(2)+b(1)" (at '
-                             f'most {MAX_MIX_CHARS} characters), or a list of stored voices\' names such as ["a", '
-                             '"b"]', param="voices")
+    raise errors.bad_request(f"the request body is the voices to combine: {COMBINE_BODY}", param="voices")
 
 
 @router.get("/v1/audio/voices/{voice_id}")
@@ -195,8 +212,8 @@ async def get_voice(voice_id: str, request: Request) -> dict:
         raise errors.APIError(500, str(e), type=errors.SERVER, param="voice_id", code="voice_unreadable") from None
     if found is not None:
         return found[0].to_json()
-    if voice_id in request.app.state.service.tts.get_supported_speakers():  # (listed beside the stored ones)
-        return _preset(voice_id)
+    if (speaker := _preset_speaker(request.app.state.service, voice_id)) is not None:  # (listed beside the stored)
+        return _preset(speaker)
     raise errors.not_found(f"voice {quote(voice_id)} not found", param="voice_id", code="voice_not_found")
 
 
@@ -204,7 +221,7 @@ async def get_voice(voice_id: str, request: Request) -> dict:
 async def delete_voice(voice_id: str, request: Request) -> dict:
     service: SpeechService = request.app.state.service
     entry = await asyncio.to_thread(service.voices.delete, voice_id)
-    if entry is None and voice_id in service.tts.get_supported_speakers():
+    if entry is None and _preset_speaker(service, voice_id) is not None:
         raise errors.bad_request(f"{quote(voice_id)} is one of the checkpoint's preset speakers: only stored voices "
                                  "can be deleted", param="voice_id")
     if entry is None:
