@@ -21,6 +21,7 @@ RESULTS = REPO / "bench" / "results"
 INDEX = RESULTS / "README.md"
 READERS = [REPO / "docs" / "perf-notes.md", REPO / "docs" / "performance.md", REPO / "docs" / "faithfulness.md"]
 KINDS = {  # the name's benchmark -> what it measures (bench/README.md has the commands)
+    "codec": "bench/sweeps/codec_config_ab.py: the streaming codec's frame step with two sets of convolution tiles",
     "api": "`q3tts bench api`: the public API's time to first audio and throughput against the peers",
     "decode": "`q3tts bench decode`: ms per frame by batch size (with `--breakdown`: the frame's parts)",
     "faithfulness": "bench/faithfulness.py: the bf16 fast path's logits against the fp32 reference, by teacher "

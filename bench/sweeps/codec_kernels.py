@@ -52,18 +52,21 @@ def sweep(batch: int, name: str, R: int, k: int, d: int, c_in: int, c_out: int) 
     bias = torch.zeros(c_out, device=dev, dtype=dt)
     snake = codec_kernels.snake_params(torch.zeros(c_out, device=dev), torch.zeros(c_out, device=dev))
     run = lambda: codec_kernels.causal_conv(x, state, w, bias, d, snake=snake, keep_out=False)
-    results, tuned = {}, dict(codec_kernels.CONV_CONFIGS)
+    results, tuned, wide = {}, dict(codec_kernels.CONV_CONFIGS), dict(codec_kernels.WIDE_CONV_CONFIGS)
     for cfg in [None, *CANDIDATES]:
         if cfg is not None and (cfg[1] > 2 * max(c_out, 16) or cfg[0] > max(16, 2 * R)):
             continue
         codec_kernels.CONV_CONFIGS.clear()
         codec_kernels.CONV_CONFIGS.update(tuned if cfg is None else {(k, c_in, c_out): cfg})
+        codec_kernels.WIDE_CONV_CONFIGS.clear()  # (a candidate at every row count; the current choice as shipped)
+        codec_kernels.WIDE_CONV_CONFIGS.update(wide if cfg is None else {})
         try:
             results[cfg] = time_ms(run)
         except Exception as e:  # noqa: BLE001 - a tile that does not fit the shared memory
             print(f"  {cfg}: {type(e).__name__}")
     codec_kernels.CONV_CONFIGS.clear()
     codec_kernels.CONV_CONFIGS.update(tuned)
+    codec_kernels.WIDE_CONV_CONFIGS.update(wide)
     best = min((c for c in results if c is not None), key=results.get)
     flops = 2 * R * k * c_in * c_out
     print(f"B={batch} {name} (R={R}, k={k}, {c_in}->{c_out}): current {codec_kernels.conv_config(R, k, c_in, c_out)} "

@@ -119,8 +119,20 @@ CONV_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
 }
 
 
+# ... and from 128 streams (the rows of 128 one-frame steps) for these, where wider column tiles are faster (H200,
+# `bench/sweeps/codec_config_ab.py`: the codec's step -2.6% at 128 streams, -3.0% at 256, +0.7-1.2% at 16-64 if
+# used there; its audio and state bit for bit those of the tiles above; perf-notes 132).
+WIDE_CONV_CONFIGS: dict[tuple[int, int, int], tuple[int, tuple[int, int, int, int, int]]] = {
+    (7, 768, 768): (4096, (64, 128, 64, 4, 3)), (1, 768, 768): (4096, (64, 128, 64, 4, 3)),
+    (1, 384, 384): (20480, (64, 128, 64, 4, 3)),
+}
+
+
 def conv_config(R: int, k: int, C_in: int, C_out: int) -> tuple[int, int, int, int, int]:
     """(BM, BN, BK, num_warps, num_stages) for R output rows, kernel k, C_in -> C_out channels."""
+    wide = WIDE_CONV_CONFIGS.get((k, C_in, C_out))
+    if wide is not None and R >= wide[0]:
+        return wide[1]
     if R >= 256 and (k, C_in, C_out) in CONV_CONFIGS:
         return CONV_CONFIGS[(k, C_in, C_out)]
     BN = 16 if C_out <= 16 else 32 if C_out % 64 else 64 if C_out < 128 or C_out % 128 else 128

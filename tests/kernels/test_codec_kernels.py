@@ -129,3 +129,11 @@ def test_ring_attention_step(monkeypatch, dtype, num_heads, num_kv):
     for b in range(B):
         others = torch.arange(W, device=DEVICE) != slot[b]
         assert torch.equal(k_ring[b][:, others], rings[0][b][:, others])
+
+
+def test_wide_tiles_take_over_from_their_row_count():
+    """The real codec's 768- and 384-channel convolutions change tiles at 128 streams' rows (WIDE_CONV_CONFIGS),
+    not below (where the narrower ones are as fast or faster)."""
+    for (k, c_in, c_out), (rows, tile) in codec_kernels.WIDE_CONV_CONFIGS.items():
+        assert codec_kernels.conv_config(rows, k, c_in, c_out) == tile
+        assert codec_kernels.conv_config(rows - 1, k, c_in, c_out) == codec_kernels.CONV_CONFIGS[(k, c_in, c_out)]
