@@ -62,9 +62,10 @@ async def strict_form(request: Request) -> None:
         sent = f"Content-Type {quote(media_type)}" if media_type else "no Content-Type"
         raise errors.APIError(415, f"a voice upload is a multipart form (curl -F file=@voice.wav -F ref_text=...); "
                                    f"this one came with {sent}", code="unsupported_media_type")
-    for key in request.query_params:  # (the form's fields are read from the form alone: ?name=amy was dropped)
-        raise errors.bad_request(f"query parameter {quote(key)}: a voice upload takes its fields in the form "
-                                 f"(curl -F name=...), not in the query", param=errors.field(key))
+    query = list(request.query_params)
+    if query:  # (the form's fields are read from the form alone: ?name=amy was dropped)
+        raise errors.bad_request(f"query parameter {quote(query[0])}: a voice upload takes its fields in the form "
+                                 f"(curl -F name=...), not in the query", param=errors.field(query[0]))
     if media_type == "multipart/form-data":
         _check_complete(request)
     form = await request.form()
