@@ -292,6 +292,10 @@ class StreamSession:
         finally:
             for task in (reader, speaker):
                 task.cancel()
+                # (one cut off mid-send as the session ends, at a shutdown say, may end with the send's
+                # WebSocketDisconnect rather than its cancellation, after this: the session's end already says so,
+                # where asyncio would log it with a traceback as never retrieved)
+                task.add_done_callback(_retrieve)
 
     # ---- reading ------------------------------------------------------------------------------------------
 
@@ -482,6 +486,11 @@ class StreamSession:
     async def _send(self, sending: Awaitable[None]) -> None:
         """A client that stops reading loses the session (and its row) after send_timeout_s."""
         await asyncio.wait_for(sending, self.service.config.send_timeout_s)
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def _setup(service: SpeechService, message: dict[str, Any]) -> Setup:
