@@ -25,7 +25,7 @@ from ..engine.live import LiveFeed
 from ..engine.prompt import Prompt
 from ..engine.stream import RequestStream
 from ..errors import RequestError, RequestTypeError
-from ..request.builder import MAX_TEXT_TOKENS, Request, check_unicode
+from ..request.builder import MAX_TEXT_TOKENS, Request, check_unicode, speaks
 from ..request.live_text import LiveText
 from ..request.voice import Voice
 from .streaming import AudioChunk, AudioStream
@@ -115,7 +115,7 @@ class LiveRequest:
         check_unicode(text, "text")
         with self._lock:
             self._check_open()
-            self._has_words = self._has_words or bool(text.strip())
+            self._has_words = self._has_words or speaks(text)
             self._give(self._text.append(text))
 
     def end(self) -> None:
@@ -123,7 +123,8 @@ class LiveRequest:
         with self._lock:
             self._check_open()
             if not self._has_words:
-                raise RequestError("the live text is empty: append text before end()", "text", "missing")
+                raise RequestError("the live text is empty (nothing but spaces and invisible characters): append "
+                                   "text before end()", "text", "missing")
             self._give(self._text.end())
             guard = self._request.guard
             self.feed.end(guard.frame_limit(self._text.num_tokens) if guard else None)

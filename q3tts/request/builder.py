@@ -17,6 +17,7 @@ what fits.
 from __future__ import annotations
 
 import numbers
+import unicodedata
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -199,4 +200,14 @@ def check_text(text: Any, name: str = "text") -> str:
         raise RequestTypeError(f"{name} must be a string, got {type(text).__name__}", name)
     if not text.strip():
         raise RequestError(f"{name} is empty", name)
+    if not speaks(text):  # (the model would speak noise for it, as for no text)
+        shown = ", ".join(sorted({f"U+{ord(ch):04X}" for ch in text if not ch.isspace()}))
+        raise RequestError(f"{name} has nothing to speak: only spaces and invisible characters ({shown})", name)
     return check_unicode(text, name)
+
+
+def speaks(text: str) -> bool:
+    """Whether `text` holds anything to speak: a character other than whitespace, control and format characters
+    (NUL, U+200B ZERO WIDTH SPACE, U+FEFF, the direction marks) and separators (a lone surrogate counts: check_unicode
+    names it)."""
+    return any(not ch.isspace() and unicodedata.category(ch) not in ("Cc", "Cf", "Zs", "Zl", "Zp") for ch in text)

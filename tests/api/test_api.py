@@ -237,6 +237,8 @@ def test_bytes_and_base64_reference_audio(base, ref_wav):
     ({"language": {"en": 1}}, TypeError, r"language must be a string, one of \[.*english.*\]; got dict"),
     ({"text": ""}, ValueError, "text is empty"),
     ({"text": " \n\t "}, ValueError, "text is empty"),
+    ({"text": "\u200b \u200f\ufeff\x00"}, ValueError, r"text has nothing to speak: only spaces and invisible "
+                                                       r"characters \(U\+0000, U\+200B, U\+200F, U\+FEFF\)"),
     ({"text": "word " * 5000}, ValueError, "the limit is 4096"),
     ({"text": "Hi \ud800."}, ValueError, "text is not valid Unicode: surrogates not allowed at character 3"),
     ({"instruct": "calm\udfff"}, ValueError, "instruct is not valid Unicode"),

@@ -60,6 +60,9 @@ def test_bad_input_and_limits(tts, monkeypatch):
         live.append("\ud800")
     with pytest.raises(RequestError, match="empty"):
         live.end()
+    live.append(" \u200b\u200f")  # (nothing to speak: as no text)
+    with pytest.raises(RequestError, match="empty"):
+        live.end()
     live.append("Hello there.")
     live.end()
     with pytest.raises(RequestError, match="after end") as e:

@@ -238,6 +238,10 @@ def test_messages_name_the_http_fields(server):
     the fields the client sent, as `param` does."""
     blank = httpx.post(server.url + "/v1/audio/speech", json={"input": "   ", "voice": "ryan"}).json()["error"]
     assert (blank["param"], blank["message"]) == ("input", "input is empty"), blank
+    hidden = httpx.post(server.url + "/v1/audio/speech", json={"input": "\u200b\u200b", "voice": "ryan"})
+    hidden = hidden.json()["error"]
+    assert (hidden["param"], hidden["message"]) == (
+        "input", "input has nothing to speak: only spaces and invisible characters (U+200B)"), hidden
     body = json.dumps({"input": "Hello.", "voice": "ryan", "instructions": "\udfff"}).encode()
     bad = httpx.post(server.url + "/v1/audio/speech", content=body, headers={"content-type": "application/json"})
     error = bad.json()["error"]
