@@ -386,15 +386,20 @@ def _say(args) -> int:
     return 0
 
 
+def _names_audio(path: Path) -> bool:
+    """Whether the file name's extension names an audio format soundfile can write."""
+    import soundfile as sf
+
+    return bool(path.suffix) and sf.check_format(path.suffix[1:].upper())
+
+
 def _audio_output(output: str) -> Path | None:
     """-o checked before any work: None for '-' (a WAV file on standard output, for a pipe), else the file's path,
     whose extension must name a format soundfile can write."""
-    import soundfile as sf
-
     if output == "-":
         return None
     path = _output_path(output)
-    if not sf.check_format(path.suffix[1:].upper()):
+    if not _names_audio(path):
         raise ValueError(f"-o {output}: the file's extension names no audio format that can be written; use "
                          ".wav (or .flac, .ogg, .mp3 ...)")
     return path
@@ -604,9 +609,7 @@ def _output_path(output: str | Path) -> Path:
 def _voice_output(output: Path) -> Path:
     """A voice command's -o, checked before any work (as `_output_path`): a name with an audio extension is refused,
     since what is written there is no audio and a player would fail on it."""
-    import soundfile as sf
-
-    if output.suffix and sf.check_format(output.suffix[1:].upper()):
+    if _names_audio(output):
         raise ValueError(f"-o {output}: a voice file is not audio (it holds the voice's speaker embedding and "
                          f"reference codes, for --voice); name it e.g. {output.with_suffix('.voice')}")
     return _output_path(output)
