@@ -353,6 +353,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
+    trace = tuple(float(x) for x in args.device_trace.split(",")) if args.device_trace else None  # (start, seconds)
+    if trace is not None and len(trace) != 2:
+        parser.error("--device-trace takes START,SECONDS")
     extra = engine_settings(args.set)  # (a bad setting is refused before anything loads)
     rows = http_rates(args.http, rates, args.duration, args.clients, args.client) if args.http else []
     for name in [] if args.http else args.sizes.split(","):
@@ -373,11 +376,10 @@ def main() -> None:
         for rate in rates:
             window = profile.window() if profile else None
             work = run_rate(tts, rate, args.duration, seed=int(rate))
-            if args.device_trace:
+            if trace:
                 from bench.profilers.device_busy import traced
 
-                start, seconds = (float(x) for x in args.device_trace.split(","))
-                result, busy = asyncio.run(traced(work, start, seconds))
+                result, busy = asyncio.run(traced(work, *trace))
                 result["device_trace"] = busy
             else:
                 result = asyncio.run(work)
